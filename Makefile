@@ -1,0 +1,31 @@
+# ddflash build and test entry points. `make run` and `make test` do all set-up.
+GO ?= go
+export GOFLAGS ?= -trimpath
+
+.PHONY: all build run test deps vet fmt-check bench
+
+all: build
+
+build:
+	$(GO) build -o bin/ddflash ./cmd/ddflash
+
+# deps installs what the tests need on a fresh machine (system packages, npm
+# oracles, Go modules). Each step is idempotent.
+deps:
+	bash scripts/deps.sh
+
+run: build
+	bash scripts/run.sh
+
+test: deps build vet fmt-check
+	$(GO) test -timeout 20m ./...
+
+vet:
+	$(GO) vet ./...
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 3x ./...

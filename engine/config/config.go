@@ -1,0 +1,367 @@
+// Package config parses Hugging Face config.json files for the Qwen3.5/3.6
+// hybrid architecture (Gated DeltaNet + gated full attention).
+package config
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// LayerKind says which token mixer a decoder layer uses.
+type LayerKind int
+
+const (
+	// Linear is a Gated DeltaNet ("linear_attention") layer.
+	Linear LayerKind = iota
+	// Full is a gated full-attention layer.
+	Full
+)
+
+func (k LayerKind) String() string {
+	if k == Full {
+		return "full_attention"
+	}
+	return "linear_attention"
+}
+
+// Config is the text model's architecture, with every field the engine needs.
+type Config struct {
+	ModelType string // "qwen3_5_text" after unwrapping
+
+	HiddenSize       int
+	NumLayers        int
+	IntermediateSize int
+	VocabSize        int // embedding rows (padded)
+	RMSNormEps       float64
+	Layers           []LayerKind
+
+	// Full attention.
+	NumHeads       int
+	NumKVHeads     int
+	HeadDim        int
+	AttnOutputGate bool
+	RopeTheta      float64
+	PartialRotary  float64 // fraction of HeadDim that rotates
+	MaxPositions   int
+
+	// Gated DeltaNet.
+	LinearKeyHeads   int
+	LinearValueHeads int
+	LinearKeyDim     int
+	LinearValueDim   int
+	ConvKernel       int
+
+	TieWordEmbeddings bool
+	EOSTokenIDs       []int
+	BOSTokenID        int  // -1 when absent
+	SSMStateFP32      bool // mamba_ssm_dtype == float32 (the default)
+	Dtype             string
+}
+
+// RotaryDim is the number of leading head dimensions that RoPE rotates.
+func (c *Config) RotaryDim() int { return int(float64(c.HeadDim) * c.PartialRotary) }
+
+// KeyDim is the width of the GDN q (and k) projection: key heads × key dim.
+func (c *Config) KeyDim() int { return c.LinearKeyHeads * c.LinearKeyDim }
+
+// ValueDim is the width of the GDN v projection and of the gate z.
+func (c *Config) ValueDim() int { return c.LinearValueHeads * c.LinearValueDim }
+
+// ConvDim is the number of channels of the GDN causal conv: q | k | v.
+func (c *Config) ConvDim() int { return 2*c.KeyDim() + c.ValueDim() }
+
+// NumFull counts the full-attention layers.
+func (c *Config) NumFull() int { return c.count(Full) }
+
+// NumLinear counts the Gated DeltaNet layers.
+func (c *Config) NumLinear() int { return c.count(Linear) }
+
+func (c *Config) count(k LayerKind) int {
+	n := 0
+	for _, l := range c.Layers {
+		if l == k {
+			n++
+		}
+	}
+	return n
+}
+
+// Load reads DIR/config.json.
+func Load(dir string) (*Config, error) {
+	path := filepath.Join(dir, "config.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read model config: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse reads a config.json body: either a multimodal wrapper (model_type
+// "qwen3_5", text fields under text_config) or a flat "qwen3_5_text" config.
+func Parse(data []byte) (*Config, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
+		return nil, fmt.Errorf("invalid JSON: %w", err)
+	}
+	f := fields{m: top}
+	modelType, err := f.str("model_type")
+	if err != nil {
+		return nil, err
+	}
+	switch modelType {
+	case "qwen3_5":
+		raw, ok := top["text_config"]
+		if !ok {
+			return nil, fmt.Errorf("field text_config: missing (model_type qwen3_5 keeps the text model under text_config)")
+		}
+		var inner map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &inner); err != nil {
+			return nil, fmt.Errorf("field text_config: %w", err)
+		}
+		f = fields{m: inner, prefix: "text_config."}
+		// tie_word_embeddings sits at the top level of the wrapper.
+		c, err := parseText(f)
+		if err != nil {
+			return nil, err
+		}
+		if _, ok := top["tie_word_embeddings"]; ok {
+			if c.TieWordEmbeddings, err = (fields{m: top}).boolean("tie_word_embeddings"); err != nil {
+				return nil, err
+			}
+		}
+		return c, nil
+	case "qwen3_5_text":
+		return parseText(f)
+	default:
+		return nil, fmt.Errorf("field model_type: unsupported architecture %q (ddflash runs qwen3_5 and qwen3_5_text)", modelType)
+	}
+}
+
+func parseText(f fields) (*Config, error) {
+	c := &Config{ModelType: "qwen3_5_text", BOSTokenID: -1, SSMStateFP32: true}
+	ints := []struct {
+		name string
+		dst  *int
+	}{
+		{"hidden_size", &c.HiddenSize},
+		{"num_hidden_layers", &c.NumLayers},
+		{"intermediate_size", &c.IntermediateSize},
+		{"vocab_size", &c.VocabSize},
+		{"num_attention_heads", &c.NumHeads},
+		{"num_key_value_heads", &c.NumKVHeads},
+		{"head_dim", &c.HeadDim},
+		{"linear_num_key_heads", &c.LinearKeyHeads},
+		{"linear_num_value_heads", &c.LinearValueHeads},
+		{"linear_key_head_dim", &c.LinearKeyDim},
+		{"linear_value_head_dim", &c.LinearValueDim},
+		{"linear_conv_kernel_dim", &c.ConvKernel},
+	}
+	for _, it := range ints {
+		v, err := f.positiveInt(it.name)
+		if err != nil {
+			return nil, err
+		}
+		*it.dst = v
+	}
+	var err error
+	if c.RMSNormEps, err = f.number("rms_norm_eps"); err != nil {
+		return nil, err
+	}
+	if c.MaxPositions, err = f.positiveInt("max_position_embeddings"); err != nil {
+		return nil, err
+	}
+	c.AttnOutputGate = true
+	if f.has("attn_output_gate") {
+		if c.AttnOutputGate, err = f.boolean("attn_output_gate"); err != nil {
+			return nil, err
+		}
+	}
+	if f.has("tie_word_embeddings") {
+		if c.TieWordEmbeddings, err = f.boolean("tie_word_embeddings"); err != nil {
+			return nil, err
+		}
+	}
+	if err := parseLayers(f, c); err != nil {
+		return nil, err
+	}
+	if err := parseRope(f, c); err != nil {
+		return nil, err
+	}
+	if f.has("eos_token_id") {
+		if c.EOSTokenIDs, err = f.intOrList("eos_token_id"); err != nil {
+			return nil, err
+		}
+	}
+	if f.has("bos_token_id") && !f.isNull("bos_token_id") {
+		if c.BOSTokenID, err = f.integer("bos_token_id"); err != nil {
+			return nil, err
+		}
+	}
+	if f.has("mamba_ssm_dtype") {
+		dt, err := f.str("mamba_ssm_dtype")
+		if err != nil {
+			return nil, err
+		}
+		c.SSMStateFP32 = dt == "float32"
+	}
+	if f.has("dtype") {
+		c.Dtype, _ = f.str("dtype")
+	} else if f.has("torch_dtype") {
+		c.Dtype, _ = f.str("torch_dtype")
+	}
+	return c, c.validate(f.prefix)
+}
+
+func parseLayers(f fields, c *Config) error {
+	if f.has("layer_types") {
+		var names []string
+		if err := json.Unmarshal(f.m["layer_types"], &names); err != nil {
+			return fmt.Errorf("field %slayer_types: want a list of strings: %w", f.prefix, err)
+		}
+		if len(names) != c.NumLayers {
+			return fmt.Errorf("field %slayer_types: %d entries for num_hidden_layers %d", f.prefix, len(names), c.NumLayers)
+		}
+		for i, n := range names {
+			switch n {
+			case "linear_attention":
+				c.Layers = append(c.Layers, Linear)
+			case "full_attention":
+				c.Layers = append(c.Layers, Full)
+			default:
+				return fmt.Errorf("field %slayer_types[%d]: unsupported layer type %q", f.prefix, i, n)
+			}
+		}
+		return nil
+	}
+	interval, err := f.positiveInt("full_attention_interval")
+	if err != nil {
+		return fmt.Errorf("%w (neither layer_types nor full_attention_interval is set)", err)
+	}
+	for i := 0; i < c.NumLayers; i++ {
+		if (i+1)%interval == 0 {
+			c.Layers = append(c.Layers, Full)
+		} else {
+			c.Layers = append(c.Layers, Linear)
+		}
+	}
+	return nil
+}
+
+func parseRope(f fields, c *Config) error {
+	rf := f
+	if f.has("rope_parameters") {
+		var inner map[string]json.RawMessage
+		if err := json.Unmarshal(f.m["rope_parameters"], &inner); err != nil {
+			return fmt.Errorf("field %srope_parameters: %w", f.prefix, err)
+		}
+		rf = fields{m: inner, prefix: f.prefix + "rope_parameters."}
+		if rf.has("rope_type") {
+			rt, err := rf.str("rope_type")
+			if err != nil {
+				return err
+			}
+			if rt != "default" {
+				return fmt.Errorf("field %srope_type: unsupported %q (the target supports default RoPE)", rf.prefix, rt)
+			}
+		}
+	}
+	var err error
+	if c.RopeTheta, err = rf.number("rope_theta"); err != nil {
+		return err
+	}
+	switch {
+	case rf.has("partial_rotary_factor"):
+		c.PartialRotary, err = rf.number("partial_rotary_factor")
+	case f.has("partial_rotary_factor"):
+		c.PartialRotary, err = f.number("partial_rotary_factor")
+	default:
+		err = fmt.Errorf("field %spartial_rotary_factor: missing", rf.prefix)
+	}
+	return err
+}
+
+func (c *Config) validate(prefix string) error {
+	if c.HeadDim%2 != 0 {
+		return fmt.Errorf("field %shead_dim: %d is odd", prefix, c.HeadDim)
+	}
+	if c.PartialRotary <= 0 || c.PartialRotary > 1 {
+		return fmt.Errorf("field %spartial_rotary_factor: %g is outside (0, 1]", prefix, c.PartialRotary)
+	}
+	if rd := c.RotaryDim(); rd%2 != 0 || rd == 0 {
+		return fmt.Errorf("field %spartial_rotary_factor: rotary dim %d must be even and positive", prefix, rd)
+	}
+	if c.NumHeads%c.NumKVHeads != 0 {
+		return fmt.Errorf("field %snum_key_value_heads: %d does not divide num_attention_heads %d", prefix, c.NumKVHeads, c.NumHeads)
+	}
+	if c.LinearValueHeads%c.LinearKeyHeads != 0 {
+		return fmt.Errorf("field %slinear_num_key_heads: %d does not divide linear_num_value_heads %d", prefix, c.LinearKeyHeads, c.LinearValueHeads)
+	}
+	if c.ConvKernel < 2 {
+		return fmt.Errorf("field %slinear_conv_kernel_dim: %d, need at least 2", prefix, c.ConvKernel)
+	}
+	return nil
+}
+
+// fields reads typed values from a JSON object and names the field in errors.
+type fields struct {
+	m      map[string]json.RawMessage
+	prefix string
+}
+
+func (f fields) has(name string) bool { _, ok := f.m[name]; return ok }
+
+func (f fields) isNull(name string) bool { return string(f.m[name]) == "null" }
+
+func (f fields) get(name string, dst any, want string) error {
+	raw, ok := f.m[name]
+	if !ok {
+		return fmt.Errorf("field %s%s: missing", f.prefix, name)
+	}
+	if err := json.Unmarshal(raw, dst); err != nil {
+		return fmt.Errorf("field %s%s: want %s, got %s", f.prefix, name, want, raw)
+	}
+	return nil
+}
+
+func (f fields) str(name string) (string, error) {
+	var s string
+	return s, f.get(name, &s, "a string")
+}
+
+func (f fields) boolean(name string) (bool, error) {
+	var b bool
+	return b, f.get(name, &b, "true or false")
+}
+
+func (f fields) number(name string) (float64, error) {
+	var v float64
+	return v, f.get(name, &v, "a number")
+}
+
+func (f fields) integer(name string) (int, error) {
+	var v int
+	return v, f.get(name, &v, "an integer")
+}
+
+func (f fields) positiveInt(name string) (int, error) {
+	v, err := f.integer(name)
+	if err == nil && v <= 0 {
+		err = fmt.Errorf("field %s%s: %d, want a positive integer", f.prefix, name, v)
+	}
+	return v, err
+}
+
+func (f fields) intOrList(name string) ([]int, error) {
+	var one int
+	if err := json.Unmarshal(f.m[name], &one); err == nil {
+		return []int{one}, nil
+	}
+	var list []int
+	return list, f.get(name, &list, "an integer or a list of integers")
+}

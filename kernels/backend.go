@@ -1,0 +1,199 @@
+// Package kernels defines the compute backend the model is written against.
+//
+// A Backend owns device memory and runs ops on it. Model code only holds
+// Buffers (opaque handles) and small host-side integers; it never reads device
+// memory except through Download. Ops are issued in order on one implicit
+// stream per Backend; Sync waits for all of them. The CPU backend runs ops
+// synchronously; a CUDA backend queues them.
+//
+// Shapes are row-major. Weights are [out, in] as stored in safetensors.
+// Activations and states are F32 on every backend; weights may be F32, BF16
+// or F16. Index buffers (token ids, positions, page tables, tree parents) are I32.
+package kernels
+
+import "fmt"
+
+// DType is an element type.
+type DType uint8
+
+const (
+	F32 DType = iota
+	BF16
+	F16
+	I32
+)
+
+// Size is the number of bytes of one element.
+func (d DType) Size() int {
+	switch d {
+	case BF16, F16:
+		return 2
+	default:
+		return 4
+	}
+}
+
+func (d DType) String() string {
+	switch d {
+	case F32:
+		return "F32"
+	case BF16:
+		return "BF16"
+	case F16:
+		return "F16"
+	case I32:
+		return "I32"
+	}
+	return fmt.Sprintf("DType(%d)", uint8(d))
+}
+
+// Buffer is a handle to device memory: Len elements of DType. A Buffer made by
+// Slice aliases its parent's memory.
+type Buffer interface {
+	DType() DType
+	Len() int
+}
+
+// AttnSeq describes one sequence's query rows in an Attention call.
+//
+// The sequence's keys live in the paged KV cache: logical key position p is in
+// physical slot Pages[p/PageSize]*PageSize + p%PageSize. The query rows are
+// rows QueryStart..QueryStart+QueryLen-1 of q and out; they correspond to the
+// logical key positions Prefix..Prefix+QueryLen-1 (their own K/V must already
+// be written there). Query row i sees every key in [0, Prefix), and key
+// Prefix+j of its own block when Mask is nil and j <= i (causal), or when
+// Mask is set and Mask[i*QueryLen+j] != 0 (tree or block masks).
+// Window > 0 additionally hides keys whose logical position p has
+// (Prefix+i) - p >= Window (sliding-window attention; for causal blocks only).
+type AttnSeq struct {
+	QueryStart, QueryLen int
+	Prefix               int
+	Pages                Buffer // I32, at least ceil((Prefix+QueryLen)/PageSize) entries
+	Mask                 Buffer // I32 [QueryLen*QueryLen] or nil for causal
+	Window               int
+}
+
+// AttnShape is the head layout of an attention call.
+type AttnShape struct {
+	NumHeads   int     // query heads; query head h reads KV head h/(NumHeads/NumKVHeads)
+	NumKVHeads int     // heads stored in the cache
+	HeadDim    int     // for q, k and v
+	PageSize   int     // tokens per KV page
+	Scale      float32 // softmax scale, usually 1/sqrt(HeadDim)
+}
+
+// GDNShape is the head layout of a Gated DeltaNet layer.
+type GDNShape struct {
+	KeyHeads   int // q/k heads; value head j uses key head j/(ValueHeads/KeyHeads)
+	ValueHeads int
+	KeyDim     int
+	ValueDim   int
+}
+
+// StateLen is the number of F32 elements of one recurrent state: [ValueHeads, KeyDim, ValueDim].
+func (s GDNShape) StateLen() int { return s.ValueHeads * s.KeyDim * s.ValueDim }
+
+// Backend is a compute device. Every op panics only on programmer error
+// (mismatched buffer sizes); data-dependent failures are returned as errors by
+// Alloc and the transfer calls.
+type Backend interface {
+	Name() string
+
+	// Alloc returns a zeroed buffer.
+	Alloc(dt DType, n int) (Buffer, error)
+	// Free releases a buffer made by Alloc. Slices of it become invalid.
+	Free(b Buffer)
+	// Slice returns a view of n elements of b starting at element off.
+	Slice(b Buffer, off, n int) Buffer
+
+	// Upload copies host bytes (in b's dtype, little-endian) into b at element off.
+	Upload(b Buffer, off int, src []byte) error
+	UploadF32(b Buffer, off int, src []float32) error
+	UploadI32(b Buffer, off int, src []int32) error
+	// DownloadF32 copies len(dst) F32 elements of b starting at off.
+	DownloadF32(b Buffer, off int, dst []float32) error
+	// Sync waits until all issued ops are done.
+	Sync() error
+
+	// Copy copies rows×cols elements: dst[r*dstStride+c] = src[r*srcStride+c].
+	// Buffers of any one dtype; Slice them to start at an offset.
+	Copy(dst, src Buffer, rows, cols, dstStride, srcStride int)
+	// Fill sets every element of an F32 buffer to v.
+	Fill(dst Buffer, v float32)
+
+	// Embedding gathers rows: out[i,:] = table[ids[i],:] for i < n, table [*, dim].
+	Embedding(out, table, ids Buffer, n, dim int)
+	// MatMul computes out[m,n] = x[m,k] · w[n,k]ᵀ. x and out are F32; w is any float dtype.
+	MatMul(out, x, w Buffer, m, n, k int)
+	// Add computes out = a + b over n elements (out may alias a or b).
+	Add(out, a, b Buffer, n int)
+
+	// RMSNorm normalises each of rows rows of dim elements:
+	// out = x·rsqrt(mean(x²)+eps)·(1+w) when unitOffset (Qwen's zero-centred
+	// norm), else ·w. w has dim elements of any float dtype. out may alias x.
+	RMSNorm(out, x, w Buffer, rows, dim int, eps float32, unitOffset bool)
+	// GatedRMSNorm computes out = RMSNorm(x)·w·silu(z) per row of dim (plain w).
+	GatedRMSNorm(out, x, z, w Buffer, rows, dim int, eps float32)
+	// L2Norm scales each row of dim to unit length, x·rsqrt(Σx²+eps), then by scale. In place.
+	L2Norm(x Buffer, rows, dim int, eps, scale float32)
+
+	// RoPE rotates the first rotDim dims of each head in place, NeoX style:
+	// for i < rotDim/2, with a = pos·theta^(-2i/rotDim), the pair (i, i+rotDim/2)
+	// becomes (x_i·cos a − x_{i+h}·sin a, x_{i+h}·cos a + x_i·sin a).
+	// x is [rows, heads, headDim]; positions is I32 [rows].
+	RoPE(x, positions Buffer, rows, heads, headDim, rotDim int, theta float64)
+
+	// SwiGLU computes out = silu(gate)·up over n elements.
+	SwiGLU(out, gate, up Buffer, n int)
+	// MulSigmoid computes x = x·sigmoid(gate) over n elements.
+	MulSigmoid(x, gate Buffer, n int)
+
+	// WriteKV stores n rows of k and v ([n, kvDim], F32) into the caches at
+	// the physical slots given by the I32 buffer slots [n]. Caches are [slots, kvDim].
+	WriteKV(kCache, vCache, k, v, slots Buffer, n, kvDim int)
+	// Attention computes out [rows, NumHeads*HeadDim] from q [rows, NumHeads*HeadDim]
+	// over the paged caches ([slots, NumKVHeads*HeadDim]); softmax in F32.
+	Attention(out, q, kCache, vCache Buffer, shape AttnShape, seqs []AttnSeq)
+	// MoveKV copies cache rows: for i < n, slot dst[i] takes the contents of
+	// slot src[i] (both I32 buffers), in both caches; all reads happen before writes.
+	MoveKV(kCache, vCache, dst, src Buffer, n, kvDim int)
+
+	// CausalConv runs a depthwise causal conv of kernel K over T rows of
+	// x [T, channels], followed by SiLU: out[t,c] = silu(Σ_j w[c,j]·x_{t-K+1+j}[c]).
+	// Row t's history is its ancestor chain: parents (I32 [T], parents[t] < t,
+	// -1 = the committed state) or, when parents is nil, the rows before it.
+	// Inputs before the chain's start come from state [K-1, channels], oldest
+	// first. w is [channels, K] of any float dtype. state is not modified.
+	CausalConv(out, x, state, w, parents Buffer, T, channels, K int)
+	// ConvCommit sets state to the last K-1 inputs of the chain ending at row
+	// node of x (following parents, or the preceding rows when parents is nil),
+	// filling from the old state where the chain is shorter than K-1.
+	ConvCommit(state, x, parents Buffer, node, channels, K int)
+
+	// GDNGates computes per row and value head g = -exp(aLog)·softplus(a+dtBias)
+	// into a, and beta = sigmoid(b) into b, in place. a, b are [T, heads].
+	GDNGates(a, b, aLog, dtBias Buffer, T, heads int)
+	// GDNRecurrence runs the gated delta rule over T tokens. q, k [T, KeyHeads*KeyDim]
+	// (already L2-normalised and scaled), v [T, ValueHeads*ValueDim], g and beta
+	// [T, ValueHeads]. Per value head, with S [KeyDim, ValueDim]:
+	//   S = exp(g)·S; S += k ⊗ beta·(v − Sᵀk); out = Sᵀq.
+	// Chain (parents nil): starts from state, writes the final state to
+	// stateOut (which may be state itself), and, when nodeStates is non-nil,
+	// the state after each token t to nodeStates[t]. Tree (parents non-nil):
+	// token t starts from nodeStates[parents[t]] (or state when -1), writes its
+	// state to nodeStates[t]; stateOut is ignored and state is only read.
+	// out may be nil when only the state is wanted (replay).
+	GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeStates, parents Buffer, T int, shape GDNShape)
+	// GDNChunked computes the same as a chain GDNRecurrence without nodeStates
+	// (outputs and final state), using the chunked WY form with the given chunk
+	// length: the fast path for prefill. Results agree with the token loop to
+	// F32 rounding.
+	GDNChunked(out, q, k, v, g, beta, state, stateOut Buffer, T, chunk int, shape GDNShape)
+
+	// LogSoftmax replaces each of rows rows of n logits by its log-probabilities. In place.
+	LogSoftmax(x Buffer, rows, n int)
+	// TopK writes, per row, the k largest values of x [rows, n] in descending
+	// order (ties: lower index first) to vals [rows, k] (F32) and their
+	// indices to idx [rows, k] (I32).
+	TopK(vals, idx, x Buffer, rows, n, k int)
+}
