@@ -1,0 +1,48 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+
+	"ddflash/engine/testmodel"
+)
+
+func init() {
+	register("testmodel", "write a random Qwen3.6-architecture checkpoint for tests and benchmarks", runTestModel)
+}
+
+func runTestModel(args []string) error {
+	names := make([]string, len(testmodel.Presets))
+	for i, p := range testmodel.Presets {
+		names[i] = p.Name
+	}
+	fs := flag.NewFlagSet("testmodel", flag.ContinueOnError)
+	out := fs.String("out", "", "directory to write the target model into (required)")
+	preset := fs.String("preset", "tiny", "model size: "+strings.Join(names, "|"))
+	seed := fs.Uint64("seed", 1, "random seed; the same seed gives identical files")
+	dtype := fs.String("dtype", "f32", "weight dtype: f32|bf16")
+	shards := fs.Int("shards", 1, "number of safetensors files (more than 1 adds model.safetensors.index.json)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *out == "" {
+		return fmt.Errorf("--out is required (the directory to write the model into)")
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	p, err := testmodel.PresetByName(*preset)
+	if err != nil {
+		return err
+	}
+	if *shards < 1 {
+		return fmt.Errorf("--shards %d: need at least 1", *shards)
+	}
+	opt := testmodel.Options{Preset: p, Seed: *seed, DType: *dtype, Shards: *shards}
+	if err := testmodel.Write(*out, opt); err != nil {
+		return err
+	}
+	fmt.Printf("wrote %s test model (seed %d, %s, %d shard(s)) to %s\n", p.Name, *seed, *dtype, *shards, *out)
+	return nil
+}

@@ -1,0 +1,264 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"ddflash/engine/config"
+	"ddflash/kernels"
+	"ddflash/mamba"
+)
+
+// Options sizes an engine's caches.
+type Options struct {
+	Context      int // longest sequence (prompt + output); 0 means the model's max positions
+	MaxSeqs      int // GDN state slots, i.e. sequences in flight; 0 means 1
+	PageSize     int // KV tokens per page; 0 means 16
+	KVTokens     int // KV cache capacity in tokens; 0 means MaxSeqs × Context
+	PrefillChunk int // longest prefill forward; 0 means 512
+}
+
+// Engine is a loaded model with its caches.
+type Engine struct {
+	Model *Model
+	// ValidVocab is the number of real token ids; logits beyond are padding.
+	ValidVocab int
+	// EOS lists the token ids that end generation.
+	EOS     []int32
+	Context int
+	opts    Options
+}
+
+// Load reads a checkpoint directory and allocates caches on b.
+func Load(b kernels.Backend, dir string, opts Options) (*Engine, error) {
+	cfg, err := config.Load(dir)
+	if err != nil {
+		return nil, err
+	}
+	w, err := LoadWeights(b, dir, cfg)
+	if err != nil {
+		return nil, err
+	}
+	valid, eos, err := vocabInfo(dir, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return New(b, cfg, w, valid, eos, opts)
+}
+
+// New builds an engine from loaded weights.
+func New(b kernels.Backend, cfg *config.Config, w *Weights, validVocab int, eos []int32, opts Options) (*Engine, error) {
+	if opts.Context <= 0 || opts.Context > cfg.MaxPositions {
+		opts.Context = cfg.MaxPositions
+	}
+	opts.MaxSeqs = max(opts.MaxSeqs, 1)
+	if opts.PageSize <= 0 {
+		opts.PageSize = 16
+	}
+	if opts.KVTokens <= 0 {
+		opts.KVTokens = opts.MaxSeqs * opts.Context
+	}
+	if opts.PrefillChunk <= 0 {
+		opts.PrefillChunk = 512
+	}
+	pages := (opts.KVTokens + opts.PageSize - 1) / opts.PageSize
+	kv, err := NewKVCache(b, cfg.NumFull(), KVDim(cfg), opts.PageSize, pages)
+	if err != nil {
+		return nil, err
+	}
+	states, err := mamba.NewPool(b, StateShape(cfg), opts.MaxSeqs)
+	if err != nil {
+		kv.Close()
+		return nil, err
+	}
+	return &Engine{
+		Model: NewModel(b, cfg, w, kv, states), ValidVocab: validVocab, EOS: eos,
+		Context: opts.Context, opts: opts,
+	}, nil
+}
+
+// Request is one generation.
+type Request struct {
+	Prompt    []int32
+	MaxTokens int
+	Sampling  SamplingParams
+	IgnoreEOS bool
+}
+
+// Finish reasons, as in the OpenAI API.
+const (
+	FinishStop   = "stop"   // an end-of-sequence token
+	FinishLength = "length" // max tokens or the context limit
+)
+
+// Result is a finished generation.
+type Result struct {
+	Tokens       []int32        `json:"tokens"`
+	Logprobs     []StepLogprobs `json:"logprobs,omitempty"`
+	FinishReason string         `json:"finish_reason"`
+	Stats        Stats          `json:"stats"`
+}
+
+// Stats describes where a generation's time went.
+type Stats struct {
+	PromptTokens int     `json:"prompt_tokens"`
+	OutputTokens int     `json:"output_tokens"`
+	PrefillMs    float64 `json:"prefill_ms"`
+	DecodeMs     float64 `json:"decode_ms"`
+	DecodeTokS   float64 `json:"decode_tok_s"`
+}
+
+// ErrPromptTooLong is returned when a prompt does not fit the context.
+var ErrPromptTooLong = errors.New("prompt too long")
+
+// CheckRequest validates a request against the engine's limits.
+func (e *Engine) CheckRequest(r Request) error {
+	switch {
+	case len(r.Prompt) == 0:
+		return errors.New("empty prompt: give at least one token")
+	case len(r.Prompt) >= e.Context:
+		return fmt.Errorf("%w: the prompt has %d tokens and the context holds %d (prompt plus at least one new token)", ErrPromptTooLong, len(r.Prompt), e.Context)
+	case r.MaxTokens < 1:
+		return fmt.Errorf("max tokens %d: want at least 1", r.MaxTokens)
+	}
+	for _, t := range r.Prompt {
+		if t < 0 || int(t) >= e.ValidVocab {
+			return fmt.Errorf("prompt token id %d outside the vocabulary 0..%d", t, e.ValidVocab-1)
+		}
+	}
+	return r.Sampling.Validate()
+}
+
+// Generate runs one request to completion (plain autoregressive decoding).
+// onToken, if set, sees each new token as it is produced.
+func (e *Engine) Generate(ctx context.Context, r Request, onToken func(int32)) (*Result, error) {
+	if err := e.CheckRequest(r); err != nil {
+		return nil, err
+	}
+	seq, err := e.newSequence()
+	if err != nil {
+		return nil, err
+	}
+	defer e.release(seq)
+
+	res := &Result{Stats: Stats{PromptTokens: len(r.Prompt)}}
+	sampler := NewSampler(r.Sampling, e.ValidVocab)
+	t0 := time.Now()
+	logits, err := e.prefill(seq, r.Prompt)
+	if err != nil {
+		return nil, err
+	}
+	res.Stats.PrefillMs = ms(time.Since(t0))
+	t1 := time.Now()
+	for {
+		tok := sampler.Sample(logits)
+		if r.Sampling.Logprobs > 0 {
+			res.Logprobs = append(res.Logprobs, sampler.Logprobs(logits, tok, r.Sampling.Logprobs))
+		}
+		res.Tokens = append(res.Tokens, tok)
+		if onToken != nil {
+			onToken(tok)
+		}
+		if reason := e.finished(r, res.Tokens, seq.len+1); reason != "" {
+			res.FinishReason = reason
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if logits, err = e.step(seq, tok); err != nil {
+			return nil, err
+		}
+	}
+	res.Stats.OutputTokens = len(res.Tokens)
+	res.Stats.DecodeMs = ms(time.Since(t1))
+	if res.Stats.DecodeMs > 0 {
+		res.Stats.DecodeTokS = float64(len(res.Tokens)-1) / (res.Stats.DecodeMs / 1000)
+	}
+	return res, nil
+}
+
+// finished says why generation stops after the latest token, or "".
+// cached is the sequence length once that token is fed back.
+func (e *Engine) finished(r Request, out []int32, cached int) string {
+	last := out[len(out)-1]
+	if !r.IgnoreEOS && e.isEOS(last) {
+		return FinishStop
+	}
+	if len(out) >= r.MaxTokens || cached >= e.Context {
+		return FinishLength
+	}
+	return ""
+}
+
+func (e *Engine) isEOS(t int32) bool {
+	for _, id := range e.EOS {
+		if id == t {
+			return true
+		}
+	}
+	return false
+}
+
+// sequence is one request's cache state.
+type sequence struct {
+	kv   SeqKV
+	slot int
+	len  int // tokens in the caches
+}
+
+func (e *Engine) newSequence() (*sequence, error) {
+	slot, err := e.Model.States.Acquire()
+	if err != nil {
+		return nil, err
+	}
+	return &sequence{slot: slot}, nil
+}
+
+func (e *Engine) release(s *sequence) {
+	e.Model.KV.Truncate(&s.kv, 0)
+	e.Model.States.Release(s.slot)
+}
+
+// prefill feeds the prompt in chunks and returns the last position's logits.
+func (e *Engine) prefill(s *sequence, prompt []int32) ([]float32, error) {
+	var logits []float32
+	for start := 0; start < len(prompt); start += e.opts.PrefillChunk {
+		chunk := prompt[start:min(start+e.opts.PrefillChunk, len(prompt))]
+		rows := NoRows
+		if start+len(chunk) == len(prompt) {
+			rows = LastRow
+		}
+		out, err := e.forward(s, chunk, rows)
+		if err != nil {
+			return nil, err
+		}
+		logits = out.Logits
+	}
+	return logits, nil
+}
+
+// step feeds one token and returns the next logits.
+func (e *Engine) step(s *sequence, tok int32) ([]float32, error) {
+	out, err := e.forward(s, []int32{tok}, LastRow)
+	if err != nil {
+		return nil, err
+	}
+	return out.Logits, nil
+}
+
+func (e *Engine) forward(s *sequence, tokens []int32, rows LogitRows) (*SeqOutput, error) {
+	if err := e.Model.KV.Reserve(&s.kv, s.len+len(tokens)); err != nil {
+		return nil, err
+	}
+	out, err := e.Model.Forward([]SeqInput{{Tokens: tokens, Start: s.len, KV: &s.kv, Slot: s.slot, Logits: rows}}, nil)
+	if err != nil {
+		return nil, err
+	}
+	s.len += len(tokens)
+	return &out[0], nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -1,0 +1,183 @@
+package engine
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"ddflash/engine/testmodel"
+	"ddflash/kernels/cpu"
+)
+
+// newTestEngine writes a random checkpoint of the preset and loads it.
+func newTestEngine(t testing.TB, preset string, seed uint64, opts Options) *Engine {
+	t.Helper()
+	p, err := testmodel.PresetByName(preset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Options{Preset: p, Seed: seed, DType: "f32"}); err != nil {
+		t.Fatal(err)
+	}
+	e, err := Load(cpu.New(2), dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func randomTokens(rng *rand.Rand, n, vocab int) []int32 {
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = int32(rng.IntN(vocab))
+	}
+	return out
+}
+
+func maxAbsDiff(a, b []float32) float64 {
+	if len(a) != len(b) {
+		return math.Inf(1)
+	}
+	d := 0.0
+	for i := range a {
+		d = math.Max(d, math.Abs(float64(a[i])-float64(b[i])))
+	}
+	return d
+}
+
+// stateOf downloads every GDN layer's conv and recurrent state of a slot.
+func stateOf(t testing.TB, e *Engine, slot int) []float32 {
+	t.Helper()
+	p := e.Model.States
+	var out []float32
+	for l := 0; l < p.Shape().Layers; l++ {
+		conv := make([]float32, p.Conv(l, slot).Len())
+		ssm := make([]float32, p.SSM(l, slot).Len())
+		if err := e.Model.b.DownloadF32(p.Conv(l, slot), 0, conv); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Model.b.DownloadF32(p.SSM(l, slot), 0, ssm); err != nil {
+			t.Fatal(err)
+		}
+		out = append(append(out, conv...), ssm...)
+	}
+	return out
+}
+
+// TestPrefillEqualsTokenByToken checks that one prefill forward (chunked GDN
+// form and multi-row attention) equals feeding the tokens one at a time with
+// carried KV, conv and recurrent state.
+func TestPrefillEqualsTokenByToken(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{1, 9, 80, 150} { // 80 and 150 take the chunked GDN path
+		whole := newTestEngine(t, "tiny", 3, Options{PrefillChunk: 1 << 20})
+		steps := newTestEngine(t, "tiny", 3, Options{})
+		prompt := randomTokens(rng, n, whole.ValidVocab)
+
+		a, err := whole.newSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := whole.prefill(a, prompt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := steps.newSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want []float32
+		for _, tok := range prompt {
+			if want, err = steps.step(b, tok); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d := maxAbsDiff(got, want); d > 1e-4 {
+			t.Errorf("n=%d: last-position logits differ by %g (bound 1e-4)", n, d)
+		}
+		if d := maxAbsDiff(stateOf(t, whole, a.slot), stateOf(t, steps, b.slot)); d > 1e-4 {
+			t.Errorf("n=%d: GDN states differ by %g (bound 1e-4)", n, d)
+		}
+	}
+}
+
+// TestBatchEqualsAlone runs sequences of different lengths (some with cached
+// context) in one forward and compares every row's logits with running each alone.
+func TestBatchEqualsAlone(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	type job struct{ context, fresh []int32 }
+	jobs := []job{
+		{nil, randomTokens(rng, 5, 290)},
+		{randomTokens(rng, 11, 290), randomTokens(rng, 17, 290)},
+		{randomTokens(rng, 3, 290), randomTokens(rng, 1, 290)},
+		{nil, randomTokens(rng, 70, 290)},
+	}
+	batched := newTestEngine(t, "tiny", 9, Options{MaxSeqs: len(jobs), PageSize: 4})
+	var inputs []SeqInput
+	for _, j := range jobs {
+		s, err := batched.newSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(j.context) > 0 {
+			if _, err := batched.prefill(s, j.context); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := batched.Model.KV.Reserve(&s.kv, s.len+len(j.fresh)); err != nil {
+			t.Fatal(err)
+		}
+		inputs = append(inputs, SeqInput{Tokens: j.fresh, Start: s.len, KV: &s.kv, Slot: s.slot, Logits: AllRows})
+	}
+	outs, err := batched.Model.Forward(inputs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, j := range jobs {
+		alone := newTestEngine(t, "tiny", 9, Options{PageSize: 16})
+		s, err := alone.newSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(j.context) > 0 {
+			if _, err := alone.prefill(s, j.context); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want, err := alone.forward(s, j.fresh, AllRows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := maxAbsDiff(outs[i].Logits, want.Logits); d > 1e-5 {
+			t.Errorf("sequence %d: batched logits differ from alone by %g (bound 1e-5)", i, d)
+		}
+	}
+}
+
+// TestHiddenTapsShape checks the taps' sizes and that a bad tap is refused;
+// their values are checked against the float64 reference in the golden test.
+func TestHiddenTapsShape(t *testing.T) {
+	e := newTestEngine(t, "tiny", 4, Options{})
+	s, err := e.newSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := []int32{5, 6, 7}
+	if err := e.Model.KV.Reserve(&s.kv, len(tokens)); err != nil {
+		t.Fatal(err)
+	}
+	last := e.Model.Cfg.NumLayers - 1
+	out, err := e.Model.Forward([]SeqInput{{Tokens: tokens, KV: &s.kv, Slot: s.slot, Logits: AllRows}}, []int{0, last})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []int{0, last} {
+		if got := len(out[0].Hidden[l]); got != len(tokens)*e.Model.Cfg.HiddenSize {
+			t.Fatalf("tap %d has %d values", l, got)
+		}
+	}
+	if _, err := e.Model.Forward([]SeqInput{{Tokens: tokens, KV: &s.kv, Slot: s.slot}}, []int{99}); err == nil {
+		t.Fatal("tap of a layer that does not exist was accepted")
+	}
+}

@@ -1,0 +1,66 @@
+// Package testmodel writes random Qwen3.5/3.6-architecture checkpoints in the
+// real Hugging Face layout (config.json, safetensors, tokenizer.json,
+// tokenizer_config.json), for tests and benchmarks without downloads.
+package testmodel
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Preset is the architecture of a generated model.
+type Preset struct {
+	Name             string
+	Hidden           int
+	Layers           int
+	FullEvery        int // layer i is full attention when (i+1)%FullEvery == 0, as in the real 3:1 pattern
+	Intermediate     int
+	Heads, KVHeads   int
+	HeadDim          int
+	PartialRotary    float64
+	LinearKeyHeads   int
+	LinearValueHeads int
+	LinearHeadDim    int // key and value head dim
+	ConvKernel       int
+	MaxPositions     int
+	MaxMerges        int // BPE merges learned from the built-in sample text, at most
+	VocabSize        int // embedding rows; above the tokenizer's ids so padding rows exist
+}
+
+// Presets are the built-in model sizes. tiny runs in milliseconds in tests;
+// small (~115M parameters) is large enough that a decode step is memory-bound.
+var Presets = []Preset{
+	{
+		Name: "tiny", Hidden: 64, Layers: 4, FullEvery: 4, Intermediate: 128,
+		Heads: 4, KVHeads: 2, HeadDim: 16, PartialRotary: 0.25,
+		LinearKeyHeads: 2, LinearValueHeads: 4, LinearHeadDim: 16, ConvKernel: 4,
+		MaxPositions: 256, MaxMerges: 41, VocabSize: 320,
+	},
+	{
+		Name: "small", Hidden: 1024, Layers: 8, FullEvery: 4, Intermediate: 3072,
+		Heads: 8, KVHeads: 2, HeadDim: 128, PartialRotary: 0.25,
+		LinearKeyHeads: 4, LinearValueHeads: 8, LinearHeadDim: 128, ConvKernel: 4,
+		MaxPositions: 4096, MaxMerges: 100, VocabSize: 4096,
+	},
+}
+
+// PresetByName finds a preset in Presets.
+func PresetByName(name string) (Preset, error) {
+	i := slices.IndexFunc(Presets, func(p Preset) bool { return p.Name == name })
+	if i < 0 {
+		names := make([]string, len(Presets))
+		for j, p := range Presets {
+			names[j] = p.Name
+		}
+		return Preset{}, fmt.Errorf("unknown test model preset %q (choose %s)", name, strings.Join(names, ", "))
+	}
+	return Presets[i], nil
+}
+
+// isFull says whether layer i is a full-attention layer.
+func (p Preset) isFull(i int) bool { return (i+1)%p.FullEvery == 0 }
+
+func (p Preset) keyDim() int   { return p.LinearKeyHeads * p.LinearHeadDim }
+func (p Preset) valueDim() int { return p.LinearValueHeads * p.LinearHeadDim }
+func (p Preset) convDim() int  { return 2*p.keyDim() + p.valueDim() }

@@ -1,0 +1,105 @@
+package cpu
+
+import (
+	"fmt"
+
+	"ddflash/kernels"
+)
+
+// convSource names one input row of the conv window: a row of x when >= 0,
+// else row -1-src of the committed state.
+type convSource int
+
+// convHistory returns, per row t, its K input rows oldest first: the K-1
+// ancestors of t (parents, or the preceding rows when parents is nil),
+// continued into the committed state, then t itself.
+func convHistory(parents []int32, T, K int) []convSource {
+	src := make([]convSource, T*K)
+	for t := range T {
+		row := src[t*K : (t+1)*K]
+		row[K-1] = convSource(t)
+		node, stateRow := parentOf(parents, t), K-2
+		for j := K - 2; j >= 0; j-- {
+			if node >= 0 {
+				row[j] = convSource(node)
+				node = parentOf(parents, node)
+				continue
+			}
+			row[j] = convSource(-1 - stateRow)
+			stateRow--
+		}
+	}
+	return src
+}
+
+// parentOf is the chain or tree parent of row t; -1 is the committed state.
+func parentOf(parents []int32, t int) int {
+	if parents == nil {
+		return t - 1
+	}
+	return int(parents[t])
+}
+
+// treeParents returns the parents of a tree op, checking parents[t] < t, or
+// nil for a chain.
+func treeParents(op string, parents kernels.Buffer, T int) []int32 {
+	if parents == nil {
+		return nil
+	}
+	p := i32s(op+" parents", parents, T)
+	for t, pt := range p {
+		if pt < -1 || int(pt) >= t {
+			panic(fmt.Sprintf("cpu: %s parents[%d] = %d: must be -1 or an earlier row", op, t, pt))
+		}
+	}
+	return p
+}
+
+// CausalConv runs the depthwise causal conv + SiLU over rows whose history
+// is their ancestor chain.
+func (be *Backend) CausalConv(out, x, state, w, parents kernels.Buffer, T, channels, K int) {
+	o, xv := f32s("CausalConv out", out, T*channels), f32s("CausalConv x", x, T*channels)
+	st := f32s("CausalConv state", state, (K-1)*channels)
+	wv := widened("CausalConv w", w, channels*K)
+	history := convHistory(treeParents("CausalConv", parents, T), T, K)
+	be.pool.parallelFor(channels, max(1, rowGrain/max(1, T*K)), func(lo, hi int) {
+		for t := range T {
+			srcs := history[t*K : (t+1)*K]
+			for c := lo; c < hi; c++ {
+				var sum float32
+				for j, s := range srcs {
+					var in float32
+					if s >= 0 {
+						in = xv[int(s)*channels+c]
+					} else {
+						in = st[(-1-int(s))*channels+c]
+					}
+					sum += wv[c*K+j] * in
+				}
+				o[t*channels+c] = silu(sum)
+			}
+		}
+	})
+}
+
+// ConvCommit sets state to the last K-1 inputs of the chain ending at node.
+func (be *Backend) ConvCommit(state, x, parents kernels.Buffer, node, channels, K int) {
+	st := f32s("ConvCommit state", state, (K-1)*channels)
+	if node < 0 {
+		return // nothing accepted: the state stays
+	}
+	xv := f32s("ConvCommit x", x, (node+1)*channels)
+	history := convHistory(treeParents("ConvCommit", parents, node+1), node+1, K)
+	// The new state is the window of node+1 minus its oldest row, so read it
+	// fully before overwriting rows of the old state it may draw on.
+	window := history[node*K+1 : (node+1)*K]
+	next := make([]float32, (K-1)*channels)
+	for j, s := range window {
+		if s >= 0 {
+			copy(next[j*channels:(j+1)*channels], xv[int(s)*channels:])
+		} else {
+			copy(next[j*channels:(j+1)*channels], st[(-1-int(s))*channels:])
+		}
+	}
+	copy(st, next)
+}

@@ -1,0 +1,233 @@
+package cpu
+
+import (
+	"container/heap"
+	"fmt"
+	"math"
+	"sort"
+
+	"ddflash/kernels"
+)
+
+// rowGrain is the least number of elements a worker takes for row-wise ops;
+// below it the pool hand-off costs more than the work.
+const rowGrain = 1 << 14
+
+func silu(x float32) float32 { return x / (1 + float32(math.Exp(float64(-x)))) }
+
+func sigmoid(x float32) float32 { return 1 / (1 + float32(math.Exp(float64(-x)))) }
+
+// rowsGrain converts rowGrain elements into a number of rows of dim elements.
+func rowsGrain(dim int) int { return max(1, rowGrain/max(dim, 1)) }
+
+// Embedding gathers rows of table (any float dtype) into the F32 out.
+func (be *Backend) Embedding(out, table, ids kernels.Buffer, n, dim int) {
+	o := f32s("Embedding out", out, n*dim)
+	idv := i32s("Embedding ids", ids, n)
+	tab := asBuffer(table)
+	rows := tab.Len() / max(dim, 1)
+	for i, id := range idv {
+		if id < 0 || int(id) >= rows {
+			panic(fmt.Sprintf("cpu: Embedding id %d at %d is outside the table's %d rows", id, i, rows))
+		}
+		src := int(id) * dim
+		dst := o[i*dim : (i+1)*dim]
+		switch tab.dt {
+		case kernels.F32:
+			copy(dst, tab.f32[src:src+dim])
+		case kernels.BF16, kernels.F16:
+			widenInto(dst, tab.u16[src:src+dim], tab.dt)
+		default:
+			panic(fmt.Sprintf("cpu: Embedding table must be a float buffer, got %v", tab.dt))
+		}
+	}
+}
+
+// Add computes out = a + b elementwise.
+func (be *Backend) Add(out, a, b kernels.Buffer, n int) {
+	o, av, bv := f32s("Add out", out, n), f32s("Add a", a, n), f32s("Add b", b, n)
+	for i := range o {
+		o[i] = av[i] + bv[i]
+	}
+}
+
+// invRMS returns rsqrt(mean(x²)+eps), accumulated in float64.
+func invRMS(x []float32, eps float32) float32 {
+	var ss float64
+	for _, v := range x {
+		ss += float64(v) * float64(v)
+	}
+	return float32(1 / math.Sqrt(ss/float64(len(x))+float64(eps)))
+}
+
+// RMSNorm normalises rows; w is (1+w) when unitOffset.
+func (be *Backend) RMSNorm(out, x, w kernels.Buffer, rows, dim int, eps float32, unitOffset bool) {
+	o, xv := f32s("RMSNorm out", out, rows*dim), f32s("RMSNorm x", x, rows*dim)
+	wv := widened("RMSNorm w", w, dim)
+	offset := float32(0)
+	if unitOffset {
+		offset = 1
+	}
+	be.pool.parallelFor(rows, rowsGrain(dim), func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			xr, or := xv[r*dim:(r+1)*dim], o[r*dim:(r+1)*dim]
+			inv := invRMS(xr, eps)
+			for i, v := range xr {
+				or[i] = v * inv * (offset + wv[i])
+			}
+		}
+	})
+}
+
+// GatedRMSNorm computes RMSNorm(x)·w·silu(z) per row.
+func (be *Backend) GatedRMSNorm(out, x, z, w kernels.Buffer, rows, dim int, eps float32) {
+	o, xv := f32s("GatedRMSNorm out", out, rows*dim), f32s("GatedRMSNorm x", x, rows*dim)
+	zv := f32s("GatedRMSNorm z", z, rows*dim)
+	wv := widened("GatedRMSNorm w", w, dim)
+	be.pool.parallelFor(rows, rowsGrain(dim), func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			xr, zr, or := xv[r*dim:(r+1)*dim], zv[r*dim:(r+1)*dim], o[r*dim:(r+1)*dim]
+			inv := invRMS(xr, eps)
+			for i, v := range xr {
+				or[i] = v * inv * wv[i] * silu(zr[i])
+			}
+		}
+	})
+}
+
+// L2Norm scales each row to unit length (then by scale), in place.
+func (be *Backend) L2Norm(x kernels.Buffer, rows, dim int, eps, scale float32) {
+	xv := f32s("L2Norm x", x, rows*dim)
+	for r := range rows {
+		xr := xv[r*dim : (r+1)*dim]
+		var ss float64
+		for _, v := range xr {
+			ss += float64(v) * float64(v)
+		}
+		f := float32(1/math.Sqrt(ss+float64(eps))) * scale
+		for i := range xr {
+			xr[i] *= f
+		}
+	}
+}
+
+// RoPE rotates the first rotDim dims of every head, NeoX style, in place.
+// Angles are computed in float64 so that large positions stay exact.
+func (be *Backend) RoPE(x, positions kernels.Buffer, rows, heads, headDim, rotDim int, theta float64) {
+	if rotDim%2 != 0 || rotDim > headDim {
+		panic(fmt.Sprintf("cpu: RoPE rotDim %d must be even and at most headDim %d", rotDim, headDim))
+	}
+	xv := f32s("RoPE x", x, rows*heads*headDim)
+	pos := i32s("RoPE positions", positions, rows)
+	half := rotDim / 2
+	cos, sin := make([]float32, half), make([]float32, half)
+	for r := range rows {
+		for i := range half {
+			a := float64(pos[r]) * math.Pow(theta, -2*float64(i)/float64(rotDim))
+			s, c := math.Sincos(a)
+			cos[i], sin[i] = float32(c), float32(s)
+		}
+		for h := range heads {
+			d := xv[(r*heads+h)*headDim:]
+			for i := range half {
+				x1, x2 := d[i], d[i+half]
+				d[i] = x1*cos[i] - x2*sin[i]
+				d[i+half] = x2*cos[i] + x1*sin[i]
+			}
+		}
+	}
+}
+
+// SwiGLU computes out = silu(gate)·up.
+func (be *Backend) SwiGLU(out, gate, up kernels.Buffer, n int) {
+	o, g, u := f32s("SwiGLU out", out, n), f32s("SwiGLU gate", gate, n), f32s("SwiGLU up", up, n)
+	be.pool.parallelFor(n, rowGrain, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			o[i] = silu(g[i]) * u[i]
+		}
+	})
+}
+
+// MulSigmoid computes x = x·sigmoid(gate).
+func (be *Backend) MulSigmoid(x, gate kernels.Buffer, n int) {
+	xv, g := f32s("MulSigmoid x", x, n), f32s("MulSigmoid gate", gate, n)
+	for i := range xv {
+		xv[i] *= sigmoid(g[i])
+	}
+}
+
+// LogSoftmax replaces each row by its log-probabilities (log-sum-exp in float64).
+func (be *Backend) LogSoftmax(x kernels.Buffer, rows, n int) {
+	xv := f32s("LogSoftmax x", x, rows*n)
+	be.pool.parallelFor(rows, rowsGrain(n), func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			xr := xv[r*n : (r+1)*n]
+			top := float32(math.Inf(-1))
+			for _, v := range xr {
+				top = max(top, v)
+			}
+			var sum float64
+			for _, v := range xr {
+				sum += math.Exp(float64(v - top))
+			}
+			shift := top + float32(math.Log(sum))
+			for i := range xr {
+				xr[i] -= shift
+			}
+		}
+	})
+}
+
+// TopK writes each row's k largest values in descending order (ties: lower
+// index first) and their indices.
+func (be *Backend) TopK(vals, idx, x kernels.Buffer, rows, n, k int) {
+	if k > n {
+		panic(fmt.Sprintf("cpu: TopK k=%d exceeds the row length %d", k, n))
+	}
+	xv := f32s("TopK x", x, rows*n)
+	vv, iv := f32s("TopK vals", vals, rows*k), i32s("TopK idx", idx, rows*k)
+	be.pool.parallelFor(rows, rowsGrain(n), func(lo, hi int) {
+		best := make(candidates, 0, k)
+		for r := lo; r < hi; r++ {
+			best = best[:0]
+			for i, v := range xv[r*n : (r+1)*n] {
+				c := candidate{v, int32(i)}
+				switch {
+				case len(best) < k:
+					heap.Push(&best, c)
+				case k > 0 && c.beats(best[0]):
+					best[0] = c
+					heap.Fix(&best, 0)
+				}
+			}
+			sort.Slice(best, func(a, b int) bool { return best[a].beats(best[b]) })
+			for j, c := range best {
+				vv[r*k+j], iv[r*k+j] = c.val, c.idx
+			}
+		}
+	})
+}
+
+type candidate struct {
+	val float32
+	idx int32
+}
+
+// beats orders by value, then by lower index.
+func (c candidate) beats(o candidate) bool {
+	return c.val > o.val || (c.val == o.val && c.idx < o.idx)
+}
+
+// candidates is a min-heap whose root is the weakest kept candidate.
+type candidates []candidate
+
+func (h candidates) Len() int           { return len(h) }
+func (h candidates) Less(a, b int) bool { return h[b].beats(h[a]) }
+func (h candidates) Swap(a, b int)      { h[a], h[b] = h[b], h[a] }
+func (h *candidates) Push(x any)        { *h = append(*h, x.(candidate)) }
+func (h *candidates) Pop() any {
+	old := *h
+	c := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return c
+}

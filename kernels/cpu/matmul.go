@@ -1,0 +1,90 @@
+package cpu
+
+import (
+	"fmt"
+
+	"ddflash/kernels"
+)
+
+// matmulTile is the number of weight rows loaded together: each tile is
+// widened to float32 once and dotted against every x row, so a 16-row
+// verify block reads the weights once, like a single decode row.
+const matmulTile = 4
+
+// MatMul computes out[m,n] = x[m,k]·w[n,k]ᵀ; w is F32, BF16 or F16.
+func (be *Backend) MatMul(out, x, w kernels.Buffer, m, n, k int) {
+	o := f32s("MatMul out", out, m*n)
+	xv := f32s("MatMul x", x, m*k)
+	wb := asBuffer(w)
+	checkLen("MatMul w", wb, n*k)
+	if wb.dt == kernels.I32 {
+		panic(fmt.Sprintf("cpu: MatMul weights must be F32, BF16 or F16, got %v", wb.dt))
+	}
+	tiles := (n + matmulTile - 1) / matmulTile
+	// A worker takes enough tiles to amortise the hand-off (about 64K multiply-adds).
+	grain := max(1, (1<<16)/max(1, m*k*matmulTile))
+	be.pool.parallelFor(tiles, grain, func(lo, hi int) {
+		matmulTiles(o, xv, wb, m, n, k, lo*matmulTile, min(n, hi*matmulTile))
+	})
+}
+
+// matmulTiles computes output columns [nLo, nHi).
+func matmulTiles(out, x []float32, w *buffer, m, n, k, nLo, nHi int) {
+	var scratch []float32
+	if w.dt != kernels.F32 {
+		scratch = make([]float32, matmulTile*k)
+	}
+	for j := nLo; j < nHi; j += matmulTile {
+		rows := min(matmulTile, nHi-j)
+		var tile []float32
+		if w.dt == kernels.F32 {
+			tile = w.f32[j*k : (j+rows)*k]
+		} else {
+			tile = scratch[:rows*k]
+			widenInto(tile, w.u16[j*k:(j+rows)*k], w.dt)
+		}
+		if rows == matmulTile {
+			w0, w1, w2, w3 := tile[:k], tile[k:2*k], tile[2*k:3*k], tile[3*k:4*k]
+			for i := range m {
+				d0, d1, d2, d3 := dot4(x[i*k:(i+1)*k], w0, w1, w2, w3)
+				o := out[i*n+j : i*n+j+4]
+				o[0], o[1], o[2], o[3] = d0, d1, d2, d3
+			}
+			continue
+		}
+		for r := range rows {
+			for i := range m {
+				out[i*n+j+r] = dot(x[i*k:(i+1)*k], tile[r*k:(r+1)*k])
+			}
+		}
+	}
+}
+
+// dot4 returns the dot products of x with four rows, reading x once.
+func dot4(x, w0, w1, w2, w3 []float32) (d0, d1, d2, d3 float32) {
+	w0, w1, w2, w3 = w0[:len(x)], w1[:len(x)], w2[:len(x)], w3[:len(x)]
+	for i, xi := range x {
+		d0 += xi * w0[i]
+		d1 += xi * w1[i]
+		d2 += xi * w2[i]
+		d3 += xi * w3[i]
+	}
+	return
+}
+
+// dot is a plain dot product with four partial sums.
+func dot(x, w []float32) float32 {
+	w = w[:len(x)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		s0 += x[i] * w[i]
+		s1 += x[i+1] * w[i+1]
+		s2 += x[i+2] * w[i+2]
+		s3 += x[i+3] * w[i+3]
+	}
+	for ; i < len(x); i++ {
+		s0 += x[i] * w[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}

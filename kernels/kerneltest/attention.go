@@ -1,0 +1,182 @@
+package kerneltest
+
+import (
+	"math"
+
+	"ddflash/kernels"
+)
+
+// attnCase is one sequence of an Attention call, with its logical K/V.
+type attnCase struct {
+	prefix, queryLen, window int
+	mask                     []int32 // nil: causal
+	pages                    []int32
+	keys, values             [][]float32 // [prefix+queryLen][kvDim]
+	queryStart               int
+}
+
+// ancestryMask is the tree mask of parents: row i sees j when j is i or an ancestor.
+func ancestryMask(parents []int32) []int32 {
+	n := len(parents)
+	mask := make([]int32, n*n)
+	for i := range n {
+		for j := i; j >= 0; j = int(parents[j]) {
+			mask[i*n+j] = 1
+		}
+	}
+	return mask
+}
+
+// testAttention writes K/V through WriteKV into shuffled, non-contiguous
+// pages and runs several sequences in one Attention call: causal, a tree
+// mask, a random block mask, a decode row and a sliding window, with GQA.
+// Bound: |Δ| ≤ 2e-5·max|V|, which covers float32 scores and softmax.
+func testAttention(h *harness) {
+	shape := kernels.AttnShape{NumHeads: 6, NumKVHeads: 2, HeadDim: 10}
+	shape.Scale = float32(1 / math.Sqrt(float64(shape.HeadDim)))
+	kvDim, qDim := shape.NumKVHeads*shape.HeadDim, shape.NumHeads*shape.HeadDim
+	for _, pageSize := range []int{1, 3} {
+		shape.PageSize = pageSize
+		randomMask := make([]int32, 36)
+		for i := range randomMask {
+			randomMask[i] = int32(h.rng.IntN(2))
+		}
+		cases := []*attnCase{
+			{prefix: 7, queryLen: 4},
+			{prefix: 0, queryLen: 5, mask: ancestryMask(h.randomTree(5))},
+			{prefix: 10, queryLen: 1},
+			{prefix: 9, queryLen: 6, window: 5},
+			{prefix: 4, queryLen: 6, mask: randomMask},
+			{prefix: 2, queryLen: 7, mask: ancestryMask(h.randomTree(7))},
+		}
+		// Hand out pages from a shuffled pool so sequences interleave in the cache.
+		pagesNeeded := 0
+		for _, c := range cases {
+			pagesNeeded += (c.prefix + c.queryLen + pageSize - 1) / pageSize
+		}
+		pool := h.rng.Perm(pagesNeeded + 3)
+		kCache := h.alloc(kernels.F32, (pagesNeeded+3)*pageSize*kvDim)
+		vCache := h.alloc(kernels.F32, (pagesNeeded+3)*pageSize*kvDim)
+		queryRows := 0
+		for _, c := range cases {
+			queryRows += c.queryLen
+		}
+		starts := h.rng.Perm(len(cases))
+		var seqs []kernels.AttnSeq
+		for ci, c := range cases {
+			npages := (c.prefix + c.queryLen + pageSize - 1) / pageSize
+			for _, p := range pool[:npages] {
+				c.pages = append(c.pages, int32(p))
+			}
+			pool = pool[npages:]
+			total := c.prefix + c.queryLen
+			slots := make([]int32, total)
+			for p := range total {
+				c.keys = append(c.keys, h.normal(kvDim, 1))
+				c.values = append(c.values, h.normal(kvDim, 1))
+				slots[p] = c.pages[p/pageSize]*int32(pageSize) + int32(p%pageSize)
+			}
+			// Prefix and block in two calls, as a model writes them.
+			for _, part := range [][2]int{{0, c.prefix}, {c.prefix, total}} {
+				n := part[1] - part[0]
+				if n == 0 {
+					continue
+				}
+				h.be.WriteKV(kCache, vCache, h.f32(concat(c.keys[part[0]:part[1]])), h.f32(concat(c.values[part[0]:part[1]])), h.i32(slots[part[0]:part[1]]), n, kvDim)
+			}
+			for _, s := range starts[:ci] { // rows of the blocks placed before this one
+				c.queryStart += cases[s].queryLen
+			}
+			_ = starts
+			seq := kernels.AttnSeq{QueryStart: c.queryStart, QueryLen: c.queryLen, Prefix: c.prefix, Pages: h.i32(c.pages), Window: c.window}
+			if c.mask != nil {
+				seq.Mask = h.i32(c.mask)
+			}
+			seqs = append(seqs, seq)
+		}
+		q := h.normal(queryRows*qDim, 1)
+		out := h.alloc(kernels.F32, queryRows*qDim)
+		h.be.Attention(out, h.f32(q), kCache, vCache, shape, seqs)
+		got := h.read(out, queryRows*qDim)
+		for ci, c := range cases {
+			lo, hi := c.queryStart*qDim, (c.queryStart+c.queryLen)*qDim
+			want := refAttention(c, q[lo:hi], shape)
+			h.expectClose(describe("Attention page %d seq %d (prefix %d, len %d, mask %v, window %d)", pageSize, ci, c.prefix, c.queryLen, c.mask != nil, c.window),
+				got[lo:hi], want, uniformScale(len(want), 1), tolerance{0, 2e-5 * maxAbs(widen(concat(c.values)))})
+		}
+	}
+}
+
+func concat(rows [][]float32) []float32 {
+	var out []float32
+	for _, r := range rows {
+		out = append(out, r...)
+	}
+	return out
+}
+
+// refAttention computes one sequence's output rows from its logical K/V.
+func refAttention(c *attnCase, q []float32, shape kernels.AttnShape) []float64 {
+	hd, group := shape.HeadDim, shape.NumHeads/shape.NumKVHeads
+	qDim := shape.NumHeads * hd
+	out := make([]float64, c.queryLen*qDim)
+	for i := range c.queryLen {
+		var visible []int
+		for p := range c.prefix + c.queryLen {
+			j := p - c.prefix
+			switch {
+			case j >= 0 && c.mask == nil && j > i:
+			case j >= 0 && c.mask != nil && c.mask[i*c.queryLen+j] == 0:
+			case c.window > 0 && c.prefix+i-p >= c.window:
+			default:
+				visible = append(visible, p)
+			}
+		}
+		for head := range shape.NumHeads {
+			kvOff := head / group * hd
+			qh := q[i*qDim+head*hd : i*qDim+(head+1)*hd]
+			scores := make([]float64, len(visible))
+			top := math.Inf(-1)
+			for n, p := range visible {
+				for d := range hd {
+					scores[n] += float64(qh[d]) * float64(c.keys[p][kvOff+d])
+				}
+				scores[n] *= float64(shape.Scale)
+				top = math.Max(top, scores[n])
+			}
+			var sum float64
+			for n := range scores {
+				scores[n] = math.Exp(scores[n] - top)
+				sum += scores[n]
+			}
+			for n, p := range visible {
+				for d := range hd {
+					out[i*qDim+head*hd+d] += scores[n] / sum * float64(c.values[p][kvOff+d])
+				}
+			}
+		}
+	}
+	return out
+}
+
+// testMoveKV moves rows with overlapping source and destination sets (a
+// shift and a swap): every read must see the contents before the call.
+func testMoveKV(h *harness) {
+	const slots, kvDim = 9, 5
+	k, v := h.normal(slots*kvDim, 1), h.normal(slots*kvDim, 1)
+	kb, vb := h.f32(k), h.f32(v)
+	dst := []int32{2, 3, 4, 7, 8}
+	src := []int32{1, 2, 3, 8, 7}
+	h.be.MoveKV(kb, vb, h.i32(dst), h.i32(src), len(dst), kvDim)
+	for _, c := range []struct {
+		name   string
+		before []float32
+		buf    kernels.Buffer
+	}{{"kCache", k, kb}, {"vCache", v, vb}} {
+		want := append([]float32(nil), c.before...)
+		for i := range dst {
+			copy(want[int(dst[i])*kvDim:(int(dst[i])+1)*kvDim], c.before[int(src[i])*kvDim:])
+		}
+		h.expectEqual("MoveKV "+c.name, h.read(c.buf, slots*kvDim), want)
+	}
+}

@@ -1,0 +1,128 @@
+package kerneltest
+
+import (
+	"math"
+
+	"ddflash/kernels"
+)
+
+// normTol bounds the norms: the mean of squares over dim elements carries a
+// relative error of at most dim·u, a handful more roundings follow.
+func normTol(dim int) tolerance { return tolerance{1e-30, float64(dim+16) * f32Unit} }
+
+// testRMSNorm covers both weight conventions, F32 and BF16 weights, and out
+// aliasing x. Scale: the element's magnitude.
+func testRMSNorm(h *harness) {
+	const rows, dim, eps = 3, 37, 1e-6
+	for _, unitOffset := range []bool{true, false} {
+		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+			x := h.normal(rows*dim, 2)
+			w, wv := h.weights(dt, h.normal(dim, 0.5))
+			xb := h.f32(x)
+			h.be.RMSNorm(xb, xb, w, rows, dim, eps, unitOffset)
+			want := make([]float64, rows*dim)
+			for r := range rows {
+				inv := refRMS(x[r*dim:(r+1)*dim], eps)
+				for i := range dim {
+					f := wv[i]
+					if unitOffset {
+						f += 1
+					}
+					want[r*dim+i] = float64(x[r*dim+i]) * inv * f
+				}
+			}
+			h.expectClose(describe("RMSNorm unitOffset=%v w %v", unitOffset, dt), h.read(xb, rows*dim), want, nil, normTol(dim))
+		}
+	}
+}
+
+// testGatedRMSNorm checks RMSNorm(x)·w·silu(z) with a plain weight.
+func testGatedRMSNorm(h *harness) {
+	const rows, dim, eps = 4, 19, 1e-6
+	x, z := h.normal(rows*dim, 1), h.normal(rows*dim, 3)
+	w, wv := h.weights(kernels.F32, h.normal(dim, 1))
+	out := h.alloc(kernels.F32, rows*dim)
+	h.be.GatedRMSNorm(out, h.f32(x), h.f32(z), w, rows, dim, eps)
+	want := make([]float64, rows*dim)
+	for r := range rows {
+		inv := refRMS(x[r*dim:(r+1)*dim], eps)
+		for i := range dim {
+			j := r*dim + i
+			want[j] = float64(x[j]) * inv * wv[i] * silu64(float64(z[j]))
+		}
+	}
+	h.expectClose("GatedRMSNorm", h.read(out, rows*dim), want, nil, normTol(dim))
+}
+
+// testL2Norm checks x·rsqrt(Σx²+eps)·scale in place, on a view.
+func testL2Norm(h *harness) {
+	const rows, dim, eps, scale = 5, 13, 1e-6, 0.25
+	x := h.normal(rows*dim+2, 3)
+	xb := h.f32(x)
+	h.be.L2Norm(h.be.Slice(xb, 2, rows*dim), rows, dim, eps, scale)
+	want := widen(x)
+	for r := range rows {
+		row := x[2+r*dim : 2+(r+1)*dim]
+		var ss float64
+		for _, v := range row {
+			ss += float64(v) * float64(v)
+		}
+		for i, v := range row {
+			want[2+r*dim+i] = float64(v) / math.Sqrt(ss+eps) * scale
+		}
+	}
+	h.expectClose("L2Norm", h.read(xb, rows*dim+2), want, nil, normTol(dim))
+}
+
+// testRoPE rotates the first rotDim of headDim dims with NeoX pairing.
+// Bound: an angle computed in float32 is off by about 4u·pos, which moves
+// each output by at most that times |x_i|+|x_{i+h}|.
+func testRoPE(h *harness) {
+	const rows, heads, headDim, rotDim, theta = 4, 3, 14, 6, 10000.0
+	x := h.normal(rows*heads*headDim, 1)
+	pos := []int32{0, 1, 777, int32(h.rng.IntN(4096))}
+	xb := h.f32(x)
+	h.be.RoPE(xb, h.i32(pos), rows, heads, headDim, rotDim, theta)
+	want, scale := widen(x), make([]float64, len(x))
+	half := rotDim / 2
+	for r := range rows {
+		for hd := range heads {
+			base := (r*heads + hd) * headDim
+			for i := range half {
+				a := float64(pos[r]) * math.Pow(theta, -2*float64(i)/rotDim)
+				x1, x2 := float64(x[base+i]), float64(x[base+i+half])
+				want[base+i] = x1*math.Cos(a) - x2*math.Sin(a)
+				want[base+i+half] = x2*math.Cos(a) + x1*math.Sin(a)
+				s := (math.Abs(x1) + math.Abs(x2)) * (1 + float64(pos[r]))
+				scale[base+i], scale[base+i+half] = s, s
+			}
+		}
+	}
+	h.expectClose("RoPE", h.read(xb, len(x)), want, scale, tolerance{1e-30, 8 * f32Unit})
+}
+
+// testSwiGLU includes gates far into both tails, where a naive exp overflows.
+func testSwiGLU(h *harness) {
+	gate, up := h.normal(41, 4), h.normal(41, 1)
+	gate[0], gate[1] = -120, 95
+	out := h.alloc(kernels.F32, len(gate))
+	h.be.SwiGLU(out, h.f32(gate), h.f32(up), len(gate))
+	want := make([]float64, len(gate))
+	for i := range want {
+		want[i] = silu64(float64(gate[i])) * float64(up[i])
+	}
+	h.expectClose("SwiGLU", h.read(out, len(gate)), want, nil, tolerance{1e-30, 8 * f32Unit})
+}
+
+// testMulSigmoid checks x·sigmoid(gate) in place, tails included.
+func testMulSigmoid(h *harness) {
+	x, gate := h.normal(23, 1), h.normal(23, 4)
+	gate[0], gate[1] = -200, 150
+	xb := h.f32(x)
+	h.be.MulSigmoid(xb, h.f32(gate), len(x))
+	want := make([]float64, len(x))
+	for i := range want {
+		want[i] = float64(x[i]) * sigmoid64(float64(gate[i]))
+	}
+	h.expectClose("MulSigmoid", h.read(xb, len(x)), want, nil, tolerance{1e-30, 8 * f32Unit})
+}

@@ -1,0 +1,252 @@
+package mamba
+
+import (
+	"fmt"
+
+	"ddflash/kernels"
+)
+
+// Strategy is how GDN state is rolled back after a speculative verify that
+// accepted only part of the proposal.
+type Strategy int
+
+const (
+	// Replay keeps the committed state untouched during verify and saves each
+	// verified token's recurrence inputs; commit re-runs the recurrence over
+	// the accepted path only. Memory: inputs per token, no state copies.
+	Replay Strategy = iota
+	// Snapshot keeps the state after every verified token (SGLang's
+	// intermediate state cache); commit copies the accepted token's state.
+	// Memory: one full state per verified token and GDN layer.
+	Snapshot
+)
+
+func (s Strategy) String() string {
+	if s == Snapshot {
+		return "snapshot"
+	}
+	return "replay"
+}
+
+// ParseStrategy reads "replay" or "snapshot".
+func ParseStrategy(name string) (Strategy, error) {
+	switch name {
+	case "replay":
+		return Replay, nil
+	case "snapshot":
+		return Snapshot, nil
+	}
+	return 0, fmt.Errorf("rollback strategy %q: want replay or snapshot", name)
+}
+
+// Verify is one sequence's GDN scratch for speculative verification of up to
+// MaxTokens tokens (a chain, or a tree given by parent indices). The model
+// forward fills it layer by layer; Commit then sets the sequence's state to
+// the state after an accepted path.
+type Verify struct {
+	b         kernels.Backend
+	shape     Shape
+	strategy  Strategy
+	maxTokens int
+
+	// Per GDN layer, rows of the current verify: conv inputs (both
+	// strategies) and recurrence inputs (Replay only).
+	mixed, q, k, v, g, beta []kernels.Buffer
+	// Snapshot: per layer [maxTokens, state]. Replay: one buffer shared by all
+	// layers, used only by trees (children read their parent's state).
+	nodeStates []kernels.Buffer
+	finalState kernels.Buffer // where a chain verify's final state goes (discarded)
+	parentsBuf kernels.Buffer
+	gathered   [5]kernels.Buffer // Replay along a tree path: q, k, v, g, beta rows
+
+	n       int
+	parents []int32
+	bufs    []kernels.Buffer
+}
+
+// NewVerify allocates scratch for verifying up to maxTokens tokens.
+func NewVerify(b kernels.Backend, shape Shape, strategy Strategy, maxTokens int) (*Verify, error) {
+	v := &Verify{b: b, shape: shape, strategy: strategy, maxTokens: maxTokens}
+	gdn := shape.GDN
+	keyDim, valueDim := gdn.KeyHeads*gdn.KeyDim, gdn.ValueHeads*gdn.ValueDim
+	widths := [5]int{keyDim, keyDim, valueDim, gdn.ValueHeads, gdn.ValueHeads}
+	for l := 0; l < shape.Layers; l++ {
+		if err := v.alloc(&v.mixed, kernels.F32, maxTokens*shape.ConvDim); err != nil {
+			return nil, err
+		}
+		if strategy == Replay {
+			for i, dst := range []*[]kernels.Buffer{&v.q, &v.k, &v.v, &v.g, &v.beta} {
+				if err := v.alloc(dst, kernels.F32, maxTokens*widths[i]); err != nil {
+					return nil, err
+				}
+			}
+		}
+		if strategy == Snapshot || l == 0 {
+			if err := v.alloc(&v.nodeStates, kernels.F32, maxTokens*gdn.StateLen()); err != nil {
+				return nil, err
+			}
+		}
+	}
+	var extra []kernels.Buffer
+	if err := v.alloc(&extra, kernels.F32, gdn.StateLen()); err != nil {
+		return nil, err
+	}
+	v.finalState = extra[0]
+	if err := v.alloc(&extra, kernels.I32, maxTokens); err != nil {
+		return nil, err
+	}
+	v.parentsBuf = extra[1]
+	if strategy == Replay {
+		for i := range v.gathered {
+			if err := v.alloc(&extra, kernels.F32, maxTokens*widths[i]); err != nil {
+				return nil, err
+			}
+			v.gathered[i] = extra[len(extra)-1]
+		}
+	}
+	return v, nil
+}
+
+func (v *Verify) alloc(dst *[]kernels.Buffer, dt kernels.DType, n int) error {
+	buf, err := v.b.Alloc(dt, n)
+	if err != nil {
+		v.Close()
+		return fmt.Errorf("mamba: verify scratch: %w", err)
+	}
+	*dst = append(*dst, buf)
+	v.bufs = append(v.bufs, buf)
+	return nil
+}
+
+// Close frees the scratch.
+func (v *Verify) Close() {
+	for _, buf := range v.bufs {
+		v.b.Free(buf)
+	}
+	v.bufs = nil
+}
+
+// MaxTokens is the longest proposal the scratch holds.
+func (v *Verify) MaxTokens() int { return v.maxTokens }
+
+// Begin starts a verify of n tokens. parents gives each token's parent index
+// (-1 for the root, which continues the committed state); nil means a chain.
+func (v *Verify) Begin(n int, parents []int32) error {
+	if n < 1 || n > v.maxTokens {
+		return fmt.Errorf("mamba: verify of %d tokens, scratch holds 1..%d", n, v.maxTokens)
+	}
+	if parents != nil {
+		if len(parents) != n {
+			return fmt.Errorf("mamba: %d parents for %d tokens", len(parents), n)
+		}
+		for i, p := range parents {
+			if p < -1 || int(p) >= i {
+				return fmt.Errorf("mamba: token %d has parent %d; parents must precede their children", i, p)
+			}
+		}
+		if err := v.b.UploadI32(v.parentsBuf, 0, parents); err != nil {
+			return err
+		}
+	}
+	v.n, v.parents = n, parents
+	return nil
+}
+
+// Parents is the device copy of the tree's parent indices, or nil for a
+// chain (and for a nil Verify, so callers need not check).
+func (v *Verify) Parents() kernels.Buffer {
+	if v == nil || v.parents == nil {
+		return nil
+	}
+	return v.parentsBuf
+}
+
+// Save records GDN layer l's inputs for the current verify: conv inputs
+// mixed [n, ConvDim] and, for Replay, the recurrence inputs.
+func (v *Verify) Save(l int, mixed, q, k, val, g, beta kernels.Buffer) {
+	b, n := v.b, v.n
+	b.Copy(v.mixed[l], mixed, 1, n*v.shape.ConvDim, 0, 0)
+	if v.strategy != Replay {
+		return
+	}
+	for _, pair := range [][2]kernels.Buffer{{v.q[l], q}, {v.k[l], k}, {v.v[l], val}, {v.g[l], g}, {v.beta[l], beta}} {
+		width := pair[0].Len() / v.maxTokens
+		b.Copy(pair[0], pair[1], 1, n*width, 0, 0)
+	}
+}
+
+// Targets returns where layer l's verify recurrence writes: the final state
+// of a chain (never the committed state) and per-token states when kept.
+func (v *Verify) Targets(l int) (stateOut, nodeStates kernels.Buffer) {
+	switch {
+	case v.strategy == Snapshot:
+		return v.finalState, v.nodeStates[l]
+	case v.parents != nil:
+		return nil, v.nodeStates[0]
+	default:
+		return v.finalState, nil
+	}
+}
+
+// Commit sets the slot's conv and recurrent state, in every GDN layer, to the
+// state after the accepted path: path[0] is the root (token 0) and each
+// following entry a child of the previous one.
+func (v *Verify) Commit(pool *Pool, slot int, path []int32) error {
+	if err := v.checkPath(path); err != nil {
+		return err
+	}
+	b, shape := v.b, v.shape
+	node := int(path[len(path)-1])
+	stateLen := shape.GDN.StateLen()
+	for l := 0; l < shape.Layers; l++ {
+		b.ConvCommit(pool.Conv(l, slot), v.mixed[l], v.Parents(), node, shape.ConvDim, shape.ConvKernel)
+		state := pool.SSM(l, slot)
+		if v.strategy == Snapshot {
+			b.Copy(state, b.Slice(v.nodeStates[l], node*stateLen, stateLen), 1, stateLen, 0, 0)
+			continue
+		}
+		ins := v.replayInputs(l, path)
+		b.GDNRecurrence(nil, ins[0], ins[1], ins[2], ins[3], ins[4], state, state, nil, nil, len(path), shape.GDN)
+	}
+	return nil
+}
+
+// replayInputs returns layer l's recurrence inputs for the path's tokens as
+// contiguous rows: views when the path is a prefix 0..a, gathered otherwise.
+func (v *Verify) replayInputs(l int, path []int32) [5]kernels.Buffer {
+	saved := [5]kernels.Buffer{v.q[l], v.k[l], v.v[l], v.g[l], v.beta[l]}
+	isPrefix := true
+	for d, p := range path {
+		isPrefix = isPrefix && int(p) == d
+	}
+	if isPrefix {
+		return saved
+	}
+	for i, src := range saved {
+		width := src.Len() / v.maxTokens
+		for d, p := range path {
+			v.b.Copy(v.b.Slice(v.gathered[i], d*width, width), v.b.Slice(src, int(p)*width, width), 1, width, 0, 0)
+		}
+	}
+	return v.gathered
+}
+
+func (v *Verify) checkPath(path []int32) error {
+	if len(path) == 0 || path[0] != 0 {
+		return fmt.Errorf("mamba: accepted path %v must start at the root token 0", path)
+	}
+	for d := 1; d < len(path); d++ {
+		p := int(path[d])
+		if p >= v.n {
+			return fmt.Errorf("mamba: accepted path %v leaves the %d verified tokens", path, v.n)
+		}
+		parent := int32(p - 1)
+		if v.parents != nil {
+			parent = v.parents[p]
+		}
+		if parent != path[d-1] {
+			return fmt.Errorf("mamba: accepted path %v: token %d is not a child of %d", path, p, path[d-1])
+		}
+	}
+	return nil
+}

@@ -1,0 +1,136 @@
+#!/usr/bin/python3
+"""Writes the golden-tiny fixture: a small random Qwen3.5-layout checkpoint (8 layers,
+3×GDN + 1×gated attention twice) and golden.json with float64 reference logits and per-layer
+hidden states for three fixed token sequences.
+
+Usage: make_golden.py [OUTPUT_DIR]   (default engine/testdata/golden-tiny)
+"""
+
+import json
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import qwen36  # noqa: E402
+
+SEED = 20260
+SEQUENCE_LENGTHS = (1, 7, 40)
+MAX_SEQUENCE_ID = 300  # ids 300..319 stay unused, like a real vocabulary's padding rows
+EOS_TOKEN_ID = 300
+FLOAT32_TENSORS = ("A_log", "dt_bias")  # stored as F32, as some real checkpoints do, to mix dtypes
+
+CONFIG = qwen36.TextConfig(
+    hidden_size=64,
+    layer_types=(qwen36.LINEAR,) * 3 + (qwen36.FULL,) + (qwen36.LINEAR,) * 3 + (qwen36.FULL,),
+    intermediate_size=128,
+    vocab_size=320,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    attn_output_gate=True,
+    linear_key_heads=2,
+    linear_value_heads=4,
+    linear_key_dim=16,
+    linear_value_dim=16,
+    conv_kernel=4,
+    rope_theta=10_000_000.0,
+    partial_rotary_factor=0.25,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
+
+
+def random_weights(cfg, generator):
+    """Weights that keep activations healthy: matrices N(0, 1/fan_in) so each projection keeps
+    the input scale, zero-centred norm offsets N(0, 0.1)."""
+    weights = {}
+    for name, shape in qwen36.weight_shapes(cfg).items():
+        leaf = name.split(".")[-2] if name.endswith(".weight") else name.split(".")[-1]
+        if name == "embed_tokens.weight":
+            tensor = torch.randn(shape, generator=generator)
+        elif leaf == "A_log":
+            tensor = torch.empty(shape).uniform_(1, 16, generator=generator).log()
+        elif leaf == "dt_bias":
+            # softplus(a + dt_bias) then spans about 0.01..1, so decays range from near 1
+            # (long memory, which exercises the recurrence) to strong forgetting.
+            tensor = torch.empty(shape).uniform_(-5, -1, generator=generator)
+        elif leaf == "conv1d":
+            tensor = torch.randn(shape, generator=generator) / math.sqrt(shape[-1])
+        elif name.endswith("linear_attn.norm.weight"):  # the one plain-weight norm
+            tensor = 1 + 0.1 * torch.randn(shape, generator=generator)
+        elif len(shape) == 1:  # zero-centred (1 + w) norms
+            tensor = 0.1 * torch.randn(shape, generator=generator)
+        else:
+            tensor = torch.randn(shape, generator=generator) / math.sqrt(shape[1])
+        weights[name] = tensor
+    return weights
+
+
+def check_chunked_matches_recurrent(generator):
+    """The chunked delta rule must equal the token loop across several chunks (T=150, chunk 64)."""
+    batch, time, heads, key_dim, value_dim = 2, 150, 4, 16, 24
+    q = qwen36.l2_normalize(torch.randn(batch, time, heads, key_dim, generator=generator, dtype=torch.float64))
+    k = qwen36.l2_normalize(torch.randn(batch, time, heads, key_dim, generator=generator, dtype=torch.float64))
+    v = torch.randn(batch, time, heads, value_dim, generator=generator, dtype=torch.float64)
+    g = -torch.rand(batch, time, heads, generator=generator, dtype=torch.float64)
+    beta = torch.rand(batch, time, heads, generator=generator, dtype=torch.float64)
+    diff = (qwen36.delta_rule_chunked(q, k, v, g, beta) - qwen36.delta_rule_recurrent(q, k, v, g, beta)).abs().max().item()
+    assert diff < 1e-12, f"chunked delta rule differs from the token loop by {diff}"
+    return diff
+
+
+def main():
+    out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join("engine", "testdata", "golden-tiny")
+    torch.set_num_threads(2)
+    generator = torch.Generator().manual_seed(SEED)
+    cfg = CONFIG
+    float32_names = {name for name in qwen36.weight_shapes(cfg) if name.split(".")[-1] in FLOAT32_TENSORS}
+    qwen36.save_checkpoint(out_dir, qwen36.config_json(cfg, 256, EOS_TOKEN_ID), random_weights(cfg, generator), float32_names)
+
+    # Everything below reads the checkpoint back, so the golden reflects the stored BF16 values.
+    loaded_cfg, weights = qwen36.load_checkpoint(out_dir)
+    assert loaded_cfg == cfg, "config.json does not round-trip"
+    rule_diff = check_chunked_matches_recurrent(generator)
+    sequences = [torch.randint(0, MAX_SEQUENCE_ID, (n,), generator=generator).tolist() for n in SEQUENCE_LENGTHS]
+
+    weights32 = {name: t.to(torch.float32) for name, t in weights.items()}
+    records, model_rule_diff, float32_logits_diff, float32_hidden_diff = [], 0.0, 0.0, 0.0
+    with torch.no_grad():
+        for ids in sequences:
+            batch = torch.tensor([ids])
+            logits, hidden = qwen36.forward(cfg, weights, batch, qwen36.delta_rule_recurrent)
+            chunked_logits, _ = qwen36.forward(cfg, weights, batch, qwen36.delta_rule_chunked)
+            logits32, hidden32 = qwen36.forward(cfg, weights32, batch, qwen36.delta_rule_recurrent)
+            model_rule_diff = max(model_rule_diff, (chunked_logits - logits).abs().max().item())
+            float32_logits_diff = max(float32_logits_diff, (logits32.double() - logits).abs().max().item())
+            float32_hidden_diff = max(float32_hidden_diff, max((a.double() - b).abs().max().item() for a, b in zip(hidden32, hidden)))
+            records.append({"ids": ids, "logits": logits[0].tolist(), "hidden": [h[0].tolist() for h in hidden]})
+    assert model_rule_diff < 1e-10, f"chunked and recurrent model logits differ by {model_rule_diff}"
+
+    golden = {
+        "generator": "tools/reference/make_golden.py (float64 reference tools/reference/qwen36.py)",
+        "checkpoint": "config.json and model.safetensors in this directory (BF16; A_log and dt_bias F32)",
+        "layout": {
+            "logits": "[position][vocab], float64, a fresh request starting at position 0",
+            "hidden": "[layer][position][hidden]: each decoder layer's output (residual stream, before the final norm)",
+        },
+        "checks": {
+            "chunked_vs_recurrent_delta_rule_max_abs": rule_diff,
+            "chunked_vs_recurrent_model_logits_max_abs": model_rule_diff,
+            "float32_reference_logits_max_abs": float32_logits_diff,
+            "float32_reference_hidden_max_abs": float32_hidden_diff,
+        },
+        "sequences": records,
+    }
+    with open(os.path.join(out_dir, "golden.json"), "w") as f:
+        json.dump(golden, f, separators=(",", ":"))
+        f.write("\n")
+    print(f"wrote {out_dir}: delta rule chunked-vs-loop {rule_diff:.2e}, model {model_rule_diff:.2e}, "
+          f"float32 vs float64: logits {float32_logits_diff:.2e}, hidden {float32_hidden_diff:.2e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,411 @@
+#!/usr/bin/python3
+"""Reference forward of the Qwen3.5/3.6 hybrid text model (Gated DeltaNet + gated full
+attention), written from the formulas in docs/qwen36-model.md (HF modeling_qwen3_5.py
+semantics). It reads HF-layout checkpoints and runs in float64 by default.
+
+The functions take batched inputs ([batch, time, ...]) and any float dtype, so the training
+tools reuse them (float32, autograd) and the trained model has exactly this math.
+
+Usage: qwen36.py CHECKPOINT_DIR --ids 1,2,3 [--dump-hidden] [--delta-rule recurrent]
+prints JSON {"ids", "logits": [position][vocab], "hidden": [layer][position][hidden]}.
+"hidden" is each decoder layer's output (the residual stream, before the final norm).
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_io import read_header, read_safetensors, write_safetensors  # noqa: E402
+
+LINEAR = "linear_attention"
+FULL = "full_attention"
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    hidden_size: int
+    layer_types: tuple
+    intermediate_size: int
+    vocab_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    attn_output_gate: bool
+    linear_key_heads: int
+    linear_value_heads: int
+    linear_key_dim: int
+    linear_value_dim: int
+    conv_kernel: int
+    rope_theta: float
+    partial_rotary_factor: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+
+    @property
+    def rotary_dim(self):
+        return int(self.head_dim * self.partial_rotary_factor)
+
+
+def parse_config(raw):
+    """Accepts the multimodal wrapper (model_type qwen3_5, fields under text_config) or a
+    flat qwen3_5_text config."""
+    if raw["model_type"] == "qwen3_5":
+        text = raw["text_config"]
+        tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    elif raw["model_type"] == "qwen3_5_text":
+        text = raw
+        tie = raw.get("tie_word_embeddings", False)
+    else:
+        raise ValueError(f"unsupported model_type {raw['model_type']!r}")
+    num_layers = text["num_hidden_layers"]
+    layer_types = text.get("layer_types")
+    if layer_types is None:
+        interval = text["full_attention_interval"]
+        layer_types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers)]
+    if len(layer_types) != num_layers:
+        raise ValueError(f"{len(layer_types)} layer_types for {num_layers} layers")
+    rope = text.get("rope_parameters") or {}
+    return TextConfig(
+        hidden_size=text["hidden_size"],
+        layer_types=tuple(layer_types),
+        intermediate_size=text["intermediate_size"],
+        vocab_size=text["vocab_size"],
+        num_heads=text["num_attention_heads"],
+        num_kv_heads=text["num_key_value_heads"],
+        head_dim=text["head_dim"],
+        attn_output_gate=text.get("attn_output_gate", True),
+        linear_key_heads=text["linear_num_key_heads"],
+        linear_value_heads=text["linear_num_value_heads"],
+        linear_key_dim=text["linear_key_head_dim"],
+        linear_value_dim=text["linear_value_head_dim"],
+        conv_kernel=text["linear_conv_kernel_dim"],
+        rope_theta=rope.get("rope_theta", text.get("rope_theta")),
+        partial_rotary_factor=rope.get("partial_rotary_factor", text.get("partial_rotary_factor")),
+        rms_norm_eps=text["rms_norm_eps"],
+        tie_word_embeddings=tie,
+    )
+
+
+def weight_shapes(cfg):
+    """{short name: shape} of every text-model tensor, in HF [out, in] layout."""
+    hidden, inter = cfg.hidden_size, cfg.intermediate_size
+    shapes = {"embed_tokens.weight": (cfg.vocab_size, hidden), "norm.weight": (hidden,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, hidden)
+    key_dim = cfg.linear_key_heads * cfg.linear_key_dim
+    value_dim = cfg.linear_value_heads * cfg.linear_value_dim
+    attn_dim = cfg.num_heads * cfg.head_dim
+    kv_dim = cfg.num_kv_heads * cfg.head_dim
+    for i, kind in enumerate(cfg.layer_types):
+        p = f"layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (hidden,)
+        shapes[p + "post_attention_layernorm.weight"] = (hidden,)
+        shapes[p + "mlp.gate_proj.weight"] = (inter, hidden)
+        shapes[p + "mlp.up_proj.weight"] = (inter, hidden)
+        shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
+        if kind == FULL:
+            a = p + "self_attn."
+            shapes[a + "q_proj.weight"] = (attn_dim * (2 if cfg.attn_output_gate else 1), hidden)
+            shapes[a + "k_proj.weight"] = (kv_dim, hidden)
+            shapes[a + "v_proj.weight"] = (kv_dim, hidden)
+            shapes[a + "o_proj.weight"] = (hidden, attn_dim)
+            shapes[a + "q_norm.weight"] = (cfg.head_dim,)
+            shapes[a + "k_norm.weight"] = (cfg.head_dim,)
+        else:
+            a = p + "linear_attn."
+            conv_dim = 2 * key_dim + value_dim
+            shapes[a + "in_proj_qkv.weight"] = (conv_dim, hidden)
+            shapes[a + "in_proj_z.weight"] = (value_dim, hidden)
+            shapes[a + "in_proj_b.weight"] = (cfg.linear_value_heads, hidden)
+            shapes[a + "in_proj_a.weight"] = (cfg.linear_value_heads, hidden)
+            shapes[a + "conv1d.weight"] = (conv_dim, 1, cfg.conv_kernel)
+            shapes[a + "dt_bias"] = (cfg.linear_value_heads,)
+            shapes[a + "A_log"] = (cfg.linear_value_heads,)
+            shapes[a + "norm.weight"] = (cfg.linear_value_dim,)
+            shapes[a + "out_proj.weight"] = (hidden, value_dim)
+    return shapes
+
+
+def config_json(cfg, max_position_embeddings, eos_token_id):
+    """The multimodal-wrapper config.json (model_type qwen3_5) that the real checkpoints use."""
+    text = {
+        "model_type": "qwen3_5_text",
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": len(cfg.layer_types),
+        "layer_types": list(cfg.layer_types),
+        "intermediate_size": cfg.intermediate_size,
+        "vocab_size": cfg.vocab_size,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "attn_output_gate": cfg.attn_output_gate,
+        "linear_num_key_heads": cfg.linear_key_heads,
+        "linear_num_value_heads": cfg.linear_value_heads,
+        "linear_key_head_dim": cfg.linear_key_dim,
+        "linear_value_head_dim": cfg.linear_value_dim,
+        "linear_conv_kernel_dim": cfg.conv_kernel,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": cfg.rope_theta,
+            "partial_rotary_factor": cfg.partial_rotary_factor,
+        },
+        "max_position_embeddings": max_position_embeddings,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "eos_token_id": eos_token_id,
+        "mamba_ssm_dtype": "float32",
+        "dtype": "bfloat16",
+    }
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "text_config": text,
+    }
+
+
+def save_checkpoint(directory, config, weights, float32_names=()):
+    """Writes config.json and model.safetensors with HF names: BF16, except the short names in
+    float32_names, which are stored as F32."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+    def stored_name(name):
+        return name if name == "lm_head.weight" else "model.language_model." + name
+
+    stored = {stored_name(name): tensor for name, tensor in weights.items()}
+    dtypes = {stored_name(name): "F32" if name in float32_names else "BF16" for name in weights}
+    write_safetensors(os.path.join(directory, "model.safetensors"), stored, dtypes)
+
+
+def text_model_name(stored):
+    """Maps a stored tensor name to the text model's short name (embed_tokens.weight,
+    layers.N.…, norm.weight, lm_head.weight), or None for vision/MTP tensors."""
+    if stored == "lm_head.weight":
+        return stored
+    for prefix in ("model.language_model.", "model."):
+        if stored.startswith(prefix):
+            short = stored[len(prefix):]
+            if short.split(".")[0] in ("embed_tokens", "layers", "norm"):
+                return short
+            return None
+    return None
+
+
+def load_checkpoint(directory, dtype=torch.float64):
+    """Returns (TextConfig, {short name: tensor}) from a single-file or sharded checkpoint."""
+    with open(os.path.join(directory, "config.json")) as f:
+        cfg = parse_config(json.load(f))
+    index_path = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.exists(index_path):
+        with open(index_path) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    weights = {}
+    for file in files:
+        path = os.path.join(directory, file)
+        header, _ = read_header(path)
+        wanted = {name for name in header if text_model_name(name) is not None}
+        for name, tensor in read_safetensors(path, wanted).items():
+            weights[text_model_name(name)] = tensor.to(dtype)
+    if cfg.tie_word_embeddings:
+        weights.setdefault("lm_head.weight", weights["embed_tokens.weight"])
+    return cfg, weights
+
+
+def rms_norm(x, weight, eps):
+    """Zero-centred RMSNorm: the stored weight is an offset from 1."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1 + weight)
+
+
+def gated_rms_norm(x, gate, weight, eps):
+    """GDN output norm: plain weight, then the SiLU output gate."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight * F.silu(gate)
+
+
+def l2_normalize(x):
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6)
+
+
+def apply_rope(x, positions, rotary_dim, theta):
+    """NeoX rotate-half RoPE on the first rotary_dim dims of each head; x is [B, T, heads, D]."""
+    half = rotary_dim // 2
+    inv_freq = theta ** (-2.0 * torch.arange(half, dtype=torch.float64) / rotary_dim)
+    angles = positions.to(torch.float64)[:, None] * inv_freq
+    cos = angles.cos().to(x.dtype)[None, :, None, :]
+    sin = angles.sin().to(x.dtype)[None, :, None, :]
+    x1, x2, rest = x[..., :half], x[..., half:rotary_dim], x[..., rotary_dim:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], -1)
+
+
+def attend(q, k, v, mask):
+    """Softmax attention of q [B,T,H,D] over k, v [B,S,Hkv,D] (GQA: query head h reads kv head
+    h // (H/Hkv)); mask [T,S] is True where a key is visible."""
+    group = q.shape[2] // k.shape[2]
+    k = k.repeat_interleave(group, dim=2)
+    v = v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(q.shape[-1])
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    return torch.einsum("bhts,bshd->bthd", probs, v)
+
+
+def full_attention(cfg, w, prefix, x):
+    batch, time, _ = x.shape
+    heads, dim = cfg.num_heads, cfg.head_dim
+    projected = x @ w[prefix + "q_proj.weight"].T
+    if cfg.attn_output_gate:
+        # Per head, the projection holds [query (dim) | gate (dim)].
+        projected = projected.view(batch, time, heads, 2 * dim)
+        q, gate = projected[..., :dim], projected[..., dim:].reshape(batch, time, heads * dim)
+    else:
+        q, gate = projected.view(batch, time, heads, dim), None
+    q = rms_norm(q, w[prefix + "q_norm.weight"], cfg.rms_norm_eps)
+    k = (x @ w[prefix + "k_proj.weight"].T).view(batch, time, cfg.num_kv_heads, dim)
+    k = rms_norm(k, w[prefix + "k_norm.weight"], cfg.rms_norm_eps)
+    v = (x @ w[prefix + "v_proj.weight"].T).view(batch, time, cfg.num_kv_heads, dim)
+    positions = torch.arange(time)
+    q = apply_rope(q, positions, cfg.rotary_dim, cfg.rope_theta)
+    k = apply_rope(k, positions, cfg.rotary_dim, cfg.rope_theta)
+    causal = torch.ones(time, time, dtype=torch.bool).tril()
+    out = attend(q, k, v, causal).reshape(batch, time, heads * dim)
+    if gate is not None:
+        out = out * torch.sigmoid(gate)
+    return out @ w[prefix + "o_proj.weight"].T
+
+
+def delta_rule_recurrent(q, k, v, g, beta):
+    """The gated delta rule one token at a time. q, k [B,T,H,Dk]; v [B,T,H,Dv]; g, beta
+    [B,T,H]. The state S [B,H,Dk,Dv] starts at zero; the output reads the updated state."""
+    batch, time, heads, key_dim = k.shape
+    state = q.new_zeros(batch, heads, key_dim, v.shape[-1])
+    outputs = []
+    for t in range(time):
+        state = state * g[:, t].exp()[..., None, None]
+        predicted = torch.einsum("bhk,bhkv->bhv", k[:, t], state)
+        delta = beta[:, t, :, None] * (v[:, t] - predicted)
+        state = state + k[:, t, :, :, None] * delta[:, :, None, :]
+        outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, t], state))
+    return torch.stack(outputs, 1)
+
+
+def delta_rule_chunked(q, k, v, g, beta, chunk=64):
+    """The same rule in chunked (WY) form, as HF torch_chunk_gated_delta_rule.
+
+    Inside a chunk, with G_t the cumulative log decay since the chunk start and S0 the
+    incoming state, the corrections Δ solve (I + A) Δ = βV − β e^G K S0, where A is strictly
+    lower with A_ts = β_t (k_t·k_s) e^(G_t−G_s). So Δ = U − W S0 with U, W from one triangular
+    solve; o_t = e^G_t q_t S0 + Σ_{s≤t} e^(G_t−G_s) (q_t·k_s) Δ_s.
+    """
+    batch, time, heads, key_dim = k.shape
+    value_dim = v.shape[-1]
+    pad = -time % chunk  # padded steps have k = v = 0, g = 0, beta = 0: they change nothing
+    q, k, v = [F.pad(x.transpose(1, 2), (0, 0, 0, pad)).reshape(batch, heads, -1, chunk, x.shape[-1]) for x in (q, k, v)]
+    g, beta = [F.pad(x.transpose(1, 2), (0, pad)).reshape(batch, heads, -1, chunk) for x in (g, beta)]
+    cumulative = g.cumsum(-1)
+    lower = torch.ones(chunk, chunk, dtype=torch.bool).tril()
+    strictly_lower = lower.tril(-1)
+    # e^(G_t−G_s) for s ≤ t; masked before exp so the upper triangle cannot overflow.
+    decay = (cumulative[..., :, None] - cumulative[..., None, :]).masked_fill(~lower, float("-inf")).exp()
+    a = (beta[..., None] * (k @ k.transpose(-1, -2)) * decay).masked_fill(~strictly_lower, 0)
+    identity = torch.eye(chunk, dtype=q.dtype)
+    rhs = torch.cat([beta[..., None] * v, (beta * cumulative.exp())[..., None] * k], -1)
+    solved = torch.linalg.solve_triangular(a + identity, rhs, upper=False, unitriangular=True)
+    u, w = solved.split([value_dim, key_dim], -1)
+    qk_decayed = (q @ k.transpose(-1, -2)) * decay
+    state = q.new_zeros(batch, heads, key_dim, value_dim)
+    outputs = []
+    for n in range(q.shape[2]):
+        delta = u[:, :, n] - w[:, :, n] @ state
+        g_n = cumulative[:, :, n]
+        outputs.append(g_n.exp()[..., None] * (q[:, :, n] @ state) + qk_decayed[:, :, n] @ delta)
+        to_end = (g_n[..., -1:] - g_n).exp()[..., None]
+        state = g_n[..., -1, None, None].exp() * state + (k[:, :, n] * to_end).transpose(-1, -2) @ delta
+    out = torch.stack(outputs, 2).reshape(batch, heads, -1, value_dim)[:, :, :time]
+    return out.transpose(1, 2)
+
+
+def gated_deltanet(cfg, w, prefix, x, delta_rule):
+    batch, time, _ = x.shape
+    key_heads, value_heads = cfg.linear_key_heads, cfg.linear_value_heads
+    key_dim, value_dim = cfg.linear_key_dim, cfg.linear_value_dim
+    mixed = x @ w[prefix + "in_proj_qkv.weight"].T  # [q | k | v]
+    conv_weight = w[prefix + "conv1d.weight"]  # [channels, 1, kernel]
+    # Causal depthwise conv: the left zero padding is a fresh request's conv state.
+    conv = F.conv1d(F.pad(mixed.transpose(1, 2), (conv_weight.shape[-1] - 1, 0)), conv_weight, groups=mixed.shape[-1])
+    q, k, v = F.silu(conv).transpose(1, 2).split([key_heads * key_dim, key_heads * key_dim, value_heads * value_dim], -1)
+    q = l2_normalize(q.reshape(batch, time, key_heads, key_dim)) / math.sqrt(key_dim)
+    k = l2_normalize(k.reshape(batch, time, key_heads, key_dim))
+    v = v.reshape(batch, time, value_heads, value_dim)
+    z = (x @ w[prefix + "in_proj_z.weight"].T).view(batch, time, value_heads, value_dim)
+    beta = torch.sigmoid(x @ w[prefix + "in_proj_b.weight"].T)
+    g = -w[prefix + "A_log"].exp() * F.softplus(x @ w[prefix + "in_proj_a.weight"].T + w[prefix + "dt_bias"])
+    # Each q/k head serves value_heads/key_heads consecutive value heads.
+    group = value_heads // key_heads
+    out = delta_rule(q.repeat_interleave(group, 2), k.repeat_interleave(group, 2), v, g, beta)
+    out = gated_rms_norm(out, z, w[prefix + "norm.weight"], cfg.rms_norm_eps)
+    return out.reshape(batch, time, value_heads * value_dim) @ w[prefix + "out_proj.weight"].T
+
+
+def mlp(w, prefix, x):
+    gate = x @ w[prefix + "gate_proj.weight"].T
+    up = x @ w[prefix + "up_proj.weight"].T
+    return (F.silu(gate) * up) @ w[prefix + "down_proj.weight"].T
+
+
+def decoder_layer(cfg, w, index, x, delta_rule):
+    prefix = f"layers.{index}."
+    normed = rms_norm(x, w[prefix + "input_layernorm.weight"], cfg.rms_norm_eps)
+    if cfg.layer_types[index] == FULL:
+        x = x + full_attention(cfg, w, prefix + "self_attn.", normed)
+    else:
+        x = x + gated_deltanet(cfg, w, prefix + "linear_attn.", normed, delta_rule)
+    normed = rms_norm(x, w[prefix + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+    return x + mlp(w, prefix + "mlp.", normed)
+
+
+def forward(cfg, w, ids, delta_rule=delta_rule_chunked):
+    """ids [B, T] (a fresh request at position 0) -> (logits [B,T,V], list of each layer's
+    output hidden state [B,T,hidden])."""
+    x = w["embed_tokens.weight"][ids]
+    hidden = []
+    for index in range(len(cfg.layer_types)):
+        x = decoder_layer(cfg, w, index, x, delta_rule)
+        hidden.append(x)
+    logits = rms_norm(x, w["norm.weight"], cfg.rms_norm_eps) @ w["lm_head.weight"].T
+    return logits, hidden
+
+
+DELTA_RULES = {"chunked": delta_rule_chunked, "recurrent": delta_rule_recurrent}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", help="directory with config.json and safetensors")
+    parser.add_argument("--ids", required=True, help="comma-separated token ids")
+    parser.add_argument("--dump-hidden", action="store_true", help="also output each layer's hidden state")
+    parser.add_argument("--delta-rule", choices=sorted(DELTA_RULES), default="recurrent")
+    args = parser.parse_args()
+    cfg, weights = load_checkpoint(args.checkpoint)
+    ids = [int(t) for t in args.ids.split(",")]
+    with torch.no_grad():
+        logits, hidden = forward(cfg, weights, torch.tensor([ids]), DELTA_RULES[args.delta_rule])
+    result = {"ids": ids, "logits": logits[0].tolist()}
+    if args.dump_hidden:
+        result["hidden"] = [h[0].tolist() for h in hidden]
+    json.dump(result, sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()

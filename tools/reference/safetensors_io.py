@@ -1,0 +1,87 @@
+"""Hand-written safetensors reader and writer (Debian has no safetensors package).
+
+Format: u64 little-endian header length, a JSON header mapping each tensor name to
+{dtype, shape, data_offsets} (offsets relative to the end of the header), then the raw
+little-endian bytes.
+"""
+
+import json
+import struct
+
+import numpy as np
+import torch
+
+# Element sizes of the dtypes this project reads and writes.
+_ITEM_SIZE = {"F32": 4, "F16": 2, "BF16": 2}
+
+
+def _bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
+    """BF16 is the top half of an IEEE float32, so widening is an exact shift."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _float32_to_bf16_bits(values: torch.Tensor) -> np.ndarray:
+    """Round to nearest even (torch's conversion), then take the 16 stored bits."""
+    return values.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+def read_header(path):
+    """Returns (header dict without __metadata__, byte offset where the data starts)."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    return header, 8 + length
+
+
+def read_safetensors(path, names=None):
+    """Loads tensors as float32 (exact for BF16 and F16). names limits what is read."""
+    header, data_start = read_header(path)
+    tensors = {}
+    with open(path, "rb") as f:
+        for name, info in header.items():
+            if names is not None and name not in names:
+                continue
+            begin, end = info["data_offsets"]
+            f.seek(data_start + begin)
+            raw = f.read(end - begin)
+            dtype = info["dtype"]
+            if dtype == "BF16":
+                values = _bf16_bits_to_float32(np.frombuffer(raw, dtype="<u2"))
+            elif dtype == "F16":
+                values = np.frombuffer(raw, dtype="<f2").astype(np.float32)
+            elif dtype == "F32":
+                values = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+            else:
+                raise ValueError(f"{path}: tensor {name}: unsupported dtype {dtype}")
+            tensors[name] = torch.from_numpy(values.reshape(info["shape"]).copy())
+    return tensors
+
+
+def write_safetensors(path, tensors, dtypes):
+    """Writes tensors (name -> float tensor) with dtypes (name -> "BF16" | "F16" | "F32")."""
+    header = {"__metadata__": {"format": "pt"}}
+    blobs = []
+    offset = 0
+    for name in sorted(tensors):
+        dtype = dtypes[name]
+        values = tensors[name].detach().to(torch.float32).contiguous()
+        if dtype == "BF16":
+            blob = _float32_to_bf16_bits(values).astype("<u2").tobytes()
+        elif dtype == "F16":
+            blob = values.numpy().astype("<f2").tobytes()
+        elif dtype == "F32":
+            blob = values.numpy().astype("<f4").tobytes()
+        else:
+            raise ValueError(f"tensor {name}: unsupported dtype {dtype}")
+        assert len(blob) == values.numel() * _ITEM_SIZE[dtype]
+        header[name] = {"dtype": dtype, "shape": list(values.shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # keep the data 8-byte aligned, as the reference writer does
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)))
+        f.write(encoded)
+        for blob in blobs:
+            f.write(blob)
