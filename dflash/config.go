@@ -3,6 +3,7 @@ package dflash
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -99,206 +100,240 @@ func DefaultTargetLayerIDs(targetLayers, draftLayers int) []int {
 	return ids
 }
 
-// Load reads DIR/config.json.
-func Load(dir string) (*Config, error) {
+// LoadConfig reads DIR/config.json.
+func LoadConfig(dir string) (*Config, error) {
 	path := filepath.Join(dir, "config.json")
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read drafter config: %w", err)
 	}
-	c, err := Parse(data)
+	c, err := ParseConfig(data)
 	if err != nil {
 		return nil, fmt.Errorf("drafter %s: %w", path, err)
 	}
 	return c, nil
 }
 
-// Parse reads a drafter config.json body.
-func Parse(data []byte) (*Config, error) {
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(data, &top); err != nil {
+// rawConfig is config.json as written; pointers tell absent fields apart.
+type rawConfig struct {
+	HiddenSize       *int       `json:"hidden_size"`
+	NumLayers        *int       `json:"num_hidden_layers"`
+	NumHeads         *int       `json:"num_attention_heads"`
+	NumKVHeads       *int       `json:"num_key_value_heads"`
+	HeadDim          *int       `json:"head_dim"`
+	IntermediateSize *int       `json:"intermediate_size"`
+	VocabSize        *int       `json:"vocab_size"`
+	RMSNormEps       *float64   `json:"rms_norm_eps"`
+	RopeTheta        *float64   `json:"rope_theta"`
+	RopeScaling      *rawRope   `json:"rope_scaling"`
+	RopeParameters   *rawRope   `json:"rope_parameters"` // newer transformers: theta and scaling together
+	MaxPositions     *int       `json:"max_position_embeddings"`
+	BlockSize        *int       `json:"block_size"`
+	NumTargetLayers  *int       `json:"num_target_layers"`
+	LayerTypes       []string   `json:"layer_types"`
+	SlidingWindow    *int       `json:"sliding_window"`
+	IsCausal         *bool      `json:"is_causal"`
+	DFlash           *rawDFlash `json:"dflash_config"`
+	Dtype            string     `json:"dtype"`
+	TorchDtype       string     `json:"torch_dtype"`
+}
+
+type rawRope struct {
+	RopeType        string   `json:"rope_type"`
+	Type            string   `json:"type"` // older transformers releases
+	RopeTheta       *float64 `json:"rope_theta"`
+	Factor          *float64 `json:"factor"`
+	OriginalMax     *int     `json:"original_max_position_embeddings"`
+	BetaFast        *float64 `json:"beta_fast"`
+	BetaSlow        *float64 `json:"beta_slow"`
+	AttentionFactor *float64 `json:"attention_factor"`
+}
+
+type rawDFlash struct {
+	MaskTokenID    *int  `json:"mask_token_id"`
+	TargetLayerIDs []int `json:"target_layer_ids"`
+	Causal         *bool `json:"causal"`
+}
+
+// ParseConfig reads a drafter config.json body.
+func ParseConfig(data []byte) (*Config, error) {
+	var raw rawConfig
+	if err := json.Unmarshal(data, &raw); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) {
+			return nil, fmt.Errorf("field %s: want a JSON %s, got %s", typeErr.Field, typeErr.Type, typeErr.Value)
+		}
 		return nil, fmt.Errorf("invalid JSON: %w", err)
 	}
-	f := fields{m: top}
-	c := &Config{}
-	ints := []struct {
+	c := &Config{Dtype: raw.Dtype}
+	if c.Dtype == "" {
+		c.Dtype = raw.TorchDtype
+	}
+	required := []struct {
 		name string
+		src  *int
 		dst  *int
 	}{
-		{"hidden_size", &c.HiddenSize},
-		{"num_hidden_layers", &c.NumLayers},
-		{"num_attention_heads", &c.NumHeads},
-		{"num_key_value_heads", &c.NumKVHeads},
-		{"intermediate_size", &c.IntermediateSize},
-		{"vocab_size", &c.VocabSize},
-		{"max_position_embeddings", &c.MaxPositions},
-		{"block_size", &c.BlockSize},
+		{"hidden_size", raw.HiddenSize, &c.HiddenSize},
+		{"num_hidden_layers", raw.NumLayers, &c.NumLayers},
+		{"num_attention_heads", raw.NumHeads, &c.NumHeads},
+		{"num_key_value_heads", raw.NumKVHeads, &c.NumKVHeads},
+		{"intermediate_size", raw.IntermediateSize, &c.IntermediateSize},
+		{"vocab_size", raw.VocabSize, &c.VocabSize},
+		{"max_position_embeddings", raw.MaxPositions, &c.MaxPositions},
+		{"block_size", raw.BlockSize, &c.BlockSize},
 	}
-	for _, it := range ints {
-		v, err := f.positiveInt(it.name)
+	for _, r := range required {
+		v, err := positive(r.name, r.src)
 		if err != nil {
 			return nil, err
 		}
-		*it.dst = v
+		*r.dst = v
 	}
-	var err error
 	// Qwen3Config derives head_dim from the hidden size when it is absent.
 	c.HeadDim = c.HiddenSize / c.NumHeads
-	if f.present("head_dim") {
-		if c.HeadDim, err = f.positiveInt("head_dim"); err != nil {
-			return nil, err
-		}
+	optional := []struct {
+		name string
+		src  *int
+		dst  *int
+	}{
+		{"head_dim", raw.HeadDim, &c.HeadDim},
+		{"num_target_layers", raw.NumTargetLayers, &c.NumTargetLayers},
 	}
-	if c.RMSNormEps, err = f.number("rms_norm_eps"); err != nil {
-		return nil, err
-	}
-	if f.present("num_target_layers") {
-		if c.NumTargetLayers, err = f.positiveInt("num_target_layers"); err != nil {
-			return nil, err
-		}
-	}
-	for _, name := range []string{"dtype", "torch_dtype"} {
-		if f.present(name) && c.Dtype == "" {
-			if c.Dtype, err = f.str(name); err != nil {
+	for _, o := range optional {
+		if o.src != nil {
+			v, err := positive(o.name, o.src)
+			if err != nil {
 				return nil, err
 			}
+			*o.dst = v
 		}
 	}
-	steps := []func(fields, *Config) error{parseRope, parseDFlash, parseLayerTypes}
-	for _, step := range steps {
-		if err := step(f, c); err != nil {
-			return nil, err
-		}
+	if raw.RMSNormEps == nil {
+		return nil, missing("rms_norm_eps")
+	}
+	c.RMSNormEps = *raw.RMSNormEps
+	if err := c.setRope(&raw); err != nil {
+		return nil, err
+	}
+	if err := c.setDFlash(&raw); err != nil {
+		return nil, err
+	}
+	if err := c.setLayerTypes(&raw); err != nil {
+		return nil, err
 	}
 	return c, c.validate()
 }
 
-// parseRope reads rope_theta and rope_scaling, or the newer rope_parameters
-// object that holds both.
-func parseRope(f fields, c *Config) error {
-	scaling := f
-	thetaFrom := f
-	switch {
-	case f.present("rope_parameters"):
-		inner, err := f.object("rope_parameters")
-		if err != nil {
-			return err
+func missing(name string) error { return fmt.Errorf("field %s: missing", name) }
+
+func positive(name string, v *int) (int, error) {
+	if v == nil {
+		return 0, missing(name)
+	}
+	if *v <= 0 {
+		return 0, fmt.Errorf("field %s: %d, want a positive integer", name, *v)
+	}
+	return *v, nil
+}
+
+// setRope reads rope_theta with rope_scaling, or the rope_parameters object
+// that newer transformers write instead.
+func (c *Config) setRope(raw *rawConfig) error {
+	theta, scaling, prefix := raw.RopeTheta, raw.RopeScaling, "rope_scaling."
+	if raw.RopeParameters != nil {
+		theta, scaling, prefix = raw.RopeParameters.RopeTheta, raw.RopeParameters, "rope_parameters."
+	}
+	if theta == nil {
+		if raw.RopeParameters != nil {
+			return missing("rope_parameters.rope_theta")
 		}
-		scaling, thetaFrom = inner, inner
-	case f.present("rope_scaling"):
-		inner, err := f.object("rope_scaling")
-		if err != nil {
-			return err
-		}
-		scaling = inner
+		return missing("rope_theta")
 	}
-	var err error
-	if c.RopeTheta, err = thetaFrom.number("rope_theta"); err != nil {
-		return err
+	c.RopeTheta = *theta
+	if scaling == nil {
+		return nil
 	}
-	if scaling.m == nil || (!scaling.present("rope_type") && !scaling.present("type")) {
-		return nil // no scaling: plain RoPE
-	}
-	typeField := "rope_type"
-	if !scaling.present(typeField) {
-		typeField = "type" // older transformers releases
-	}
-	kind, err := scaling.str(typeField)
-	if err != nil {
-		return err
+	kind := scaling.RopeType
+	if kind == "" {
+		kind = scaling.Type
 	}
 	switch kind {
-	case "default":
+	case "", "default":
 		return nil
 	case "yarn":
-		c.YaRN, err = parseYaRN(scaling, c.MaxPositions)
-		return err
+		return c.setYaRN(scaling, prefix)
 	default:
-		return fmt.Errorf("field %s%s: unsupported RoPE type %q (ddflash supports default and yarn)", scaling.prefix, typeField, kind)
+		return fmt.Errorf("field %srope_type: unsupported RoPE type %q (ddflash supports default and yarn)", prefix, kind)
 	}
 }
 
-// parseYaRN applies transformers' defaults: beta_fast 32, beta_slow 1, and the
+// setYaRN applies transformers' defaults: beta_fast 32, beta_slow 1, and the
 // model's max_position_embeddings as the original length.
-func parseYaRN(f fields, maxPositions int) (*YaRN, error) {
-	y := &YaRN{OriginalMaxPositions: maxPositions, BetaFast: 32, BetaSlow: 1}
-	var err error
-	if y.Factor, err = f.number("factor"); err != nil {
-		return nil, err
+func (c *Config) setYaRN(r *rawRope, prefix string) error {
+	if r.Factor == nil {
+		return missing(prefix + "factor")
 	}
-	if y.Factor < 1 {
-		return nil, fmt.Errorf("field %sfactor: %g, YaRN needs a factor of at least 1", f.prefix, y.Factor)
+	if *r.Factor < 1 {
+		return fmt.Errorf("field %sfactor: %g, YaRN needs a factor of at least 1", prefix, *r.Factor)
 	}
-	if f.present("original_max_position_embeddings") {
-		if y.OriginalMaxPositions, err = f.positiveInt("original_max_position_embeddings"); err != nil {
-			return nil, err
-		}
-	}
-	optional := []struct {
-		name string
-		dst  *float64
-	}{{"beta_fast", &y.BetaFast}, {"beta_slow", &y.BetaSlow}, {"attention_factor", &y.AttentionFactor}}
-	for _, o := range optional {
-		if f.present(o.name) {
-			if *o.dst, err = f.number(o.name); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return y, nil
-}
-
-func parseDFlash(f fields, c *Config) error {
-	d, err := f.object("dflash_config")
-	if err != nil {
-		return err
-	}
-	if c.MaskTokenID, err = d.integer("mask_token_id"); err != nil {
-		return err
-	}
-	if d.present("target_layer_ids") {
-		if c.TargetLayerIDs, err = d.intList("target_layer_ids"); err != nil {
+	y := &YaRN{Factor: *r.Factor, OriginalMaxPositions: c.MaxPositions, BetaFast: 32, BetaSlow: 1}
+	if r.OriginalMax != nil {
+		v, err := positive(prefix+"original_max_position_embeddings", r.OriginalMax)
+		if err != nil {
 			return err
 		}
-		if len(c.TargetLayerIDs) == 0 {
+		y.OriginalMaxPositions = v
+	}
+	for _, o := range []struct {
+		src *float64
+		dst *float64
+	}{{r.BetaFast, &y.BetaFast}, {r.BetaSlow, &y.BetaSlow}, {r.AttentionFactor, &y.AttentionFactor}} {
+		if o.src != nil {
+			*o.dst = *o.src
+		}
+	}
+	c.YaRN = y
+	return nil
+}
+
+func (c *Config) setDFlash(raw *rawConfig) error {
+	d := raw.DFlash
+	if d == nil {
+		return missing("dflash_config")
+	}
+	if d.MaskTokenID == nil {
+		return missing("dflash_config.mask_token_id")
+	}
+	c.MaskTokenID = *d.MaskTokenID
+	switch {
+	case d.TargetLayerIDs != nil:
+		if len(d.TargetLayerIDs) == 0 {
 			return fmt.Errorf("field dflash_config.target_layer_ids: empty, the drafter needs at least one target layer")
 		}
-	} else {
-		if c.NumTargetLayers == 0 {
-			return fmt.Errorf("field num_target_layers: missing (needed for the default target_layer_ids, which dflash_config does not set)")
-		}
+		c.TargetLayerIDs = d.TargetLayerIDs
+	case c.NumTargetLayers == 0:
+		return fmt.Errorf("field num_target_layers: missing (the default dflash_config.target_layer_ids are computed from it)")
+	default:
 		c.TargetLayerIDs = DefaultTargetLayerIDs(c.NumTargetLayers, c.NumLayers)
 	}
-	for _, src := range []fields{f.with("is_causal"), d.with("causal")} {
-		if src.m == nil {
-			continue
-		}
-		name := src.only
-		if !src.isNull(name) {
-			b, err := src.boolean(name)
-			if err != nil {
-				return err
-			}
-			c.Causal = &b
-		}
+	c.Causal = raw.IsCausal
+	if d.Causal != nil {
+		c.Causal = d.Causal
 	}
 	return nil
 }
 
-func parseLayerTypes(f fields, c *Config) error {
-	if !f.present("layer_types") {
+func (c *Config) setLayerTypes(raw *rawConfig) error {
+	if raw.LayerTypes == nil {
 		// Early checkpoints (Qwen3.5-27B-DFlash) have only full-attention layers.
 		c.Layers = make([]LayerKind, c.NumLayers)
 		return nil
 	}
-	names, err := f.strList("layer_types")
-	if err != nil {
-		return err
+	if len(raw.LayerTypes) != c.NumLayers {
+		return fmt.Errorf("field layer_types: %d entries for num_hidden_layers %d", len(raw.LayerTypes), c.NumLayers)
 	}
-	if len(names) != c.NumLayers {
-		return fmt.Errorf("field layer_types: %d entries for num_hidden_layers %d", len(names), c.NumLayers)
-	}
-	for i, n := range names {
+	for i, n := range raw.LayerTypes {
 		switch n {
 		case "full_attention":
 			c.Layers = append(c.Layers, FullAttention)
@@ -308,27 +343,14 @@ func parseLayerTypes(f fields, c *Config) error {
 			return fmt.Errorf("field layer_types[%d]: unsupported layer type %q (want full_attention or sliding_attention)", i, n)
 		}
 	}
-	if c.NumSliding() > 0 {
-		if c.SlidingWindow, err = f.positiveInt("sliding_window"); err != nil {
-			return fmt.Errorf("%w (layer_types has sliding_attention layers)", err)
-		}
+	if c.NumSliding() == 0 {
+		return nil
 	}
-	return nil
-}
-
-func (c *Config) validate() error {
-	if c.NumHeads%c.NumKVHeads != 0 {
-		return fmt.Errorf("field num_key_value_heads: %d does not divide num_attention_heads %d", c.NumKVHeads, c.NumHeads)
+	v, err := positive("sliding_window", raw.SlidingWindow)
+	if err != nil {
+		return fmt.Errorf("%w (layer_types has sliding_attention layers)", err)
 	}
-	if c.HeadDim%2 != 0 {
-		return fmt.Errorf("field head_dim: %d is odd, RoPE needs an even head dim", c.HeadDim)
-	}
-	if c.BlockSize < 2 {
-		return fmt.Errorf("field block_size: %d, a block needs the anchor and at least one mask token", c.BlockSize)
-	}
-	if c.MaskTokenID < 0 || c.MaskTokenID >= c.VocabSize {
-		return fmt.Errorf("field dflash_config.mask_token_id: %d is outside the vocabulary [0, %d)", c.MaskTokenID, c.VocabSize)
-	}
+	c.SlidingWindow = v
 	return nil
 }
 
@@ -367,83 +389,21 @@ func (c *Config) WeightParams() int64 {
 	return fc + 2*h + int64(c.NumLayers)*perLayer
 }
 
-// fields reads typed values from a JSON object and names the field in errors.
-// only, when set, is the single field a with() view exposes.
-type fields struct {
-	m      map[string]json.RawMessage
-	prefix string
-	only   string
-}
-
-// present reports whether a field exists and is not null.
-func (f fields) present(name string) bool {
-	raw, ok := f.m[name]
-	return ok && string(raw) != "null"
-}
-
-func (f fields) isNull(name string) bool { return string(f.m[name]) == "null" }
-
-// with returns a view of one field, or a nil view when it is absent.
-func (f fields) with(name string) fields {
-	if _, ok := f.m[name]; !ok {
-		return fields{}
+func (c *Config) validate() error {
+	if c.HeadDim <= 0 {
+		return fmt.Errorf("field head_dim: missing, and hidden_size %d / num_attention_heads %d gives none", c.HiddenSize, c.NumHeads)
 	}
-	return fields{m: f.m, prefix: f.prefix, only: name}
-}
-
-func (f fields) get(name string, dst any, want string) error {
-	raw, ok := f.m[name]
-	if !ok || string(raw) == "null" {
-		return fmt.Errorf("field %s%s: missing", f.prefix, name)
+	if c.NumHeads%c.NumKVHeads != 0 {
+		return fmt.Errorf("field num_key_value_heads: %d does not divide num_attention_heads %d", c.NumKVHeads, c.NumHeads)
 	}
-	if err := json.Unmarshal(raw, dst); err != nil {
-		return fmt.Errorf("field %s%s: want %s, got %s", f.prefix, name, want, raw)
+	if c.HeadDim%2 != 0 {
+		return fmt.Errorf("field head_dim: %d is odd, RoPE needs an even head dim", c.HeadDim)
+	}
+	if c.BlockSize < 2 {
+		return fmt.Errorf("field block_size: %d, a block needs the anchor and at least one mask token", c.BlockSize)
+	}
+	if c.MaskTokenID < 0 || c.MaskTokenID >= c.VocabSize {
+		return fmt.Errorf("field dflash_config.mask_token_id: %d is outside the vocabulary [0, %d)", c.MaskTokenID, c.VocabSize)
 	}
 	return nil
-}
-
-func (f fields) object(name string) (fields, error) {
-	var inner map[string]json.RawMessage
-	if err := f.get(name, &inner, "an object"); err != nil {
-		return fields{}, err
-	}
-	return fields{m: inner, prefix: f.prefix + name + "."}, nil
-}
-
-func (f fields) str(name string) (string, error) {
-	var s string
-	return s, f.get(name, &s, "a string")
-}
-
-func (f fields) strList(name string) ([]string, error) {
-	var s []string
-	return s, f.get(name, &s, "a list of strings")
-}
-
-func (f fields) boolean(name string) (bool, error) {
-	var b bool
-	return b, f.get(name, &b, "true or false")
-}
-
-func (f fields) number(name string) (float64, error) {
-	var v float64
-	return v, f.get(name, &v, "a number")
-}
-
-func (f fields) integer(name string) (int, error) {
-	var v int
-	return v, f.get(name, &v, "an integer")
-}
-
-func (f fields) intList(name string) ([]int, error) {
-	var v []int
-	return v, f.get(name, &v, "a list of integers")
-}
-
-func (f fields) positiveInt(name string) (int, error) {
-	v, err := f.integer(name)
-	if err == nil && v <= 0 {
-		err = fmt.Errorf("field %s%s: %d, want a positive integer", f.prefix, name, v)
-	}
-	return v, err
 }

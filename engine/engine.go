@@ -16,8 +16,12 @@ type Options struct {
 	Context      int // longest sequence (prompt + output); 0 means the model's max positions
 	MaxSeqs      int // GDN state slots, i.e. sequences in flight; 0 means 1
 	PageSize     int // KV tokens per page; 0 means 16
-	KVTokens     int // KV cache capacity in tokens; 0 means MaxSeqs × Context
+	KVTokens     int // KV cache capacity in tokens; 0 means MaxSeqs × (Context + VerifyTokens)
 	PrefillChunk int // longest prefill forward; 0 means 512
+	// VerifyTokens is the most tokens one speculative verify writes to the
+	// KV cache (the block, or the tree budget plus its root); 0 without
+	// speculation. A tree's nodes sit past the sequence's end until commit.
+	VerifyTokens int
 }
 
 // Engine is a loaded model with its caches.
@@ -28,6 +32,9 @@ type Engine struct {
 	// EOS lists the token ids that end generation.
 	EOS     []int32
 	Context int
+	// Drafter and Spec enable speculative decoding (Spec.Mode != SpecAuto).
+	Drafter Drafter
+	Spec    SpecOptions
 	opts    Options
 }
 
@@ -58,7 +65,7 @@ func New(b kernels.Backend, cfg *config.Config, w *Weights, validVocab int, eos 
 		opts.PageSize = 16
 	}
 	if opts.KVTokens <= 0 {
-		opts.KVTokens = opts.MaxSeqs * opts.Context
+		opts.KVTokens = opts.MaxSeqs * (opts.Context + opts.VerifyTokens)
 	}
 	if opts.PrefillChunk <= 0 {
 		opts.PrefillChunk = 512
@@ -108,6 +115,7 @@ type Stats struct {
 	PrefillMs    float64 `json:"prefill_ms"`
 	DecodeMs     float64 `json:"decode_ms"`
 	DecodeTokS   float64 `json:"decode_tok_s"`
+	*SpecStats
 }
 
 // ErrPromptTooLong is returned when a prompt does not fit the context.
@@ -131,11 +139,15 @@ func (e *Engine) CheckRequest(r Request) error {
 	return r.Sampling.Validate()
 }
 
-// Generate runs one request to completion (plain autoregressive decoding).
+// Generate runs one request to completion: plain autoregressive decoding,
+// or speculative decoding with the engine's drafter when e.Spec asks for it.
 // onToken, if set, sees each new token as it is produced.
 func (e *Engine) Generate(ctx context.Context, r Request, onToken func(int32)) (*Result, error) {
 	if err := e.CheckRequest(r); err != nil {
 		return nil, err
+	}
+	if e.Spec.Mode != SpecAuto {
+		return e.generateSpec(ctx, r, onToken)
 	}
 	seq, err := e.newSequence()
 	if err != nil {
@@ -143,26 +155,17 @@ func (e *Engine) Generate(ctx context.Context, r Request, onToken func(int32)) (
 	}
 	defer e.release(seq)
 
-	res := &Result{Stats: Stats{PromptTokens: len(r.Prompt)}}
-	sampler := NewSampler(r.Sampling, e.ValidVocab)
+	out := newOutput(e, r, onToken)
 	t0 := time.Now()
-	logits, err := e.prefill(seq, r.Prompt)
+	logits, _, err := e.prefill(seq, r.Prompt, nil)
 	if err != nil {
 		return nil, err
 	}
-	res.Stats.PrefillMs = ms(time.Since(t0))
+	out.res.Stats.PrefillMs = ms(time.Since(t0))
 	t1 := time.Now()
 	for {
-		tok := sampler.Sample(logits)
-		if r.Sampling.Logprobs > 0 {
-			res.Logprobs = append(res.Logprobs, sampler.Logprobs(logits, tok, r.Sampling.Logprobs))
-		}
-		res.Tokens = append(res.Tokens, tok)
-		if onToken != nil {
-			onToken(tok)
-		}
-		if reason := e.finished(r, res.Tokens, seq.len+1); reason != "" {
-			res.FinishReason = reason
+		tok := out.sampler.Sample(logits)
+		if out.emit(tok, logits) {
 			break
 		}
 		if err := ctx.Err(); err != nil {
@@ -172,22 +175,54 @@ func (e *Engine) Generate(ctx context.Context, r Request, onToken func(int32)) (
 			return nil, err
 		}
 	}
-	res.Stats.OutputTokens = len(res.Tokens)
-	res.Stats.DecodeMs = ms(time.Since(t1))
-	if res.Stats.DecodeMs > 0 {
-		res.Stats.DecodeTokS = float64(len(res.Tokens)-1) / (res.Stats.DecodeMs / 1000)
-	}
-	return res, nil
+	return out.finish(time.Since(t1)), nil
 }
 
-// finished says why generation stops after the latest token, or "".
-// cached is the sequence length once that token is fed back.
-func (e *Engine) finished(r Request, out []int32, cached int) string {
+// output collects a request's tokens and decides when it is finished.
+type output struct {
+	e       *Engine
+	r       Request
+	onToken func(int32)
+	sampler *Sampler
+	res     *Result
+}
+
+func newOutput(e *Engine, r Request, onToken func(int32)) *output {
+	return &output{e: e, r: r, onToken: onToken, sampler: NewSampler(r.Sampling, e.ValidVocab),
+		res: &Result{Stats: Stats{PromptTokens: len(r.Prompt)}}}
+}
+
+// emit appends a token chosen from logits and reports whether generation is over.
+func (o *output) emit(tok int32, logits []float32) bool {
+	if o.r.Sampling.Logprobs > 0 {
+		o.res.Logprobs = append(o.res.Logprobs, o.sampler.Logprobs(logits, tok, o.r.Sampling.Logprobs))
+	}
+	o.res.Tokens = append(o.res.Tokens, tok)
+	if o.onToken != nil {
+		o.onToken(tok)
+	}
+	o.res.FinishReason = o.e.finished(o.r, o.res.Tokens)
+	return o.res.FinishReason != ""
+}
+
+func (o *output) finish(decode time.Duration) *Result {
+	st := &o.res.Stats
+	st.OutputTokens = len(o.res.Tokens)
+	st.DecodeMs = ms(decode)
+	if st.DecodeMs > 0 {
+		st.DecodeTokS = float64(st.OutputTokens-1) / (st.DecodeMs / 1000)
+	}
+	return o.res
+}
+
+// finished says why generation stops after the latest token, or "": an
+// end-of-sequence token, max tokens, or a sequence that fills the context.
+func (e *Engine) finished(r Request, out []int32) string {
 	last := out[len(out)-1]
 	if !r.IgnoreEOS && e.isEOS(last) {
 		return FinishStop
 	}
-	if len(out) >= r.MaxTokens || cached >= e.Context {
+	if len(out) >= r.MaxTokens || len(r.Prompt)+len(out) >= e.Context {
 		return FinishLength
 	}
 	return ""
@@ -222,42 +257,71 @@ func (e *Engine) release(s *sequence) {
 	e.Model.States.Release(s.slot)
 }
 
-// prefill feeds the prompt in chunks and returns the last position's logits.
-func (e *Engine) prefill(s *sequence, prompt []int32) ([]float32, error) {
-	var logits []float32
+// prefill feeds the prompt in chunks and returns the last position's logits
+// and, for each prompt token, its tapped hidden states concatenated in taps order.
+func (e *Engine) prefill(s *sequence, prompt []int32, taps []int) ([]float32, []float32, error) {
+	var logits, features []float32
 	for start := 0; start < len(prompt); start += e.opts.PrefillChunk {
 		chunk := prompt[start:min(start+e.opts.PrefillChunk, len(prompt))]
 		rows := NoRows
 		if start+len(chunk) == len(prompt) {
 			rows = LastRow
 		}
-		out, err := e.forward(s, chunk, rows)
+		out, err := e.forward(s, SeqInput{Tokens: chunk, Logits: rows}, taps)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		logits = out.Logits
+		features = append(features, e.features(out, taps, nil, len(chunk))...)
 	}
-	return logits, nil
+	return logits, features, nil
+}
+
+// features concatenates, per row (all rows, or the given ones in order),
+// the tapped hidden states in taps order: the drafter's input layout.
+func (e *Engine) features(out *SeqOutput, taps []int, rows []int32, n int) []float32 {
+	if len(taps) == 0 {
+		return nil
+	}
+	if rows == nil {
+		rows = make([]int32, n)
+		for i := range rows {
+			rows[i] = int32(i)
+		}
+	}
+	H := e.Model.Cfg.HiddenSize
+	f := make([]float32, 0, len(rows)*len(taps)*H)
+	for _, r := range rows {
+		for _, l := range taps {
+			f = append(f, out.Hidden[l][int(r)*H:(int(r)+1)*H]...)
+		}
+	}
+	return f
 }
 
 // step feeds one token and returns the next logits.
 func (e *Engine) step(s *sequence, tok int32) ([]float32, error) {
-	out, err := e.forward(s, []int32{tok}, LastRow)
+	out, err := e.forward(s, SeqInput{Tokens: []int32{tok}, Logits: LastRow}, nil)
 	if err != nil {
 		return nil, err
 	}
 	return out.Logits, nil
 }
 
-func (e *Engine) forward(s *sequence, tokens []int32, rows LogitRows) (*SeqOutput, error) {
-	if err := e.Model.KV.Reserve(&s.kv, s.len+len(tokens)); err != nil {
+// forward runs in's tokens after the sequence's cached ones and, unless
+// they are a speculative verify, counts them as committed.
+func (e *Engine) forward(s *sequence, in SeqInput, taps []int) (*SeqOutput, error) {
+	if err := e.Model.KV.Reserve(&s.kv, s.len+len(in.Tokens)); err != nil {
 		return nil, err
 	}
-	out, err := e.Model.Forward([]SeqInput{{Tokens: tokens, Start: s.len, KV: &s.kv, Slot: s.slot, Logits: rows}}, nil)
+	in.Start, in.KV, in.Slot = s.len, &s.kv, s.slot
+	out, err := e.Model.Forward([]SeqInput{in}, taps)
 	if err != nil {
 		return nil, err
 	}
-	s.len += len(tokens)
+	if in.Spec == nil {
+		s.len += len(in.Tokens)
+	}
 	return &out[0], nil
 }
 

@@ -16,17 +16,17 @@ import (
 var textPrefixes = []string{"model.language_model.", "model."}
 
 // Tensors outside the text model that a text-only engine does not load.
-var skippedPrefixes = []string{"model.visual.", "mtp.", "model.mtp."}
+var skippedPrefixes = []string{"model.visual.", "mtp."}
 
 // maxReported caps how many checkpoint problems one error lists.
 const maxReported = 20
 
-// tensorSpec is one tensor the config requires and where it goes.
-type tensorSpec struct {
-	name  string
-	shape []int
-	toF32 bool // convert to F32 on upload (norms, conv kernel, GDN gate parameters)
-	dst   *kernels.Buffer
+// TensorSpec is one tensor a model requires and where it goes.
+type TensorSpec struct {
+	Name  string
+	Shape []int
+	ToF32 bool // convert to F32 on upload (norms, conv kernel, GDN gate parameters)
+	Dst   *kernels.Buffer
 }
 
 // LoadWeights uploads the text model of the checkpoint in dir to b. Every
@@ -45,27 +45,36 @@ func LoadWeights(b kernels.Backend, dir string, cfg *config.Config) (*Weights, e
 		return nil, err
 	}
 	w := &Weights{Layers: make([]LayerWeights, cfg.NumLayers)}
-	specs := expectedTensors(cfg, prefix, w)
-	if err := checkTensors(ckpt, specs, prefix); err != nil {
+	if err := LoadTensors(b, ckpt, expectedTensors(cfg, prefix, w), prefix); err != nil {
 		return nil, err
-	}
-	var loaded []kernels.Buffer
-	for _, s := range specs {
-		t, _ := ckpt.Tensor(s.name)
-		buf, err := upload(b, t, s.toF32)
-		if err != nil {
-			for _, l := range loaded {
-				b.Free(l)
-			}
-			return nil, fmt.Errorf("load %s from %s: %w", s.name, t.File, err)
-		}
-		loaded = append(loaded, buf)
-		*s.dst = buf
 	}
 	if cfg.TieWordEmbeddings {
 		w.LMHead = w.Embed
 	}
 	return w, nil
+}
+
+// LoadTensors checks every spec against the checkpoint (presence, dtype,
+// shape; tensors under prefix that no spec names are reported too), then
+// uploads each tensor to b and stores the buffer in its spec's Dst.
+func LoadTensors(b kernels.Backend, ckpt *safetensors.Checkpoint, specs []TensorSpec, prefix string) error {
+	if err := checkTensors(ckpt, specs, prefix); err != nil {
+		return err
+	}
+	var loaded []kernels.Buffer
+	for _, s := range specs {
+		t, _ := ckpt.Tensor(s.Name)
+		buf, err := upload(b, t, s.ToF32)
+		if err != nil {
+			for _, l := range loaded {
+				b.Free(l)
+			}
+			return fmt.Errorf("load %s from %s: %w", s.Name, t.File, err)
+		}
+		loaded = append(loaded, buf)
+		*s.Dst = buf
+	}
+	return nil
 }
 
 func detectPrefix(ckpt *safetensors.Checkpoint) (string, error) {
@@ -80,21 +89,21 @@ func detectPrefix(ckpt *safetensors.Checkpoint) (string, error) {
 
 // expectedTensors lists every tensor cfg requires (qwen36-model.md §7), each
 // pointing at its field of w.
-func expectedTensors(cfg *config.Config, prefix string, w *Weights) []tensorSpec {
+func expectedTensors(cfg *config.Config, prefix string, w *Weights) []TensorSpec {
 	h := cfg.HiddenSize
-	specs := []tensorSpec{
-		{name: prefix + "embed_tokens.weight", shape: []int{cfg.VocabSize, h}, dst: &w.Embed},
-		{name: prefix + "norm.weight", shape: []int{h}, toF32: true, dst: &w.FinalNorm},
+	specs := []TensorSpec{
+		{Name: prefix + "embed_tokens.weight", Shape: []int{cfg.VocabSize, h}, Dst: &w.Embed},
+		{Name: prefix + "norm.weight", Shape: []int{h}, ToF32: true, Dst: &w.FinalNorm},
 	}
 	if !cfg.TieWordEmbeddings {
-		specs = append(specs, tensorSpec{name: "lm_head.weight", shape: []int{cfg.VocabSize, h}, dst: &w.LMHead})
+		specs = append(specs, TensorSpec{Name: "lm_head.weight", Shape: []int{cfg.VocabSize, h}, Dst: &w.LMHead})
 	}
 	for i, kind := range cfg.Layers {
 		l := &w.Layers[i]
 		l.Kind = kind
 		p := fmt.Sprintf("%slayers.%d.", prefix, i)
 		add := func(name string, toF32 bool, dst *kernels.Buffer, shape ...int) {
-			specs = append(specs, tensorSpec{name: p + name, shape: shape, toF32: toF32, dst: dst})
+			specs = append(specs, TensorSpec{Name: p + name, Shape: shape, ToF32: toF32, Dst: dst})
 		}
 		add("input_layernorm.weight", true, &l.InputNorm, h)
 		add("post_attention_layernorm.weight", true, &l.PostNorm, h)
@@ -129,22 +138,21 @@ func expectedTensors(cfg *config.Config, prefix string, w *Weights) []tensorSpec
 	return specs
 }
 
-// checkTensors reports every missing, mistyped or misshapen tensor, and any
-// unexpected tensor inside the text model (a sign that the config does not
-// describe this checkpoint, e.g. more layers or biases).
-func checkTensors(ckpt *safetensors.Checkpoint, specs []tensorSpec, prefix string) error {
+// checkTensors reports every missing or misshapen tensor, and any unexpected
+// tensor under prefix (a sign that the config does not describe this
+// checkpoint, e.g. more layers or biases). safetensors.Open has already
+// rejected unsupported dtypes.
+func checkTensors(ckpt *safetensors.Checkpoint, specs []TensorSpec, prefix string) error {
 	var problems []string
 	expected := make(map[string]bool, len(specs))
 	for _, s := range specs {
-		expected[s.name] = true
-		t, ok := ckpt.Tensor(s.name)
+		expected[s.Name] = true
+		t, ok := ckpt.Tensor(s.Name)
 		switch {
 		case !ok:
-			problems = append(problems, fmt.Sprintf("tensor %s: missing from checkpoint %s", s.name, ckpt.Dir))
-		case safetensors.DTypeSize(t.DType) == 0:
-			problems = append(problems, fmt.Sprintf("%s: tensor %s: unsupported dtype %s", t.File, s.name, t.DType))
-		case !slices.Equal(t.Shape, s.shape):
-			problems = append(problems, fmt.Sprintf("%s: tensor %s: shape %v, config.json implies %v", t.File, s.name, t.Shape, s.shape))
+			problems = append(problems, fmt.Sprintf("tensor %s: missing from checkpoint %s", s.Name, ckpt.Dir))
+		case !slices.Equal(t.Shape, s.Shape):
+			problems = append(problems, fmt.Sprintf("%s: tensor %s: shape %v, config.json implies %v", t.File, s.Name, t.Shape, s.Shape))
 		}
 	}
 	for _, name := range ckpt.Names() {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"ddflash/ddtree"
 	"ddflash/engine/config"
 	"ddflash/kernels"
 	"ddflash/mamba"
@@ -327,11 +328,9 @@ func (m *Model) outputs(seqs []SeqInput, rows int, tapped map[int]kernels.Buffer
 func (m *Model) CommitKV(kv *SeqKV, start int, path []int32) error {
 	ps := m.KV.PageSize()
 	var dst, src []int32
-	for d, node := range path {
-		if int(node) != d {
-			dst = append(dst, kv.Slot(ps, start+d))
-			src = append(src, kv.Slot(ps, start+int(node)))
-		}
+	for _, mv := range ddtree.KVMoves(path) {
+		dst = append(dst, kv.Slot(ps, start+mv.Dst))
+		src = append(src, kv.Slot(ps, start+mv.Src))
 	}
 	if len(dst) == 0 {
 		return nil
@@ -396,7 +395,7 @@ func (m *Model) uploadMeta(seqs []SeqInput, rows int) (*stepMeta, error) {
 		}
 		meta.owned = append(meta.owned, attn.Pages)
 		if sq.Parents != nil {
-			if attn.Mask, err = uploadI32(b, AncestorMask(sq.Parents)); err != nil {
+			if attn.Mask, err = uploadI32(b, ddtree.AncestorMask(sq.Parents)); err != nil {
 				meta.free(b)
 				return nil, err
 			}
@@ -439,19 +438,6 @@ func treeDepths(parents []int32, n int) []int32 {
 		}
 	}
 	return d
-}
-
-// AncestorMask is the n×n visibility of a tree: token i sees token j when j
-// is i or one of its ancestors.
-func AncestorMask(parents []int32) []int32 {
-	n := len(parents)
-	mask := make([]int32, n*n)
-	for i := range n {
-		for j := i; j >= 0; j = int(parents[j]) {
-			mask[i*n+j] = 1
-		}
-	}
-	return mask
 }
 
 func uploadI32(b kernels.Backend, v []int32) (kernels.Buffer, error) {

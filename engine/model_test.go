@@ -79,7 +79,7 @@ func TestPrefillEqualsTokenByToken(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := whole.prefill(a, prompt)
+		got, _, err := whole.prefill(a, prompt, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -121,7 +121,7 @@ func TestBatchEqualsAlone(t *testing.T) {
 			t.Fatal(err)
 		}
 		if len(j.context) > 0 {
-			if _, err := batched.prefill(s, j.context); err != nil {
+			if _, _, err := batched.prefill(s, j.context, nil); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -141,11 +141,11 @@ func TestBatchEqualsAlone(t *testing.T) {
 			t.Fatal(err)
 		}
 		if len(j.context) > 0 {
-			if _, err := alone.prefill(s, j.context); err != nil {
+			if _, _, err := alone.prefill(s, j.context, nil); err != nil {
 				t.Fatal(err)
 			}
 		}
-		want, err := alone.forward(s, j.fresh, AllRows)
+		want, err := alone.forward(s, SeqInput{Tokens: j.fresh, Logits: AllRows}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

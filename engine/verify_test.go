@@ -17,7 +17,7 @@ func verifyThenCommit(t *testing.T, strategy mamba.Strategy, prompt, block, pare
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.prefill(s, prompt); err != nil {
+	if _, _, err := e.prefill(s, prompt, nil); err != nil {
 		t.Fatal(err)
 	}
 	spec, err := mamba.NewVerify(e.Model.b, e.Model.States.Shape(), strategy, len(block))

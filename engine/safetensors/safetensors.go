@@ -202,12 +202,16 @@ func parse(mem []byte, path string) ([]Tensor, error) {
 		Tensor
 		begin int
 	}
-	entries := make([]placed, 0, len(raw))
-	for name, msg := range raw {
-		if name == "__metadata__" {
-			continue
+	names := make([]string, 0, len(raw))
+	for name := range raw {
+		if name != "__metadata__" {
+			names = append(names, name)
 		}
-		t, begin, err := parseEntry(name, msg, data, path)
+	}
+	slices.Sort(names) // the first error reported does not depend on map order
+	entries := make([]placed, 0, len(names))
+	for _, name := range names {
+		t, begin, err := parseEntry(name, raw[name], data, path)
 		if err != nil {
 			return nil, err
 		}

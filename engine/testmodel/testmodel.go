@@ -55,6 +55,9 @@ func Write(dir string, opt Options) error {
 	if !ok {
 		return fmt.Errorf("test model: dtype %q: choose f32 or bf16", opt.DType)
 	}
+	if tensors := len(plan(p)); opt.Shards > tensors {
+		return fmt.Errorf("test model: %d shards for %d tensors; use at most %d", opt.Shards, tensors, tensors)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("test model: %w", err)
 	}

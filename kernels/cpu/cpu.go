@@ -35,24 +35,36 @@ func (b *buffer) Len() int {
 
 // Backend runs every op on the calling goroutine plus a fixed worker pool.
 type Backend struct {
-	pool *pool
+	pool   *pool
+	matmul *matmulKernels
 }
 
 var _ kernels.Backend = (*Backend)(nil)
 
 // New returns a CPU backend using threads workers (runtime.NumCPU() when threads <= 0).
+// It uses the AVX-512 kernels when the build and the CPU have them.
 func New(threads int) kernels.Backend {
+	kern, ok := simdMatMul()
+	if !ok {
+		kern = portableKernels
+	}
+	return newBackend(threads, kern)
+}
+
+func newBackend(threads int, kern matmulKernels) *Backend {
 	if threads <= 0 {
 		threads = runtime.NumCPU()
 	}
-	b := &Backend{pool: newPool(threads)}
+	b := &Backend{pool: newPool(threads), matmul: &kern}
 	// The workers only reference the pool, so an unreachable Backend can stop them.
 	runtime.AddCleanup(b, func(p *pool) { p.close() }, b.pool)
 	return b
 }
 
 // Name reports the backend and its thread count.
-func (be *Backend) Name() string { return fmt.Sprintf("cpu(%d threads)", be.pool.threads) }
+func (be *Backend) Name() string {
+	return fmt.Sprintf("cpu(%d threads, %s matmul)", be.pool.threads, be.matmul.name)
+}
 
 // Alloc returns a zeroed buffer of n elements.
 func (be *Backend) Alloc(dt kernels.DType, n int) (kernels.Buffer, error) {

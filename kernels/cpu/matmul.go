@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"sync"
 
 	"ddflash/kernels"
 )
@@ -10,6 +11,24 @@ import (
 // widened to float32 once and dotted against every x row, so a 16-row
 // verify block reads the weights once, like a single decode row.
 const matmulTile = 4
+
+// matmulKernels are MatMul's inner loops over one tile of weight rows. The
+// portable ones are always available; a SIMD build adds faster ones.
+type matmulKernels struct {
+	name string
+	// rows4 sets out[i*outStride+r] = x_i·w_r for the m rows x_i of x [m,k]
+	// and the four float32 rows w_r of tile [4,k].
+	rows4 func(out []float32, outStride int, x []float32, m, k int, tile []float32)
+	// rows4BF16 is rows4 for one x row and bfloat16 weights, widened on the
+	// fly (decode streams each weight once, so widening into a buffer first
+	// would cost a second pass); nil when the kernels have no such path.
+	rows4BF16 func(out []float32, x []float32, k int, tile []uint16)
+}
+
+var portableKernels = matmulKernels{name: "portable", rows4: rows4Portable}
+
+// scratchPool recycles the float32 buffers that hold widened weight tiles.
+var scratchPool = sync.Pool{New: func() any { return new([]float32) }}
 
 // MatMul computes out[m,n] = x[m,k]·w[n,k]ᵀ; w is F32, BF16 or F16.
 func (be *Backend) MatMul(out, x, w kernels.Buffer, m, n, k int) {
@@ -20,43 +39,58 @@ func (be *Backend) MatMul(out, x, w kernels.Buffer, m, n, k int) {
 	if wb.dt == kernels.I32 {
 		panic(fmt.Sprintf("cpu: MatMul weights must be F32, BF16 or F16, got %v", wb.dt))
 	}
+	if m == 0 || n == 0 {
+		return
+	}
 	tiles := (n + matmulTile - 1) / matmulTile
 	// A worker takes enough tiles to amortise the hand-off (about 64K multiply-adds).
 	grain := max(1, (1<<16)/max(1, m*k*matmulTile))
 	be.pool.parallelFor(tiles, grain, func(lo, hi int) {
-		matmulTiles(o, xv, wb, m, n, k, lo*matmulTile, min(n, hi*matmulTile))
+		be.matmul.columns(o, xv, wb, m, n, k, lo*matmulTile, min(n, hi*matmulTile))
 	})
 }
 
-// matmulTiles computes output columns [nLo, nHi).
-func matmulTiles(out, x []float32, w *buffer, m, n, k, nLo, nHi int) {
-	var scratch []float32
+// columns computes output columns [nLo, nHi) of out [m,n].
+func (kern *matmulKernels) columns(out, x []float32, w *buffer, m, n, k, nLo, nHi int) {
+	var scratch *[]float32
 	if w.dt != kernels.F32 {
-		scratch = make([]float32, matmulTile*k)
+		scratch = scratchPool.Get().(*[]float32)
+		defer scratchPool.Put(scratch)
+		if cap(*scratch) < matmulTile*k {
+			*scratch = make([]float32, matmulTile*k)
+		}
 	}
 	for j := nLo; j < nHi; j += matmulTile {
 		rows := min(matmulTile, nHi-j)
+		if rows == matmulTile && m == 1 && w.dt == kernels.BF16 && kern.rows4BF16 != nil {
+			kern.rows4BF16(out[j:j+matmulTile], x, k, w.u16[j*k:(j+matmulTile)*k])
+			continue
+		}
 		var tile []float32
 		if w.dt == kernels.F32 {
 			tile = w.f32[j*k : (j+rows)*k]
 		} else {
-			tile = scratch[:rows*k]
+			tile = (*scratch)[:rows*k]
 			widenInto(tile, w.u16[j*k:(j+rows)*k], w.dt)
 		}
 		if rows == matmulTile {
-			w0, w1, w2, w3 := tile[:k], tile[k:2*k], tile[2*k:3*k], tile[3*k:4*k]
-			for i := range m {
-				d0, d1, d2, d3 := dot4(x[i*k:(i+1)*k], w0, w1, w2, w3)
-				o := out[i*n+j : i*n+j+4]
-				o[0], o[1], o[2], o[3] = d0, d1, d2, d3
-			}
+			kern.rows4(out[j:], n, x, m, k, tile)
 			continue
 		}
-		for r := range rows {
+		for r := range rows { // the last, partial tile
 			for i := range m {
 				out[i*n+j+r] = dot(x[i*k:(i+1)*k], tile[r*k:(r+1)*k])
 			}
 		}
+	}
+}
+
+func rows4Portable(out []float32, outStride int, x []float32, m, k int, tile []float32) {
+	w0, w1, w2, w3 := tile[:k], tile[k:2*k], tile[2*k:3*k], tile[3*k:4*k]
+	for i := range m {
+		d0, d1, d2, d3 := dot4(x[i*k:(i+1)*k], w0, w1, w2, w3)
+		o := out[i*outStride : i*outStride+4]
+		o[0], o[1], o[2], o[3] = d0, d1, d2, d3
 	}
 }
 

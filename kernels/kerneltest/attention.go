@@ -57,13 +57,15 @@ func testAttention(h *harness) {
 		pool := h.rng.Perm(pagesNeeded + 3)
 		kCache := h.alloc(kernels.F32, (pagesNeeded+3)*pageSize*kvDim)
 		vCache := h.alloc(kernels.F32, (pagesNeeded+3)*pageSize*kvDim)
-		queryRows := 0
-		for _, c := range cases {
-			queryRows += c.queryLen
+		// Place the blocks' query rows in a shuffled order.
+		row := 0
+		for _, ci := range h.rng.Perm(len(cases)) {
+			cases[ci].queryStart = row
+			row += cases[ci].queryLen
 		}
-		starts := h.rng.Perm(len(cases))
+		queryRows := row
 		var seqs []kernels.AttnSeq
-		for ci, c := range cases {
+		for _, c := range cases {
 			npages := (c.prefix + c.queryLen + pageSize - 1) / pageSize
 			for _, p := range pool[:npages] {
 				c.pages = append(c.pages, int32(p))
@@ -84,10 +86,6 @@ func testAttention(h *harness) {
 				}
 				h.be.WriteKV(kCache, vCache, h.f32(concat(c.keys[part[0]:part[1]])), h.f32(concat(c.values[part[0]:part[1]])), h.i32(slots[part[0]:part[1]]), n, kvDim)
 			}
-			for _, s := range starts[:ci] { // rows of the blocks placed before this one
-				c.queryStart += cases[s].queryLen
-			}
-			_ = starts
 			seq := kernels.AttnSeq{QueryStart: c.queryStart, QueryLen: c.queryLen, Prefix: c.prefix, Pages: h.i32(c.pages), Window: c.window}
 			if c.mask != nil {
 				seq.Mask = h.i32(c.mask)

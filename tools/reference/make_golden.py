@@ -43,42 +43,33 @@ CONFIG = qwen36.TextConfig(
 )
 
 
-def random_weights(cfg, generator):
-    """Weights that keep activations healthy: matrices N(0, 1/fan_in) so each projection keeps
-    the input scale, zero-centred norm offsets N(0, 0.1)."""
-    weights = {}
-    for name, shape in qwen36.weight_shapes(cfg).items():
-        leaf = name.split(".")[-2] if name.endswith(".weight") else name.split(".")[-1]
-        if name == "embed_tokens.weight":
-            tensor = torch.randn(shape, generator=generator)
-        elif leaf == "A_log":
-            tensor = torch.empty(shape).uniform_(1, 16, generator=generator).log()
-        elif leaf == "dt_bias":
-            # softplus(a + dt_bias) then spans about 0.01..1, so decays range from near 1
-            # (long memory, which exercises the recurrence) to strong forgetting.
-            tensor = torch.empty(shape).uniform_(-5, -1, generator=generator)
-        elif leaf == "conv1d":
-            tensor = torch.randn(shape, generator=generator) / math.sqrt(shape[-1])
-        elif name.endswith("linear_attn.norm.weight"):  # the one plain-weight norm
-            tensor = 1 + 0.1 * torch.randn(shape, generator=generator)
-        elif len(shape) == 1:  # zero-centred (1 + w) norms
-            tensor = 0.1 * torch.randn(shape, generator=generator)
-        else:
-            tensor = torch.randn(shape, generator=generator) / math.sqrt(shape[1])
-        weights[name] = tensor
-    return weights
-
-
 def check_chunked_matches_recurrent(generator):
-    """The chunked delta rule must equal the token loop across several chunks (T=150, chunk 64)."""
+    """The chunked delta rule must equal the token loop across several chunks (T=150, chunk
+    64), from a nonzero initial state, in outputs and final state."""
     batch, time, heads, key_dim, value_dim = 2, 150, 4, 16, 24
-    q = qwen36.l2_normalize(torch.randn(batch, time, heads, key_dim, generator=generator, dtype=torch.float64))
-    k = qwen36.l2_normalize(torch.randn(batch, time, heads, key_dim, generator=generator, dtype=torch.float64))
-    v = torch.randn(batch, time, heads, value_dim, generator=generator, dtype=torch.float64)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    q, k = qwen36.l2_normalize(randn(batch, time, heads, key_dim)), qwen36.l2_normalize(randn(batch, time, heads, key_dim))
+    v, state = randn(batch, time, heads, value_dim), randn(batch, heads, key_dim, value_dim)
     g = -torch.rand(batch, time, heads, generator=generator, dtype=torch.float64)
     beta = torch.rand(batch, time, heads, generator=generator, dtype=torch.float64)
-    diff = (qwen36.delta_rule_chunked(q, k, v, g, beta) - qwen36.delta_rule_recurrent(q, k, v, g, beta)).abs().max().item()
+    chunked, chunked_state = qwen36.delta_rule_chunked(q, k, v, g, beta, state)
+    looped, looped_state = qwen36.delta_rule_recurrent(q, k, v, g, beta, state)
+    diff = max((chunked - looped).abs().max().item(), (chunked_state - looped_state).abs().max().item())
     assert diff < 1e-12, f"chunked delta rule differs from the token loop by {diff}"
+    return diff
+
+
+def check_incremental_matches_full(cfg, weights, ids, full_logits, prefill):
+    """Prefill (chunked) then one token at a time through the cache must give the full logits."""
+    cache = qwen36.Cache()
+    pieces = [qwen36.forward(cfg, weights, ids[:, :prefill], qwen36.delta_rule_chunked, cache)[0]]
+    for t in range(prefill, ids.shape[1]):
+        pieces.append(qwen36.forward(cfg, weights, ids[:, t:t + 1], qwen36.delta_rule_recurrent, cache)[0])
+    diff = (torch.cat(pieces, 1) - full_logits).abs().max().item()
+    assert diff < 1e-10, f"incremental decoding differs from the full forward by {diff}"
     return diff
 
 
@@ -88,16 +79,16 @@ def main():
     generator = torch.Generator().manual_seed(SEED)
     cfg = CONFIG
     float32_names = {name for name in qwen36.weight_shapes(cfg) if name.split(".")[-1] in FLOAT32_TENSORS}
-    qwen36.save_checkpoint(out_dir, qwen36.config_json(cfg, 256, EOS_TOKEN_ID), random_weights(cfg, generator), float32_names)
+    qwen36.save_checkpoint(out_dir, qwen36.config_json(cfg, 256, EOS_TOKEN_ID), qwen36.init_weights(cfg, generator), float32_names)
 
     # Everything below reads the checkpoint back, so the golden reflects the stored BF16 values.
     loaded_cfg, weights = qwen36.load_checkpoint(out_dir)
     assert loaded_cfg == cfg, "config.json does not round-trip"
-    rule_diff = check_chunked_matches_recurrent(generator)
     sequences = [torch.randint(0, MAX_SEQUENCE_ID, (n,), generator=generator).tolist() for n in SEQUENCE_LENGTHS]
+    rule_diff = check_chunked_matches_recurrent(generator)
 
     weights32 = {name: t.to(torch.float32) for name, t in weights.items()}
-    records, model_rule_diff, float32_logits_diff, float32_hidden_diff = [], 0.0, 0.0, 0.0
+    records, model_rule_diff, incremental_diff, float32_logits_diff, float32_hidden_diff = [], 0.0, 0.0, 0.0, 0.0
     with torch.no_grad():
         for ids in sequences:
             batch = torch.tensor([ids])
@@ -108,6 +99,7 @@ def main():
             float32_logits_diff = max(float32_logits_diff, (logits32.double() - logits).abs().max().item())
             float32_hidden_diff = max(float32_hidden_diff, max((a.double() - b).abs().max().item() for a, b in zip(hidden32, hidden)))
             records.append({"ids": ids, "logits": logits[0].tolist(), "hidden": [h[0].tolist() for h in hidden]})
+            incremental_diff = max(incremental_diff, check_incremental_matches_full(cfg, weights, batch, logits, (len(ids) + 1) // 2))
     assert model_rule_diff < 1e-10, f"chunked and recurrent model logits differ by {model_rule_diff}"
 
     golden = {
@@ -120,6 +112,7 @@ def main():
         "checks": {
             "chunked_vs_recurrent_delta_rule_max_abs": rule_diff,
             "chunked_vs_recurrent_model_logits_max_abs": model_rule_diff,
+            "incremental_vs_full_logits_max_abs": incremental_diff,
             "float32_reference_logits_max_abs": float32_logits_diff,
             "float32_reference_hidden_max_abs": float32_hidden_diff,
         },
@@ -129,6 +122,7 @@ def main():
         json.dump(golden, f, separators=(",", ":"))
         f.write("\n")
     print(f"wrote {out_dir}: delta rule chunked-vs-loop {rule_diff:.2e}, model {model_rule_diff:.2e}, "
+          f"incremental {incremental_diff:.2e}, "
           f"float32 vs float64: logits {float32_logits_diff:.2e}, hidden {float32_hidden_diff:.2e}")
 
 

@@ -133,6 +133,32 @@ def weight_shapes(cfg):
     return shapes
 
 
+def init_weights(cfg, generator):
+    """Weights that keep activations healthy: matrices N(0, 1/fan_in) so each projection keeps
+    the input scale, zero-centred norm offsets N(0, 0.1)."""
+    weights = {}
+    for name, shape in weight_shapes(cfg).items():
+        leaf = name.split(".")[-2] if name.endswith(".weight") else name.split(".")[-1]
+        if name == "embed_tokens.weight":
+            tensor = torch.randn(shape, generator=generator)
+        elif leaf == "A_log":
+            tensor = torch.empty(shape).uniform_(1, 16, generator=generator).log()
+        elif leaf == "dt_bias":
+            # softplus(a + dt_bias) then spans about 0.01..1, so decays range from near 1
+            # (long memory, which exercises the recurrence) to strong forgetting.
+            tensor = torch.empty(shape).uniform_(-5, -1, generator=generator)
+        elif leaf == "conv1d":
+            tensor = torch.randn(shape, generator=generator) / math.sqrt(shape[-1])
+        elif name.endswith("linear_attn.norm.weight"):  # the one plain-weight norm
+            tensor = 1 + 0.1 * torch.randn(shape, generator=generator)
+        elif len(shape) == 1:  # zero-centred (1 + w) norms
+            tensor = 0.1 * torch.randn(shape, generator=generator)
+        else:
+            tensor = torch.randn(shape, generator=generator) / math.sqrt(shape[1])
+        weights[name] = tensor
+    return weights
+
+
 def config_json(cfg, max_position_embeddings, eos_token_id):
     """The multimodal-wrapper config.json (model_type qwen3_5) that the real checkpoints use."""
     text = {
@@ -260,7 +286,17 @@ def attend(q, k, v, mask):
     return torch.einsum("bhts,bshd->bthd", probs, v)
 
 
-def full_attention(cfg, w, prefix, x):
+class Cache:
+    """One request's (or one equal-length batch's) decoding state: per full-attention layer the
+    keys (after k_norm and RoPE) and values; per GDN layer the last kernel-1 pre-conv inputs and
+    the recurrent state [B, Hv, Dk, Dv]. A fresh Cache is a fresh request."""
+
+    def __init__(self):
+        self.length = 0
+        self.layers = {}
+
+
+def full_attention(cfg, w, prefix, x, state, start):
     batch, time, _ = x.shape
     heads, dim = cfg.num_heads, cfg.head_dim
     projected = x @ w[prefix + "q_proj.weight"].T
@@ -274,32 +310,35 @@ def full_attention(cfg, w, prefix, x):
     k = (x @ w[prefix + "k_proj.weight"].T).view(batch, time, cfg.num_kv_heads, dim)
     k = rms_norm(k, w[prefix + "k_norm.weight"], cfg.rms_norm_eps)
     v = (x @ w[prefix + "v_proj.weight"].T).view(batch, time, cfg.num_kv_heads, dim)
-    positions = torch.arange(time)
+    positions = torch.arange(start, start + time)
     q = apply_rope(q, positions, cfg.rotary_dim, cfg.rope_theta)
     k = apply_rope(k, positions, cfg.rotary_dim, cfg.rope_theta)
-    causal = torch.ones(time, time, dtype=torch.bool).tril()
+    if "k" in state:
+        k = torch.cat([state["k"], k], 1)
+        v = torch.cat([state["v"], v], 1)
+    state["k"], state["v"] = k, v
+    causal = torch.arange(start + time)[None, :] <= positions[:, None]
     out = attend(q, k, v, causal).reshape(batch, time, heads * dim)
     if gate is not None:
         out = out * torch.sigmoid(gate)
     return out @ w[prefix + "o_proj.weight"].T
 
 
-def delta_rule_recurrent(q, k, v, g, beta):
+def delta_rule_recurrent(q, k, v, g, beta, state):
     """The gated delta rule one token at a time. q, k [B,T,H,Dk]; v [B,T,H,Dv]; g, beta
-    [B,T,H]. The state S [B,H,Dk,Dv] starts at zero; the output reads the updated state."""
-    batch, time, heads, key_dim = k.shape
-    state = q.new_zeros(batch, heads, key_dim, v.shape[-1])
+    [B,T,H]; state [B,H,Dk,Dv]. Returns (outputs [B,T,H,Dv], final state); each output reads
+    the updated state."""
     outputs = []
-    for t in range(time):
+    for t in range(k.shape[1]):
         state = state * g[:, t].exp()[..., None, None]
         predicted = torch.einsum("bhk,bhkv->bhv", k[:, t], state)
         delta = beta[:, t, :, None] * (v[:, t] - predicted)
         state = state + k[:, t, :, :, None] * delta[:, :, None, :]
         outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, t], state))
-    return torch.stack(outputs, 1)
+    return torch.stack(outputs, 1), state
 
 
-def delta_rule_chunked(q, k, v, g, beta, chunk=64):
+def delta_rule_chunked(q, k, v, g, beta, state, chunk=64):
     """The same rule in chunked (WY) form, as HF torch_chunk_gated_delta_rule.
 
     Inside a chunk, with G_t the cumulative log decay since the chunk start and S0 the
@@ -323,7 +362,6 @@ def delta_rule_chunked(q, k, v, g, beta, chunk=64):
     solved = torch.linalg.solve_triangular(a + identity, rhs, upper=False, unitriangular=True)
     u, w = solved.split([value_dim, key_dim], -1)
     qk_decayed = (q @ k.transpose(-1, -2)) * decay
-    state = q.new_zeros(batch, heads, key_dim, value_dim)
     outputs = []
     for n in range(q.shape[2]):
         delta = u[:, :, n] - w[:, :, n] @ state
@@ -332,17 +370,22 @@ def delta_rule_chunked(q, k, v, g, beta, chunk=64):
         to_end = (g_n[..., -1:] - g_n).exp()[..., None]
         state = g_n[..., -1, None, None].exp() * state + (k[:, :, n] * to_end).transpose(-1, -2) @ delta
     out = torch.stack(outputs, 2).reshape(batch, heads, -1, value_dim)[:, :, :time]
-    return out.transpose(1, 2)
+    return out.transpose(1, 2), state
 
 
-def gated_deltanet(cfg, w, prefix, x, delta_rule):
+def gated_deltanet(cfg, w, prefix, x, state, delta_rule):
     batch, time, _ = x.shape
     key_heads, value_heads = cfg.linear_key_heads, cfg.linear_value_heads
     key_dim, value_dim = cfg.linear_key_dim, cfg.linear_value_dim
     mixed = x @ w[prefix + "in_proj_qkv.weight"].T  # [q | k | v]
     conv_weight = w[prefix + "conv1d.weight"]  # [channels, 1, kernel]
-    # Causal depthwise conv: the left zero padding is a fresh request's conv state.
-    conv = F.conv1d(F.pad(mixed.transpose(1, 2), (conv_weight.shape[-1] - 1, 0)), conv_weight, groups=mixed.shape[-1])
+    if "conv" not in state:  # a fresh request: zero conv and recurrent state
+        state["conv"] = mixed.new_zeros(batch, conv_weight.shape[-1] - 1, mixed.shape[-1])
+        state["recurrent"] = mixed.new_zeros(batch, value_heads, key_dim, value_dim)
+    # Causal depthwise conv over [previous kernel-1 inputs ; new inputs].
+    conv_input = torch.cat([state["conv"], mixed], 1)
+    state["conv"] = conv_input[:, conv_input.shape[1] - state["conv"].shape[1]:]
+    conv = F.conv1d(conv_input.transpose(1, 2), conv_weight, groups=mixed.shape[-1])
     q, k, v = F.silu(conv).transpose(1, 2).split([key_heads * key_dim, key_heads * key_dim, value_heads * value_dim], -1)
     q = l2_normalize(q.reshape(batch, time, key_heads, key_dim)) / math.sqrt(key_dim)
     k = l2_normalize(k.reshape(batch, time, key_heads, key_dim))
@@ -352,7 +395,8 @@ def gated_deltanet(cfg, w, prefix, x, delta_rule):
     g = -w[prefix + "A_log"].exp() * F.softplus(x @ w[prefix + "in_proj_a.weight"].T + w[prefix + "dt_bias"])
     # Each q/k head serves value_heads/key_heads consecutive value heads.
     group = value_heads // key_heads
-    out = delta_rule(q.repeat_interleave(group, 2), k.repeat_interleave(group, 2), v, g, beta)
+    q, k = q.repeat_interleave(group, 2), k.repeat_interleave(group, 2)
+    out, state["recurrent"] = delta_rule(q, k, v, g, beta, state["recurrent"])
     out = gated_rms_norm(out, z, w[prefix + "norm.weight"], cfg.rms_norm_eps)
     return out.reshape(batch, time, value_heads * value_dim) @ w[prefix + "out_proj.weight"].T
 
@@ -363,25 +407,25 @@ def mlp(w, prefix, x):
     return (F.silu(gate) * up) @ w[prefix + "down_proj.weight"].T
 
 
-def decoder_layer(cfg, w, index, x, delta_rule):
-    prefix = f"layers.{index}."
-    normed = rms_norm(x, w[prefix + "input_layernorm.weight"], cfg.rms_norm_eps)
-    if cfg.layer_types[index] == FULL:
-        x = x + full_attention(cfg, w, prefix + "self_attn.", normed)
-    else:
-        x = x + gated_deltanet(cfg, w, prefix + "linear_attn.", normed, delta_rule)
-    normed = rms_norm(x, w[prefix + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-    return x + mlp(w, prefix + "mlp.", normed)
-
-
-def forward(cfg, w, ids, delta_rule=delta_rule_chunked):
-    """ids [B, T] (a fresh request at position 0) -> (logits [B,T,V], list of each layer's
-    output hidden state [B,T,hidden])."""
+def forward(cfg, w, ids, delta_rule=delta_rule_chunked, cache=None):
+    """Runs ids [B, T] after whatever the cache holds (nothing when cache is None: a fresh
+    request at position 0) and advances the cache. Returns (logits [B,T,V], list of each
+    layer's output hidden state [B,T,hidden])."""
+    cache = cache if cache is not None else Cache()
+    start = cache.length
     x = w["embed_tokens.weight"][ids]
     hidden = []
-    for index in range(len(cfg.layer_types)):
-        x = decoder_layer(cfg, w, index, x, delta_rule)
+    for index, kind in enumerate(cfg.layer_types):
+        prefix = f"layers.{index}."
+        state = cache.layers.setdefault(index, {})
+        normed = rms_norm(x, w[prefix + "input_layernorm.weight"], cfg.rms_norm_eps)
+        if kind == FULL:
+            x = x + full_attention(cfg, w, prefix + "self_attn.", normed, state, start)
+        else:
+            x = x + gated_deltanet(cfg, w, prefix + "linear_attn.", normed, state, delta_rule)
+        x = x + mlp(w, prefix + "mlp.", rms_norm(x, w[prefix + "post_attention_layernorm.weight"], cfg.rms_norm_eps))
         hidden.append(x)
+    cache.length += ids.shape[1]
     logits = rms_norm(x, w["norm.weight"], cfg.rms_norm_eps) @ w["lm_head.weight"].T
     return logits, hidden
 

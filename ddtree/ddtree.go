@@ -1,0 +1,225 @@
+// Package ddtree builds DDTree draft trees from a drafter's per-position
+// distributions, compiles them into verify inputs, walks them with the
+// target's tokens and plans the commit. Everything here is a pure function.
+package ddtree
+
+import (
+	"container/heap"
+	"math"
+	"sort"
+)
+
+// Candidate is a token proposed at some depth with its draft log-probability.
+type Candidate struct {
+	Token   int32
+	Logprob float64
+}
+
+// Tree is a draft tree. Node 0 is the root: the last committed token, whose
+// successors the tree proposes. Parents always precede their children.
+type Tree struct {
+	Tokens  []int32
+	Parents []int32 // Parents[0] = -1
+	Depths  []int32 // Depths[0] = 0
+}
+
+// Len is the number of nodes, root included.
+func (t *Tree) Len() int { return len(t.Tokens) }
+
+// Chain is the linear proposal: root followed by drafts, each the child of the previous.
+func Chain(root int32, drafts []int32) *Tree {
+	t := &Tree{}
+	t.add(root, -1, 0)
+	for i, d := range drafts {
+		t.add(d, int32(i), int32(i+1))
+	}
+	return t
+}
+
+func (t *Tree) add(token, parent, depth int32) int32 {
+	t.Tokens = append(t.Tokens, token)
+	t.Parents = append(t.Parents, parent)
+	t.Depths = append(t.Depths, depth)
+	return int32(len(t.Tokens) - 1)
+}
+
+// TopK turns a row of draft logits into its k most likely tokens with their
+// log-probabilities (log-softmax over the row's first valid entries),
+// descending, ties by lower token id.
+func TopK(logits []float32, valid, k int) []Candidate {
+	row := logits[:valid]
+	m := math.Inf(-1)
+	for _, v := range row {
+		m = math.Max(m, float64(v))
+	}
+	sum := 0.0
+	for _, v := range row {
+		sum += math.Exp(float64(v) - m)
+	}
+	lse := m + math.Log(sum)
+	idx := make([]int, len(row))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return row[idx[a]] > row[idx[b]] })
+	out := make([]Candidate, min(k, len(idx)))
+	for i := range out {
+		out[i] = Candidate{Token: int32(idx[i]), Logprob: float64(row[idx[i]]) - lse}
+	}
+	return out
+}
+
+// Build grows the tree of the budget most likely prefixes, best first, under
+// the factorised surrogate score (the sum of per-depth draft log-probs).
+// levels[d-1] holds depth d's candidates, sorted by descending log-prob.
+// Ties pop the lexicographically smaller rank sequence first. With
+// chainSeed, the top-1 chain is inserted first (so the tree always contains
+// the linear proposal), then the best-first search fills the rest.
+func Build(root int32, levels [][]Candidate, budget int, chainSeed bool) *Tree {
+	t := &Tree{}
+	t.add(root, -1, 0)
+	h := &frontier{}
+	pushSibling := func(e entry) {
+		if s, ok := e.sibling(levels); ok {
+			heap.Push(h, s)
+		}
+	}
+	// insert adds a popped (or seeded) entry as a node and returns it.
+	insert := func(e entry) int32 {
+		return t.add(levels[e.depth-1][e.rank].Token, e.parent, e.depth)
+	}
+	nodes := 0
+	if chainSeed && len(levels) > 0 {
+		parent, score := int32(0), 0.0
+		var ranks []int32
+		for d := int32(1); int(d) <= len(levels) && nodes < budget; d++ {
+			e := entry{score: score + levels[d-1][0].Logprob, ranks: append(append([]int32{}, ranks...), 0), parent: parent, depth: d}
+			node := insert(e)
+			nodes++
+			pushSibling(e)
+			parent, score, ranks = node, e.score, e.ranks
+		}
+	} else if len(levels) > 0 && len(levels[0]) > 0 {
+		heap.Push(h, entry{score: levels[0][0].Logprob, ranks: []int32{0}, parent: 0, depth: 1})
+	}
+	for h.Len() > 0 && nodes < budget {
+		e := heap.Pop(h).(entry)
+		node := insert(e)
+		nodes++
+		pushSibling(e)
+		if int(e.depth) < len(levels) && len(levels[e.depth]) > 0 {
+			heap.Push(h, entry{score: e.score + levels[e.depth][0].Logprob, ranks: append(append([]int32{}, e.ranks...), 0), parent: node, depth: e.depth + 1})
+		}
+	}
+	return t
+}
+
+// entry is a frontier candidate: the rank-th token at depth under parent.
+type entry struct {
+	score  float64
+	ranks  []int32 // candidate rank at each depth along the path
+	parent int32
+	depth  int32
+	rank   int32
+}
+
+// sibling is the next-ranked alternative to e under the same parent, if
+// the depth has one more candidate.
+func (e entry) sibling(levels [][]Candidate) (entry, bool) {
+	lv := levels[e.depth-1]
+	if int(e.rank)+1 >= len(lv) {
+		return entry{}, false
+	}
+	s := e
+	s.rank = e.rank + 1
+	s.score = e.score - lv[e.rank].Logprob + lv[s.rank].Logprob
+	s.ranks = append(append([]int32{}, e.ranks[:len(e.ranks)-1]...), s.rank)
+	return s, true
+}
+
+// frontier is a max-heap by score, then by lexicographically smaller ranks.
+type frontier []entry
+
+func (f frontier) Len() int { return len(f) }
+func (f frontier) Less(i, j int) bool {
+	if f[i].score != f[j].score {
+		return f[i].score > f[j].score
+	}
+	return lexLess(f[i].ranks, f[j].ranks)
+}
+func (f frontier) Swap(i, j int) { f[i], f[j] = f[j], f[i] }
+func (f *frontier) Push(x any)   { *f = append(*f, x.(entry)) }
+func (f *frontier) Pop() any {
+	old := *f
+	e := old[len(old)-1]
+	*f = old[:len(old)-1]
+	return e
+}
+
+// lexLess orders rank sequences as Python orders tuples.
+func lexLess(a, b []int32) bool {
+	for i := 0; i < len(a) && i < len(b); i++ {
+		if a[i] != b[i] {
+			return a[i] < b[i]
+		}
+	}
+	return len(a) < len(b)
+}
+
+// AncestorMask is the Len×Len visibility of the tree: node i sees node j
+// when j is i or one of its ancestors.
+func AncestorMask(parents []int32) []int32 {
+	n := len(parents)
+	mask := make([]int32, n*n)
+	for i := range n {
+		for j := i; j >= 0; j = int(parents[j]) {
+			mask[i*n+j] = 1
+		}
+	}
+	return mask
+}
+
+// Walk follows the target's choices down the tree: from the root, while the
+// token the target picks at the current node is one of its children, move
+// there. It returns the accepted path (root first) and the bonus token, the
+// target's pick at the last node. targetAt is asked only for nodes on the
+// path, so at temperature > 0 each visited node's token can be sampled
+// lazily and every emitted token is still a target sample.
+func (t *Tree) Walk(targetAt func(node int32) int32) (path []int32, bonus int32) {
+	children := make(map[int32]map[int32]int32)
+	for i := 1; i < t.Len(); i++ {
+		p := t.Parents[i]
+		if children[p] == nil {
+			children[p] = map[int32]int32{}
+		}
+		children[p][t.Tokens[i]] = int32(i)
+	}
+	cur := int32(0)
+	path = []int32{0}
+	next := targetAt(0)
+	for {
+		child, ok := children[cur][next]
+		if !ok {
+			return path, next
+		}
+		cur = child
+		path = append(path, cur)
+		next = targetAt(cur)
+	}
+}
+
+// KVMove says that the K/V at offset Src of the verified block moves to Dst.
+type KVMove struct{ Dst, Src int }
+
+// KVMoves is the attention-cache compaction of an accepted path: node path[d]
+// was written at block offset path[d] and belongs at offset d. Offsets where
+// they agree (a chain prefix) need no move.
+func KVMoves(path []int32) []KVMove {
+	var moves []KVMove
+	for d, node := range path {
+		if int(node) != d {
+			moves = append(moves, KVMove{Dst: d, Src: int(node)})
+		}
+	}
+	return moves
+}

@@ -1,0 +1,313 @@
+// Package dflash runs the DFlash block-diffusion drafter: one forward pass
+// proposes a whole block of tokens, conditioned on hidden states the target
+// exposes at a few of its layers.
+package dflash
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"ddflash/engine"
+	"ddflash/engine/safetensors"
+	"ddflash/kernels"
+)
+
+// layerWeights is one draft decoder layer: a Qwen3 layer whose keys and
+// values also come from the fused target features. Norms use Qwen3's plain
+// weight (not the target's 1+w).
+type layerWeights struct {
+	InputNorm, PostNorm kernels.Buffer // [hidden]
+	QProj, KProj, VProj kernels.Buffer // [heads*headDim | kvHeads*headDim, hidden]
+	OProj               kernels.Buffer // [hidden, heads*headDim]
+	QNorm, KNorm        kernels.Buffer // [headDim]
+	Gate, Up, Down      kernels.Buffer
+}
+
+// Drafter is a loaded DFlash drafter bound to its target model, whose token
+// embedding and LM head it shares.
+type Drafter struct {
+	Cfg *Config
+
+	b          kernels.Backend
+	target     *engine.Model
+	fc         kernels.Buffer // [hidden, taps*targetHidden]
+	hiddenNorm kernels.Buffer // [hidden]
+	norm       kernels.Buffer // [hidden]
+	layers     []layerWeights
+	kv         *engine.KVCache // context K/V of committed tokens, per draft layer
+	allVisible kernels.Buffer  // I32 block mask of ones: non-causal layers
+	attn       kernels.AttnShape
+}
+
+// Options sizes the drafter's context cache.
+type Options struct {
+	PageSize int // tokens per page of the draft KV cache; 0 means 16
+	KVTokens int // capacity over all sequences in flight; 0 means the target's context
+}
+
+// LoadDrafter reads a z-lab drafter checkpoint (config.json and safetensors
+// with fc, hidden_norm, norm and layers.N.*) and binds it to the target.
+func LoadDrafter(b kernels.Backend, dir string, target *engine.Model, opts Options) (*Drafter, error) {
+	cfg, err := Load(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.CheckTarget(target.Cfg); err != nil {
+		return nil, fmt.Errorf("drafter %s: %w", dir, err)
+	}
+	if cfg.YaRN != nil {
+		return nil, fmt.Errorf("drafter %s: YaRN rope scaling is not supported yet", dir)
+	}
+	ckpt, err := safetensors.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer ckpt.Close()
+	d := &Drafter{Cfg: cfg, b: b, target: target, layers: make([]layerWeights, cfg.NumLayers)}
+	if err := engine.LoadTensors(b, ckpt, d.tensorSpecs(), ""); err != nil {
+		return nil, fmt.Errorf("drafter %s: %w", dir, err)
+	}
+	if opts.PageSize <= 0 {
+		opts.PageSize = 16
+	}
+	if opts.KVTokens <= 0 {
+		opts.KVTokens = target.Cfg.MaxPositions + cfg.BlockSize
+	}
+	kvDim := cfg.NumKVHeads * cfg.HeadDim
+	if d.kv, err = engine.NewKVCache(b, cfg.NumLayers, kvDim, opts.PageSize, (opts.KVTokens+opts.PageSize-1)/opts.PageSize); err != nil {
+		return nil, err
+	}
+	ones := make([]int32, cfg.BlockSize*cfg.BlockSize)
+	for i := range ones {
+		ones[i] = 1
+	}
+	if d.allVisible, err = b.Alloc(kernels.I32, len(ones)); err != nil {
+		return nil, err
+	}
+	if err := b.UploadI32(d.allVisible, 0, ones); err != nil {
+		return nil, err
+	}
+	d.attn = kernels.AttnShape{
+		NumHeads: cfg.NumHeads, NumKVHeads: cfg.NumKVHeads, HeadDim: cfg.HeadDim,
+		PageSize: opts.PageSize, Scale: float32(1 / math.Sqrt(float64(cfg.HeadDim))),
+	}
+	return d, nil
+}
+
+func (d *Drafter) tensorSpecs() []engine.TensorSpec {
+	c := d.Cfg
+	h, qDim, kvDim := c.HiddenSize, c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
+	taps := len(c.TargetLayerIDs) * d.target.Cfg.HiddenSize
+	specs := []engine.TensorSpec{
+		{Name: "fc.weight", Shape: []int{h, taps}, Dst: &d.fc},
+		{Name: "hidden_norm.weight", Shape: []int{h}, ToF32: true, Dst: &d.hiddenNorm},
+		{Name: "norm.weight", Shape: []int{h}, ToF32: true, Dst: &d.norm},
+	}
+	for i := range d.layers {
+		l := &d.layers[i]
+		p := fmt.Sprintf("layers.%d.", i)
+		for _, s := range []struct {
+			name  string
+			dst   *kernels.Buffer
+			toF32 bool
+			shape []int
+		}{
+			{"input_layernorm.weight", &l.InputNorm, true, []int{h}},
+			{"post_attention_layernorm.weight", &l.PostNorm, true, []int{h}},
+			{"self_attn.q_proj.weight", &l.QProj, false, []int{qDim, h}},
+			{"self_attn.k_proj.weight", &l.KProj, false, []int{kvDim, h}},
+			{"self_attn.v_proj.weight", &l.VProj, false, []int{kvDim, h}},
+			{"self_attn.o_proj.weight", &l.OProj, false, []int{h, qDim}},
+			{"self_attn.q_norm.weight", &l.QNorm, true, []int{c.HeadDim}},
+			{"self_attn.k_norm.weight", &l.KNorm, true, []int{c.HeadDim}},
+			{"mlp.gate_proj.weight", &l.Gate, false, []int{c.IntermediateSize, h}},
+			{"mlp.up_proj.weight", &l.Up, false, []int{c.IntermediateSize, h}},
+			{"mlp.down_proj.weight", &l.Down, false, []int{h, c.IntermediateSize}},
+		} {
+			specs = append(specs, engine.TensorSpec{Name: p + s.name, Shape: s.shape, ToF32: s.toF32, Dst: s.dst})
+		}
+	}
+	return specs
+}
+
+// TapLayers lists the target layers whose outputs the drafter reads.
+func (d *Drafter) TapLayers() []int { return d.Cfg.TargetLayerIDs }
+
+// BlockSize is the query block: the anchor and BlockSize-1 proposals.
+func (d *Drafter) BlockSize() int { return d.Cfg.BlockSize }
+
+// Session is one sequence's drafter state: the context K/V of its committed
+// tokens. Only committed tokens ever enter it.
+type Session struct {
+	d      *Drafter
+	kv     engine.SeqKV
+	cached int // committed tokens whose context K/V are in the cache
+}
+
+// NewSession starts an empty context.
+func (d *Drafter) NewSession() (engine.DraftSession, error) { return &Session{d: d}, nil }
+
+// Close returns the session's cache pages.
+func (s *Session) Close() { s.d.kv.Truncate(&s.kv, 0) }
+
+// Draft appends the fused features of newly committed tokens (rows of
+// len(TapLayers)·targetHidden values, in tap order) to the context, runs the
+// block [anchor, mask, …, mask] at positions start..start+BlockSize-1 (start
+// = committed tokens, the anchor's position) and returns the logits of the
+// BlockSize-1 proposal positions, row-major over the target vocabulary.
+func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
+	d, b, c := s.d, s.d.b, s.d.Cfg
+	tc := d.target.Cfg
+	width := len(c.TargetLayerIDs) * tc.HiddenSize
+	if len(features)%width != 0 {
+		return nil, fmt.Errorf("dflash: %d feature values is not a whole number of %d-wide rows", len(features), width)
+	}
+	ctxRows, Q, H := len(features)/width, c.BlockSize, c.HiddenSize
+	start := s.cached + ctxRows
+	if err := d.kv.Reserve(&s.kv, start+Q); err != nil {
+		return nil, err
+	}
+	a := arena{b: b}
+	defer a.free()
+	qDim, kvDim := c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
+	ids := make([]int32, Q)
+	ids[0] = anchor
+	for i := 1; i < Q; i++ {
+		ids[i] = int32(c.MaskTokenID)
+	}
+	ctxPos, blockPos := positions(s.cached, ctxRows), positions(start, Q)
+	ctxSlots, blockSlots := slotsOf(&s.kv, d.kv.PageSize(), ctxPos), slotsOf(&s.kv, d.kv.PageSize(), blockPos)
+	idsBuf, pagesBuf := a.i32(ids), a.i32(s.kv.Pages)
+	blockPosBuf, blockSlotsBuf := a.i32(blockPos), a.i32(blockSlots)
+	x, u := a.f32(Q*H), a.f32(Q*H)
+	q, attn := a.f32(Q*qDim), a.f32(Q*qDim)
+	k, v := a.f32(max(Q, ctxRows)*kvDim), a.f32(max(Q, ctxRows)*kvDim)
+	act, up := a.f32(Q*c.IntermediateSize), a.f32(Q*c.IntermediateSize)
+	var ctx, ctxPosBuf, ctxSlotsBuf, feat kernels.Buffer
+	if ctxRows > 0 {
+		ctx, feat = a.f32(ctxRows*H), a.f32(len(features))
+		ctxPosBuf, ctxSlotsBuf = a.i32(ctxPos), a.i32(ctxSlots)
+	}
+	if a.err != nil {
+		return nil, a.err
+	}
+	eps := float32(c.RMSNormEps)
+	if ctxRows > 0 {
+		if err := b.UploadF32(feat, 0, features); err != nil {
+			return nil, err
+		}
+		b.MatMul(ctx, feat, d.fc, ctxRows, H, width)
+		b.RMSNorm(ctx, ctx, d.hiddenNorm, ctxRows, H, eps, false)
+	}
+	b.Embedding(x, d.target.W.Embed, idsBuf, Q, H)
+	for i, lw := range d.layers {
+		kc, vc := d.kv.Layer(i)
+		if ctxRows > 0 {
+			d.keysValues(&lw, k, v, ctx, ctxPosBuf, ctxRows)
+			b.WriteKV(kc, vc, k, v, ctxSlotsBuf, ctxRows, kvDim)
+		}
+		b.RMSNorm(u, x, lw.InputNorm, Q, H, eps, false)
+		d.keysValues(&lw, k, v, u, blockPosBuf, Q)
+		b.WriteKV(kc, vc, k, v, blockSlotsBuf, Q, kvDim)
+		b.MatMul(q, u, lw.QProj, Q, qDim, H)
+		b.RMSNorm(q, q, lw.QNorm, Q*c.NumHeads, c.HeadDim, eps, false)
+		b.RoPE(q, blockPosBuf, Q, c.NumHeads, c.HeadDim, c.HeadDim, c.RopeTheta)
+		seq := kernels.AttnSeq{QueryLen: Q, Prefix: start, Pages: pagesBuf}
+		if !c.LayerCausal(i) {
+			seq.Mask = d.allVisible
+		}
+		if c.Layers[i] == SlidingAttention {
+			seq.Window = c.SlidingWindow
+		}
+		b.Attention(attn, q, kc, vc, d.attn, []kernels.AttnSeq{seq})
+		b.MatMul(u, attn, lw.OProj, Q, H, qDim)
+		b.Add(x, x, u, Q*H)
+		b.RMSNorm(u, x, lw.PostNorm, Q, H, eps, false)
+		b.MatMul(up, u, lw.Up, Q, c.IntermediateSize, H)
+		b.MatMul(act, u, lw.Gate, Q, c.IntermediateSize, H)
+		b.SwiGLU(act, act, up, Q*c.IntermediateSize)
+		b.MatMul(u, act, lw.Down, Q, H, c.IntermediateSize)
+		b.Add(x, x, u, Q*H)
+	}
+	// Only committed tokens stay in the context: the block's K/V above start
+	// are overwritten by the next round's context rows.
+	s.cached = start
+	proposals := b.Slice(x, H, (Q-1)*H)
+	b.RMSNorm(proposals, proposals, d.norm, Q-1, H, eps, false)
+	logits := a.f32((Q - 1) * tc.VocabSize)
+	if a.err != nil {
+		return nil, a.err
+	}
+	b.MatMul(logits, proposals, d.target.W.LMHead, Q-1, tc.VocabSize, H)
+	out := make([]float32, (Q-1)*tc.VocabSize)
+	if err := b.DownloadF32(logits, 0, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// keysValues projects rows of src to normed, rotated keys and to values.
+func (d *Drafter) keysValues(lw *layerWeights, k, v, src, pos kernels.Buffer, rows int) {
+	b, c := d.b, d.Cfg
+	kvDim := c.NumKVHeads * c.HeadDim
+	b.MatMul(k, src, lw.KProj, rows, kvDim, c.HiddenSize)
+	b.MatMul(v, src, lw.VProj, rows, kvDim, c.HiddenSize)
+	b.RMSNorm(k, k, lw.KNorm, rows*c.NumKVHeads, c.HeadDim, float32(c.RMSNormEps), false)
+	b.RoPE(k, pos, rows, c.NumKVHeads, c.HeadDim, c.HeadDim, c.RopeTheta)
+}
+
+func positions(start, n int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32(start + i)
+	}
+	return p
+}
+
+func slotsOf(kv *engine.SeqKV, pageSize int, pos []int32) []int32 {
+	s := make([]int32, len(pos))
+	for i, p := range pos {
+		s[i] = kv.Slot(pageSize, int(p))
+	}
+	return s
+}
+
+// arena allocates a call's buffers and frees them together; the first
+// allocation error sticks.
+type arena struct {
+	b    kernels.Backend
+	bufs []kernels.Buffer
+	err  error
+}
+
+func (a *arena) alloc(dt kernels.DType, n int) kernels.Buffer {
+	if a.err != nil {
+		return nil
+	}
+	buf, err := a.b.Alloc(dt, max(n, 1))
+	if err != nil {
+		a.err = fmt.Errorf("dflash: %w", err)
+		return nil
+	}
+	a.bufs = append(a.bufs, buf)
+	return buf
+}
+
+func (a *arena) f32(n int) kernels.Buffer { return a.alloc(kernels.F32, n) }
+
+func (a *arena) i32(v []int32) kernels.Buffer {
+	buf := a.alloc(kernels.I32, len(v))
+	if buf != nil {
+		if err := a.b.UploadI32(buf, 0, v); err != nil {
+			a.err = errors.Join(a.err, err)
+		}
+	}
+	return buf
+}
+
+func (a *arena) free() {
+	for _, buf := range a.bufs {
+		a.b.Free(buf)
+	}
+}

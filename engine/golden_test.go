@@ -1,0 +1,99 @@
+package engine
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"testing"
+
+	"ddflash/kernels/cpu"
+)
+
+// golden is engine/testdata/golden-tiny/golden.json, written by
+// tools/reference/make_golden.py from an independent float64 PyTorch forward.
+type golden struct {
+	Sequences []struct {
+		IDs    []int32       `json:"ids"`
+		Logits [][]float64   `json:"logits"` // [position][vocab]
+		Hidden [][][]float64 `json:"hidden"` // [layer][position][hidden]
+	} `json:"sequences"`
+}
+
+// TestGoldenLogits runs the committed BF16 tiny checkpoint and compares every
+// position's logits and every layer's output with the float64 reference.
+// The engine keeps activations in F32 and widens BF16 weights exactly, so
+// the only difference is F32 rounding: bound 1e-4 relative to the values' scale.
+func TestGoldenLogits(t *testing.T) {
+	const dir = "testdata/golden-tiny"
+	data, err := os.ReadFile(dir + "/golden.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g golden
+	if err := json.Unmarshal(data, &g); err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Sequences) == 0 {
+		t.Fatal("golden.json has no sequences")
+	}
+	e, err := Load(cpu.New(2), dir, Options{PageSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers := make([]int, e.Model.Cfg.NumLayers)
+	for i := range layers {
+		layers[i] = i
+	}
+	for si, seq := range g.Sequences {
+		s, err := e.newSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Model.KV.Reserve(&s.kv, len(seq.IDs)); err != nil {
+			t.Fatal(err)
+		}
+		out, err := e.Model.Forward([]SeqInput{{Tokens: seq.IDs, KV: &s.kv, Slot: s.slot, Logits: AllRows}}, layers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		V, H := e.Model.Cfg.VocabSize, e.Model.Cfg.HiddenSize
+		var flatLogits []float64
+		for _, row := range seq.Logits {
+			flatLogits = append(flatLogits, row...)
+		}
+		if d, scale := relDiff(out[0].Logits, flatLogits); d > 1e-4*scale {
+			t.Errorf("sequence %d: logits differ by %g (scale %g)", si, d, scale)
+		} else {
+			t.Logf("sequence %d (%d tokens): max logit difference %.2e at scale %.2f", si, len(seq.IDs), d, scale)
+		}
+		if len(out[0].Logits) != len(seq.IDs)*V {
+			t.Fatalf("sequence %d: %d logits, want %d", si, len(out[0].Logits), len(seq.IDs)*V)
+		}
+		for l, hid := range seq.Hidden {
+			var flat []float64
+			for _, row := range hid {
+				flat = append(flat, row...)
+			}
+			if len(flat) != len(seq.IDs)*H {
+				t.Fatalf("golden hidden layer %d has %d values", l, len(flat))
+			}
+			if d, scale := relDiff(out[0].Hidden[l], flat); d > 1e-4*scale {
+				t.Errorf("sequence %d layer %d: hidden states differ by %g (scale %g)", si, l, d, scale)
+			}
+		}
+		e.release(s)
+	}
+}
+
+// relDiff returns the largest absolute difference and max(1, largest |want|).
+func relDiff(got []float32, want []float64) (float64, float64) {
+	if len(got) != len(want) {
+		return math.Inf(1), 1
+	}
+	d, scale := 0.0, 1.0
+	for i, w := range want {
+		d = math.Max(d, math.Abs(float64(got[i])-w))
+		scale = math.Max(scale, math.Abs(w))
+	}
+	return d, scale
+}

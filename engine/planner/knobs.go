@@ -1,0 +1,205 @@
+package planner
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Mode is whose memory rules the plan follows.
+type Mode int
+
+const (
+	// ModeDDFlash is ddflash's own allocation.
+	ModeDDFlash Mode = iota
+	// ModeSGLang reproduces how SGLang sizes its pools (cache-sizing.md).
+	ModeSGLang
+)
+
+// Spec is the decoding mode.
+type Spec int
+
+const (
+	// SpecAutoregressive decodes one token per step, without a drafter ("auto").
+	SpecAutoregressive Spec = iota
+	// SpecLinear verifies one DFlash block (a chain) per step.
+	SpecLinear
+	// SpecDDTree verifies a DDTree of Budget nodes plus the root per step.
+	SpecDDTree
+)
+
+// Rollback is how a GDN state returns to the last accepted token after verify.
+type Rollback int
+
+const (
+	// RollbackReplay saves the recurrence inputs per draft token and replays
+	// the accepted ones (ddflash).
+	RollbackReplay Rollback = iota
+	// RollbackSnapshot keeps a full state copy per draft token (SGLang).
+	RollbackSnapshot
+)
+
+// DType is an element type of a cache.
+type DType struct {
+	Name  string
+	Bytes int
+}
+
+// The dtypes caches can use.
+var (
+	FP32 = DType{"fp32", 4}
+	BF16 = DType{"bf16", 2}
+	FP16 = DType{"fp16", 2}
+	FP8  = DType{"fp8", 1}
+)
+
+var dtypeAliases = map[string]DType{
+	"fp32": FP32, "float32": FP32, "f32": FP32,
+	"bf16": BF16, "bfloat16": BF16,
+	"fp16": FP16, "float16": FP16, "f16": FP16, "half": FP16,
+	"fp8": FP8, "fp8_e4m3": FP8, "fp8_e5m2": FP8,
+}
+
+// ParseDType reads a dtype name; fp8 is allowed only where allowFP8 is set
+// (the KV cache, not the recurrent state).
+func ParseDType(s string, allowFP8 bool) (DType, error) {
+	d, ok := dtypeAliases[strings.ToLower(s)]
+	if !ok || (d == FP8 && !allowFP8) {
+		want := "fp32, bf16 or fp16"
+		if allowFP8 {
+			want = "bf16, fp16, fp8 or fp32"
+		}
+		return DType{}, fmt.Errorf("dtype %q: want %s", s, want)
+	}
+	return d, nil
+}
+
+var (
+	modeNames     = []string{ModeDDFlash: "ddflash", ModeSGLang: "sglang"}
+	specNames     = []string{SpecAutoregressive: "auto", SpecLinear: "linear", SpecDDTree: "ddtree"}
+	rollbackNames = []string{RollbackReplay: "replay", RollbackSnapshot: "snapshot"}
+)
+
+func (m Mode) String() string     { return modeNames[m] }
+func (s Spec) String() string     { return specNames[s] }
+func (r Rollback) String() string { return rollbackNames[r] }
+
+func parseName(kind, s string, names []string) (int, error) {
+	for i, n := range names {
+		if strings.EqualFold(s, n) {
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("%s %q: want one of %s", kind, s, strings.Join(names, ", "))
+}
+
+// ParseMode reads "ddflash" or "sglang".
+func ParseMode(s string) (Mode, error) {
+	i, err := parseName("compat mode", s, modeNames)
+	return Mode(i), err
+}
+
+// ParseSpec reads "auto" (autoregressive), "linear" or "ddtree".
+func ParseSpec(s string) (Spec, error) {
+	i, err := parseName("spec mode", s, specNames)
+	return Spec(i), err
+}
+
+// ParseRollback reads "replay" or "snapshot".
+func ParseRollback(s string) (Rollback, error) {
+	i, err := parseName("rollback", s, rollbackNames)
+	return Rollback(i), err
+}
+
+// Knobs are the planner's inputs besides the model configs. Zero values take
+// the defaults named on each field.
+type Knobs struct {
+	Mode Mode
+
+	GPUTotal int64 // bytes
+	GPUFree  int64 // bytes free before loading; 0: all but the CUDA context
+
+	// MemFraction is, in ddflash mode, the share of GPU memory for weights and
+	// caches (default 0.90, the rest is the runtime reserve); in SGLang mode
+	// it is --mem-fraction-static (default: SGLang's automatic rule).
+	MemFraction float64
+	Reserve     int64 // ddflash mode: runtime reserve in bytes; overrides MemFraction
+
+	KVDtype   DType // default: the checkpoint dtype (bf16)
+	SSMDtype  DType // default: the config's mamba_ssm_dtype (fp32)
+	ConvDtype DType // default: bf16
+
+	MaxRunningRequests int // required
+	Spec               Spec
+	Budget             int // DDTree nodes per step; default block_size-1
+	TP                 int // tensor-parallel degree; default 1
+	Context            int // tokens per request (prompt + output); default 4096
+	Rollback           Rollback // ddflash mode; SGLang always snapshots
+	PrefixSlots        int // ddflash mode: extra state slots kept for prefix caching
+
+	// SGLang mode only.
+	MaxMambaCacheSize    int     // --max-mamba-cache-size; 0: SGLang's ratio rule
+	MambaFullMemoryRatio float64 // --mamba-full-memory-ratio; default 0.9
+	DisableRadixCache    bool    // --disable-radix-cache
+}
+
+// Defaults for zero knobs.
+const (
+	DefaultContext        = 4096
+	DefaultMemFraction    = 0.90
+	defaultMambaFullRatio = 0.9
+)
+
+// ReportedMambaCacheSize is the --max-mamba-cache-size of the reported
+// deployment (cache-sizing.md §6.3): no SGLang rule gives 24 slots there, so
+// it was set by hand. `ddflash plan --compat sglang` starts from it.
+const ReportedMambaCacheSize = 24
+
+// withDefaults fills zero knobs and rejects impossible ones.
+func (k Knobs) withDefaults(t *Target) (Knobs, error) {
+	if k.TP == 0 {
+		k.TP = 1
+	}
+	if k.Context == 0 {
+		k.Context = DefaultContext
+	}
+	if k.KVDtype == (DType{}) {
+		k.KVDtype = BF16
+		if dtypeBytes(t.Config.Dtype) == 4 {
+			k.KVDtype = FP32
+		}
+	}
+	if k.SSMDtype == (DType{}) {
+		k.SSMDtype = BF16
+		if t.Config.SSMStateFP32 {
+			k.SSMDtype = FP32
+		}
+	}
+	if k.ConvDtype == (DType{}) {
+		k.ConvDtype = BF16
+	}
+	if k.MambaFullMemoryRatio == 0 {
+		k.MambaFullMemoryRatio = defaultMambaFullRatio
+	}
+	checks := []struct {
+		bad bool
+		msg string
+	}{
+		{k.GPUTotal <= 0, "GPU memory is unknown: pass --gpu NAME or --gpu-mem SIZE"},
+		{k.GPUFree < 0 || k.GPUFree > k.GPUTotal, fmt.Sprintf("free GPU memory %s is outside [0, total %s]", FormatBytes(k.GPUFree), FormatBytes(k.GPUTotal))},
+		{k.MaxRunningRequests < 1, "--max-running-requests must be at least 1"},
+		{k.TP < 1, "--tp must be at least 1"},
+		{k.Context < 1, "--context must be at least 1 token"},
+		{k.Budget < 0, "--budget must not be negative"},
+		{k.PrefixSlots < 0, "prefix-cache slots must not be negative"},
+		{k.Reserve < 0 || k.Reserve >= k.GPUTotal, "--reserve must be between 0 and the GPU's memory"},
+		{k.MemFraction < 0 || k.MemFraction > 1, fmt.Sprintf("memory fraction %g is outside (0, 1]", k.MemFraction)},
+		{k.MaxMambaCacheSize < 0, "--max-mamba-cache-size must not be negative"},
+		{k.MambaFullMemoryRatio <= 0, "--mamba-full-memory-ratio must be positive"},
+	}
+	for _, c := range checks {
+		if c.bad {
+			return k, fmt.Errorf("%s", c.msg)
+		}
+	}
+	return k, nil
+}

@@ -1,0 +1,70 @@
+package cpu
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"ddflash/kernels"
+)
+
+// BenchmarkMatMul measures decode (m=1) and 16-token verify (m=16) shapes
+// and reports GFLOP/s (2·m·n·k per op).
+func BenchmarkMatMul(b *testing.B) {
+	be := New(0)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		for _, kn := range [][2]int{{1024, 1024}, {1024, 4096}} {
+			k, n := kn[0], kn[1]
+			w := benchWeights(b, be, dt, n*k, rng)
+			for _, m := range []int{1, 16} {
+				b.Run(fmt.Sprintf("%v/m=%d/k=%d/n=%d", dt, m, k, n), func(b *testing.B) {
+					x, _ := be.Alloc(kernels.F32, m*k)
+					out, _ := be.Alloc(kernels.F32, m*n)
+					xs := make([]float32, m*k)
+					for i := range xs {
+						xs[i] = float32(rng.NormFloat64())
+					}
+					if err := be.UploadF32(x, 0, xs); err != nil {
+						b.Fatal(err)
+					}
+					for b.Loop() {
+						be.MatMul(out, x, w, m, n, k)
+					}
+					b.ReportMetric(2*float64(m*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+				})
+			}
+		}
+	}
+}
+
+// benchWeights returns n random weights of dt (bf16 by truncating float32 bits).
+func benchWeights(b *testing.B, be kernels.Backend, dt kernels.DType, n int, rng *rand.Rand) kernels.Buffer {
+	w, err := be.Alloc(dt, n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	raw := make([]byte, n*dt.Size())
+	for i := range raw {
+		raw[i] = byte(rng.IntN(256))
+	}
+	if dt == kernels.BF16 { // keep exponents moderate: clear the top exponent bits
+		for i := 1; i < len(raw); i += 2 {
+			raw[i] = raw[i]&0x80 | 0x3c | raw[i]&0x01
+		}
+	}
+	if dt == kernels.F32 {
+		fs := make([]float32, n)
+		for i := range fs {
+			fs[i] = float32(rng.NormFloat64())
+		}
+		if err := be.UploadF32(w, 0, fs); err != nil {
+			b.Fatal(err)
+		}
+		return w
+	}
+	if err := be.Upload(w, 0, raw); err != nil {
+		b.Fatal(err)
+	}
+	return w
+}

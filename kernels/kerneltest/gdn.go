@@ -1,0 +1,148 @@
+package kerneltest
+
+import (
+	"math"
+
+	"ddflash/kernels"
+)
+
+// convInputs returns the K inputs (oldest first) of node t's window for
+// channel c: the committed state rows followed by the node's root-to-node path.
+func convInputs(state, x []float32, path []int, channels, K, c int) []float64 {
+	var seq []float64
+	for r := range K - 1 {
+		seq = append(seq, float64(state[r*channels+c]))
+	}
+	for _, p := range path {
+		seq = append(seq, float64(x[p*channels+c]))
+	}
+	return seq[len(seq)-K:]
+}
+
+// pathTo lists node's root-to-node path; parents nil means a chain.
+func pathTo(parents []int32, node int) []int {
+	var rev []int
+	for t := node; t >= 0; {
+		rev = append(rev, t)
+		if parents == nil {
+			t--
+		} else {
+			t = int(parents[t])
+		}
+	}
+	path := make([]int, len(rev))
+	for i, t := range rev {
+		path[len(rev)-1-i] = t
+	}
+	return path
+}
+
+// refConv computes the conv+SiLU output of every row, and the scale Σ|w·x|.
+func refConv(state, x []float32, w []float64, parents []int32, T, channels, K int) (out, scale []float64) {
+	out, scale = make([]float64, T*channels), make([]float64, T*channels)
+	for t := range T {
+		path := pathTo(parents, t)
+		for c := range channels {
+			var sum float64
+			for j, in := range convInputs(state, x, path, channels, K, c) {
+				sum += w[c*K+j] * in
+				scale[t*channels+c] += math.Abs(w[c*K+j] * in)
+			}
+			out[t*channels+c] = silu64(sum)
+		}
+	}
+	return out, scale
+}
+
+// testCausalConv runs the conv as a chain, as a tree whose parents form the
+// same chain (which must give identical results), and as a random tree, with
+// F32 and BF16 kernels. Bound: (K+8)·u·Σ|w·x|.
+func testCausalConv(h *harness) {
+	const channels = 13
+	for _, K := range []int{4, 2} {
+		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+			for _, T := range []int{1, 7} {
+				x, state := h.normal(T*channels, 1), h.normal((K-1)*channels, 1)
+				w, wv := h.weights(dt, h.normal(channels*K, 0.5))
+				xb, sb := h.f32(x), h.f32(state)
+				run := func(parents []int32) []float32 {
+					out := h.alloc(kernels.F32, T*channels)
+					var pb kernels.Buffer
+					if parents != nil {
+						pb = h.i32(parents)
+					}
+					h.be.CausalConv(out, xb, sb, w, pb, T, channels, K)
+					return h.read(out, T*channels)
+				}
+				tol := tolerance{1e-30, float64(K+8) * f32Unit}
+				name := describe("CausalConv K=%d w %v T=%d", K, dt, T)
+				chain := run(nil)
+				want, scale := refConv(state, x, wv, nil, T, channels, K)
+				h.expectClose(name+" chain", chain, want, scale, tol)
+
+				chainParents := make([]int32, T)
+				for t := range chainParents {
+					chainParents[t] = int32(t - 1)
+				}
+				h.expectEqual(name+" tree shaped as the chain", run(chainParents), chain)
+
+				tree := h.randomTree(T)
+				want, scale = refConv(state, x, wv, tree, T, channels, K)
+				h.expectClose(name+" random tree", run(tree), want, scale, tol)
+				h.expectEqual(name+" state untouched", h.read(sb, len(state)), state)
+			}
+		}
+	}
+}
+
+// testConvCommit commits every node of a chain (shorter and longer than
+// K-1) and of a random tree: the new state is the last K-1 inputs of the
+// node's path after the old state; pure copies, so exact.
+func testConvCommit(h *harness) {
+	const channels, K = 6, 4
+	for _, tree := range []bool{false, true} {
+		const T = 7
+		x, state := h.normal(T*channels, 1), h.normal((K-1)*channels, 1)
+		var parents []int32
+		var pb kernels.Buffer
+		if tree {
+			parents = h.randomTree(T)
+			pb = h.i32(parents)
+		}
+		xb := h.f32(x)
+		for node := range T {
+			sb := h.f32(state)
+			h.be.ConvCommit(sb, xb, pb, node, channels, K)
+			want := make([]float32, (K-1)*channels)
+			path := pathTo(parents, node)
+			for c := range channels {
+				// The window of a virtual next row minus that row: the last K-1 inputs.
+				inputs := convInputs(state, x, path, channels, K, c)[1:]
+				for r, v := range inputs {
+					want[r*channels+c] = float32(v)
+				}
+			}
+			h.expectEqual(describe("ConvCommit tree=%v node %d", tree, node), h.read(sb, len(want)), want)
+		}
+	}
+}
+
+// testGDNGates includes a+dtBias beyond softplus's threshold of 20 (where
+// exp overflows in float32) and far below zero. Bound: 8u relative.
+func testGDNGates(h *harness) {
+	const T, heads = 3, 5
+	a, b := h.normal(T*heads, 3), h.normal(T*heads, 3)
+	a[0], a[1], a[2], a[3] = 19.5, 25, 150, -90
+	aLog, dtBias := h.normal(heads, 1), h.normal(heads, 0.5)
+	ab, bb := h.f32(a), h.f32(b)
+	h.be.GDNGates(ab, bb, h.f32(aLog), h.f32(dtBias), T, heads)
+	wantG, wantB := make([]float64, T*heads), make([]float64, T*heads)
+	for i := range wantG {
+		hd := i % heads
+		wantG[i] = -math.Exp(float64(aLog[hd])) * softplus64(float64(a[i])+float64(dtBias[hd]))
+		wantB[i] = sigmoid64(float64(b[i]))
+	}
+	tol := tolerance{1e-30, 8 * f32Unit}
+	h.expectClose("GDNGates g", h.read(ab, T*heads), wantG, nil, tol)
+	h.expectClose("GDNGates beta", h.read(bb, T*heads), wantB, nil, tol)
+}
