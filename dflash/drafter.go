@@ -49,7 +49,7 @@ type Options struct {
 // LoadDrafter reads a z-lab drafter checkpoint (config.json and safetensors
 // with fc, hidden_norm, norm and layers.N.*) and binds it to the target.
 func LoadDrafter(b kernels.Backend, dir string, target *engine.Model, opts Options) (*Drafter, error) {
-	cfg, err := Load(dir)
+	cfg, err := LoadConfig(dir)
 	if err != nil {
 		return nil, err
 	}

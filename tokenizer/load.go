@@ -326,16 +326,32 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 	return pairs, nil
 }
 
+// addTokens registers added_tokens. HF does not read their ids from the
+// file: a token takes its vocabulary id when the model has it, otherwise the
+// next id after the largest added one (at least the vocabulary's size), in
+// file order. A file whose ids disagree would encode differently in HF from
+// what it says, so it is rejected.
 func (t *Tokenizer) addTokens(added []addedToken) error {
+	modelSize := int32(len(t.vocab))
+	largest := int32(-1)
 	var raw, normalized []addedPattern
 	for i := range added {
 		tok := &added[i]
-		if tok.ID < 0 || tok.ID >= maxTokenID {
-			return fmt.Errorf("%q has id %d, outside 0..%d", tok.Content, tok.ID, maxTokenID-1)
-		}
 		if tok.Content == "" {
 			return fmt.Errorf("token %d has empty content", tok.ID)
 		}
+		want, ok := t.vocab[tok.Content]
+		switch {
+		case ok:
+		case largest < 0 || largest < modelSize:
+			want = modelSize
+		default:
+			want = largest + 1
+		}
+		if tok.ID != want {
+			return fmt.Errorf("%q has id %d but Hugging Face gives it id %d (the next free id in file order)", tok.Content, tok.ID, want)
+		}
+		largest = max(largest, want)
 		if int(tok.ID) >= len(t.tokens) {
 			t.tokens = append(t.tokens, make([]string, int(tok.ID)+1-len(t.tokens))...)
 		}

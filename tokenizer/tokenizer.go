@@ -97,7 +97,7 @@ func (t *Tokenizer) normalize(s string) string {
 		return s // every normalization form leaves ASCII unchanged
 	}
 	for _, f := range t.normalizers {
-		s = f.String(s)
+		s = normalizeText(f, s)
 	}
 	return s
 }

@@ -23,6 +23,7 @@ func runTestModel(args []string) error {
 	seed := fs.Uint64("seed", 1, "random seed; the same seed gives identical files")
 	dtype := fs.String("dtype", "f32", "weight dtype: f32|bf16")
 	shards := fs.Int("shards", 1, "number of safetensors files (more than 1 adds model.safetensors.index.json)")
+	draftOut := fs.String("draft-out", "", "also write a matching random DFlash drafter (z-lab layout) into this directory")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -44,5 +45,12 @@ func runTestModel(args []string) error {
 		return err
 	}
 	fmt.Printf("wrote %s test model (seed %d, %s, %d shard(s)) to %s\n", p.Name, *seed, *dtype, *shards, *out)
+	if *draftOut == "" {
+		return nil
+	}
+	if err := testmodel.WriteDrafter(*draftOut, testmodel.DraftOptions{Target: p, Seed: *seed, DType: *dtype}); err != nil {
+		return err
+	}
+	fmt.Printf("wrote a matching DFlash drafter to %s\n", *draftOut)
 	return nil
 }

@@ -83,6 +83,12 @@ func (m Mode) String() string     { return modeNames[m] }
 func (s Spec) String() string     { return specNames[s] }
 func (r Rollback) String() string { return rollbackNames[r] }
 
+// The enums and dtypes appear by name in JSON.
+func (m Mode) MarshalText() ([]byte, error)     { return []byte(m.String()), nil }
+func (s Spec) MarshalText() ([]byte, error)     { return []byte(s.String()), nil }
+func (r Rollback) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+func (d DType) MarshalText() ([]byte, error)    { return []byte(d.Name), nil }
+
 func parseName(kind, s string, names []string) (int, error) {
 	for i, n := range names {
 		if strings.EqualFold(s, n) {
@@ -113,33 +119,33 @@ func ParseRollback(s string) (Rollback, error) {
 // Knobs are the planner's inputs besides the model configs. Zero values take
 // the defaults named on each field.
 type Knobs struct {
-	Mode Mode
+	Mode Mode `json:"mode"`
 
-	GPUTotal int64 // bytes
-	GPUFree  int64 // bytes free before loading; 0: all but the CUDA context
+	GPUTotal int64 `json:"gpu_total"` // bytes
+	GPUFree  int64 `json:"gpu_free"`  // bytes free before loading; 0: all but the CUDA context
 
 	// MemFraction is, in ddflash mode, the share of GPU memory for weights and
 	// caches (default 0.90, the rest is the runtime reserve); in SGLang mode
 	// it is --mem-fraction-static (default: SGLang's automatic rule).
-	MemFraction float64
-	Reserve     int64 // ddflash mode: runtime reserve in bytes; overrides MemFraction
+	MemFraction float64 `json:"mem_fraction"`
+	Reserve     int64   `json:"reserve"` // ddflash mode: runtime reserve in bytes; overrides MemFraction
 
-	KVDtype   DType // default: the checkpoint dtype (bf16)
-	SSMDtype  DType // default: the config's mamba_ssm_dtype (fp32)
-	ConvDtype DType // default: bf16
+	KVDtype   DType `json:"kv_dtype"`   // default: the checkpoint dtype (bf16)
+	SSMDtype  DType `json:"ssm_dtype"`  // default: the config's mamba_ssm_dtype (fp32)
+	ConvDtype DType `json:"conv_dtype"` // default: bf16
 
-	MaxRunningRequests int // required
-	Spec               Spec
-	Budget             int // DDTree nodes per step; default block_size-1
-	TP                 int // tensor-parallel degree; default 1
-	Context            int // tokens per request (prompt + output); default 4096
-	Rollback           Rollback // ddflash mode; SGLang always snapshots
-	PrefixSlots        int // ddflash mode: extra state slots kept for prefix caching
+	MaxRunningRequests int      `json:"max_running_requests"` // required
+	Spec               Spec     `json:"spec"`
+	Budget             int      `json:"budget"`       // DDTree nodes per step; default block_size-1
+	TP                 int      `json:"tp"`           // tensor-parallel degree; default 1
+	Context            int      `json:"context"`      // tokens per request (prompt + output); default 4096
+	Rollback           Rollback `json:"rollback"`     // ddflash mode; SGLang always snapshots
+	PrefixSlots        int      `json:"prefix_slots"` // ddflash mode: extra state slots kept for prefix caching
 
 	// SGLang mode only.
-	MaxMambaCacheSize    int     // --max-mamba-cache-size; 0: SGLang's ratio rule
-	MambaFullMemoryRatio float64 // --mamba-full-memory-ratio; default 0.9
-	DisableRadixCache    bool    // --disable-radix-cache
+	MaxMambaCacheSize    int     `json:"max_mamba_cache_size,omitempty"`    // 0: SGLang's ratio rule
+	MambaFullMemoryRatio float64 `json:"mamba_full_memory_ratio,omitempty"` // default 0.9
+	DisableRadixCache    bool    `json:"disable_radix_cache,omitempty"`
 }
 
 // Defaults for zero knobs.

@@ -53,7 +53,7 @@ func checkSlot(op string, slot int32, cache []float32, kvDim int) {
 	}
 }
 
-// attnRow is one (sequence, query row) pair; a task covers all of its heads.
+// attnRow is one (sequence, query row) pair.
 type attnRow struct {
 	seq, i int // index into seqs, row within the sequence's block
 }
@@ -86,19 +86,22 @@ func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernel
 			masks[s] = i32s("Attention mask", sq.Mask, sq.QueryLen*sq.QueryLen)
 		}
 	}
-	be.pool.parallelFor(len(rows), 1, func(lo, hi int) {
+	// Work items are (row, head) pairs, so that a decode row still spreads over the workers.
+	heads := shape.NumHeads
+	be.pool.parallelFor(len(rows)*heads, maxKeys*shape.HeadDim, func(lo, hi int) {
 		slots := make([]int, 0, maxKeys)
 		scores := make([]float32, maxKeys)
-		for _, r := range rows[lo:hi] {
+		for item := lo; item < hi; item++ {
+			r, h := rows[item/heads], item%heads
 			sq := &seqs[r.seq]
-			slots = visibleSlots(slots[:0], sq, r.i, pages[r.seq], masks[r.seq], shape.PageSize)
-			row := sq.QueryStart + r.i
-			for h := range shape.NumHeads {
-				kvOff := (h / (shape.NumHeads / shape.NumKVHeads)) * shape.HeadDim
-				qh := qv[row*qDim+h*shape.HeadDim : row*qDim+(h+1)*shape.HeadDim]
-				oh := ov[row*qDim+h*shape.HeadDim : row*qDim+(h+1)*shape.HeadDim]
-				attendHead(oh, qh, kc, vc, slots, scores[:len(slots)], kvDim, kvOff, shape.Scale)
+			if item == lo || h == 0 {
+				slots = visibleSlots(slots[:0], sq, r.i, pages[r.seq], masks[r.seq], shape.PageSize)
 			}
+			row := sq.QueryStart + r.i
+			kvOff := (h / (heads / shape.NumKVHeads)) * shape.HeadDim
+			qh := qv[row*qDim+h*shape.HeadDim : row*qDim+(h+1)*shape.HeadDim]
+			oh := ov[row*qDim+h*shape.HeadDim : row*qDim+(h+1)*shape.HeadDim]
+			attendHead(oh, qh, kc, vc, slots, scores[:len(slots)], kvDim, kvOff, shape.Scale)
 		}
 	})
 }

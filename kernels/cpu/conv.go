@@ -62,7 +62,7 @@ func (be *Backend) CausalConv(out, x, state, w, parents kernels.Buffer, T, chann
 	st := f32s("CausalConv state", state, (K-1)*channels)
 	wv := widened("CausalConv w", w, channels*K)
 	history := convHistory(treeParents("CausalConv", parents, T), T, K)
-	be.pool.parallelFor(channels, max(1, rowGrain/max(1, T*K)), func(lo, hi int) {
+	be.pool.parallelFor(channels, T*K, func(lo, hi int) {
 		for t := range T {
 			srcs := history[t*K : (t+1)*K]
 			for c := lo; c < hi; c++ {

@@ -48,14 +48,15 @@ func New(threads int) kernels.Backend {
 	if !ok {
 		kern = portableKernels
 	}
-	return newBackend(threads, kern)
+	return newBackend(threads, kern, defaultMinWork)
 }
 
-func newBackend(threads int, kern matmulKernels) *Backend {
+// newBackend lets tests choose the kernels and force fine-grained splits.
+func newBackend(threads int, kern matmulKernels, minWork int) *Backend {
 	if threads <= 0 {
 		threads = runtime.NumCPU()
 	}
-	b := &Backend{pool: newPool(threads), matmul: &kern}
+	b := &Backend{pool: newPool(threads, minWork), matmul: &kern}
 	// The workers only reference the pool, so an unreachable Backend can stop them.
 	runtime.AddCleanup(b, func(p *pool) { p.close() }, b.pool)
 	return b

@@ -8,8 +8,9 @@ import (
 	"ddflash/kernels/kerneltest"
 )
 
-// TestConformance runs the suite serially and on three workers with the
-// portable kernels, and with the SIMD ones when this build and CPU have them.
+// TestConformance runs the suite serially and on three workers that split
+// every op however small, with the portable kernels, and with the SIMD ones
+// when this build and CPU have them.
 func TestConformance(t *testing.T) {
 	variants := []matmulKernels{portableKernels}
 	if simd, ok := simdMatMul(); ok {
@@ -20,7 +21,7 @@ func TestConformance(t *testing.T) {
 	for _, kern := range variants {
 		for _, threads := range []int{1, 3} {
 			t.Run(fmt.Sprintf("%s/threads=%d", kern.name, threads), func(t *testing.T) {
-				kerneltest.Run(t, func() kernels.Backend { return newBackend(threads, kern) })
+				kerneltest.Run(t, func() kernels.Backend { return newBackend(threads, kern, 1) })
 			})
 		}
 	}

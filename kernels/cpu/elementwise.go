@@ -9,16 +9,9 @@ import (
 	"ddflash/kernels"
 )
 
-// rowGrain is the least number of elements a worker takes for row-wise ops;
-// below it the pool hand-off costs more than the work.
-const rowGrain = 1 << 14
-
 func silu(x float32) float32 { return x / (1 + float32(math.Exp(float64(-x)))) }
 
 func sigmoid(x float32) float32 { return 1 / (1 + float32(math.Exp(float64(-x)))) }
-
-// rowsGrain converts rowGrain elements into a number of rows of dim elements.
-func rowsGrain(dim int) int { return max(1, rowGrain/max(dim, 1)) }
 
 // Embedding gathers rows of table (any float dtype) into the F32 out.
 func (be *Backend) Embedding(out, table, ids kernels.Buffer, n, dim int) {
@@ -68,7 +61,7 @@ func (be *Backend) RMSNorm(out, x, w kernels.Buffer, rows, dim int, eps float32,
 	if unitOffset {
 		offset = 1
 	}
-	be.pool.parallelFor(rows, rowsGrain(dim), func(lo, hi int) {
+	be.pool.parallelFor(rows, dim, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			xr, or := xv[r*dim:(r+1)*dim], o[r*dim:(r+1)*dim]
 			inv := invRMS(xr, eps)
@@ -84,7 +77,7 @@ func (be *Backend) GatedRMSNorm(out, x, z, w kernels.Buffer, rows, dim int, eps 
 	o, xv := f32s("GatedRMSNorm out", out, rows*dim), f32s("GatedRMSNorm x", x, rows*dim)
 	zv := f32s("GatedRMSNorm z", z, rows*dim)
 	wv := widened("GatedRMSNorm w", w, dim)
-	be.pool.parallelFor(rows, rowsGrain(dim), func(lo, hi int) {
+	be.pool.parallelFor(rows, dim, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			xr, zr, or := xv[r*dim:(r+1)*dim], zv[r*dim:(r+1)*dim], o[r*dim:(r+1)*dim]
 			inv := invRMS(xr, eps)
@@ -141,7 +134,7 @@ func (be *Backend) RoPE(x, positions kernels.Buffer, rows, heads, headDim, rotDi
 // SwiGLU computes out = silu(gate)·up.
 func (be *Backend) SwiGLU(out, gate, up kernels.Buffer, n int) {
 	o, g, u := f32s("SwiGLU out", out, n), f32s("SwiGLU gate", gate, n), f32s("SwiGLU up", up, n)
-	be.pool.parallelFor(n, rowGrain, func(lo, hi int) {
+	be.pool.parallelFor(n, 1, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			o[i] = silu(g[i]) * u[i]
 		}
@@ -159,7 +152,7 @@ func (be *Backend) MulSigmoid(x, gate kernels.Buffer, n int) {
 // LogSoftmax replaces each row by its log-probabilities (log-sum-exp in float64).
 func (be *Backend) LogSoftmax(x kernels.Buffer, rows, n int) {
 	xv := f32s("LogSoftmax x", x, rows*n)
-	be.pool.parallelFor(rows, rowsGrain(n), func(lo, hi int) {
+	be.pool.parallelFor(rows, n, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			xr := xv[r*n : (r+1)*n]
 			top := float32(math.Inf(-1))
@@ -186,7 +179,7 @@ func (be *Backend) TopK(vals, idx, x kernels.Buffer, rows, n, k int) {
 	}
 	xv := f32s("TopK x", x, rows*n)
 	vv, iv := f32s("TopK vals", vals, rows*k), i32s("TopK idx", idx, rows*k)
-	be.pool.parallelFor(rows, rowsGrain(n), func(lo, hi int) {
+	be.pool.parallelFor(rows, n, func(lo, hi int) {
 		best := make(candidates, 0, k)
 		for r := lo; r < hi; r++ {
 			best = best[:0]

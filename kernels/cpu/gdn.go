@@ -119,7 +119,7 @@ func (be *Backend) GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeSta
 		final = f32s("GDNRecurrence stateOut", stateOut, sl)
 	}
 	headLen := shape.KeyDim * shape.ValueDim
-	be.pool.parallelFor(shape.ValueHeads, 1, func(lo, hi int) {
+	be.pool.parallelFor(shape.ValueHeads, T*headLen, func(lo, hi int) {
 		delta := make([]float32, shape.ValueDim)
 		for h := lo; h < hi; h++ {
 			headOf := func(buf []float32, node int) []float32 {

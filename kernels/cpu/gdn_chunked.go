@@ -18,7 +18,7 @@ func (be *Backend) GDNChunked(out, q, k, v, g, beta, state, stateOut kernels.Buf
 	sl := shape.StateLen()
 	st, final := f32s("GDNChunked state", state, sl), f32s("GDNChunked stateOut", stateOut, sl)
 	headLen := shape.KeyDim * shape.ValueDim
-	be.pool.parallelFor(shape.ValueHeads, 1, func(lo, hi int) {
+	be.pool.parallelFor(shape.ValueHeads, T*headLen, func(lo, hi int) {
 		w := newChunkScratch(min(chunk, max(T, 1)), shape.KeyDim, shape.ValueDim)
 		for h := lo; h < hi; h++ {
 			S := final[h*headLen : (h+1)*headLen]

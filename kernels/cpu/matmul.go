@@ -23,9 +23,11 @@ type matmulKernels struct {
 	// fly (decode streams each weight once, so widening into a buffer first
 	// would cost a second pass); nil when the kernels have no such path.
 	rows4BF16 func(out []float32, x []float32, k int, tile []uint16)
+	// widen converts BF16 or F16 weights to float32.
+	widen func(dst []float32, src []uint16, dt kernels.DType)
 }
 
-var portableKernels = matmulKernels{name: "portable", rows4: rows4Portable}
+var portableKernels = matmulKernels{name: "portable", rows4: rows4Portable, widen: widenInto}
 
 // scratchPool recycles the float32 buffers that hold widened weight tiles.
 var scratchPool = sync.Pool{New: func() any { return new([]float32) }}
@@ -43,9 +45,7 @@ func (be *Backend) MatMul(out, x, w kernels.Buffer, m, n, k int) {
 		return
 	}
 	tiles := (n + matmulTile - 1) / matmulTile
-	// A worker takes enough tiles to amortise the hand-off (about 64K multiply-adds).
-	grain := max(1, (1<<16)/max(1, m*k*matmulTile))
-	be.pool.parallelFor(tiles, grain, func(lo, hi int) {
+	be.pool.parallelFor(tiles, m*k*matmulTile, func(lo, hi int) {
 		be.matmul.columns(o, xv, wb, m, n, k, lo*matmulTile, min(n, hi*matmulTile))
 	})
 }
@@ -71,7 +71,7 @@ func (kern *matmulKernels) columns(out, x []float32, w *buffer, m, n, k, nLo, nH
 			tile = w.f32[j*k : (j+rows)*k]
 		} else {
 			tile = (*scratch)[:rows*k]
-			widenInto(tile, w.u16[j*k:(j+rows)*k], w.dt)
+			kern.widen(tile, w.u16[j*k:(j+rows)*k], w.dt)
 		}
 		if rows == matmulTile {
 			kern.rows4(out[j:], n, x, m, k, tile)

@@ -1,7 +1,9 @@
 package cpu
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -38,30 +40,20 @@ func BenchmarkMatMul(b *testing.B) {
 	}
 }
 
-// benchWeights returns n random weights of dt (bf16 by truncating float32 bits).
+// benchWeights returns n random normal weights of dt (BF16: truncated float32 bits).
 func benchWeights(b *testing.B, be kernels.Backend, dt kernels.DType, n int, rng *rand.Rand) kernels.Buffer {
 	w, err := be.Alloc(dt, n)
 	if err != nil {
 		b.Fatal(err)
 	}
-	raw := make([]byte, n*dt.Size())
-	for i := range raw {
-		raw[i] = byte(rng.IntN(256))
-	}
-	if dt == kernels.BF16 { // keep exponents moderate: clear the top exponent bits
-		for i := 1; i < len(raw); i += 2 {
-			raw[i] = raw[i]&0x80 | 0x3c | raw[i]&0x01
+	raw := make([]byte, 0, n*dt.Size())
+	for range n {
+		bits := math.Float32bits(float32(rng.NormFloat64()))
+		if dt == kernels.BF16 {
+			raw = binary.LittleEndian.AppendUint16(raw, uint16(bits>>16))
+		} else {
+			raw = binary.LittleEndian.AppendUint32(raw, bits)
 		}
-	}
-	if dt == kernels.F32 {
-		fs := make([]float32, n)
-		for i := range fs {
-			fs[i] = float32(rng.NormFloat64())
-		}
-		if err := be.UploadF32(w, 0, fs); err != nil {
-			b.Fatal(err)
-		}
-		return w
 	}
 	if err := be.Upload(w, 0, raw); err != nil {
 		b.Fatal(err)

@@ -6,8 +6,14 @@ import "sync"
 // small ops, so workers are started once and fed ranges over a channel.
 type pool struct {
 	threads int
+	// minWork is the least work (in multiply-adds or elements) worth handing
+	// to another worker; smaller loops stay on the calling goroutine.
+	minWork int
 	tasks   chan poolTask
 }
+
+// defaultMinWork is a few microseconds of work, well above the cost of a hand-off.
+const defaultMinWork = 1 << 14
 
 type poolTask struct {
 	lo, hi int
@@ -15,8 +21,8 @@ type poolTask struct {
 	done   *sync.WaitGroup
 }
 
-func newPool(threads int) *pool {
-	p := &pool{threads: threads, tasks: make(chan poolTask, threads)}
+func newPool(threads, minWork int) *pool {
+	p := &pool{threads: threads, minWork: minWork, tasks: make(chan poolTask, threads)}
 	for range threads - 1 { // the calling goroutine is the last worker
 		go func() {
 			for t := range p.tasks {
@@ -31,14 +37,12 @@ func newPool(threads int) *pool {
 func (p *pool) close() { close(p.tasks) }
 
 // parallelFor calls fn on disjoint ranges covering [0, n) and returns when
-// all are done. Ranges hold at least minGrain items, so tiny loops stay on
-// the calling goroutine. fn must not call parallelFor itself.
-func (p *pool) parallelFor(n, minGrain int, fn func(lo, hi int)) {
+// all are done. itemCost is the work of one item: ranges carry at least
+// minWork of it. fn must not call parallelFor itself.
+func (p *pool) parallelFor(n, itemCost int, fn func(lo, hi int)) {
 	parts := p.threads
-	if minGrain < 1 {
-		minGrain = 1
-	}
-	if most := n / minGrain; most < parts {
+	minItems := max(1, p.minWork/max(1, itemCost))
+	if most := n / minItems; most < parts {
 		parts = most
 	}
 	if parts <= 1 {

@@ -2,125 +2,187 @@
 
 package cpu
 
-import "simd/archsimd"
+import (
+	"simd/archsimd"
+	"unsafe"
+
+	"ddflash/kernels"
+)
 
 // simdMatMul returns the AVX-512 MatMul kernels when the CPU has AVX-512.
 func simdMatMul() (matmulKernels, bool) {
 	if !archsimd.X86.AVX512() {
 		return matmulKernels{}, false
 	}
-	return matmulKernels{name: "avx512", rows4: rows4AVX512, rows4BF16: rows4BF16AVX512}, true
+	return matmulKernels{name: "avx512", rows4: rows4AVX512, rows4BF16: rows4BF16AVX512, widen: widenAVX512}, true
 }
 
-// rows4AVX512 dots pairs of x rows against the four weight rows with 8
-// vector accumulators (6 loads per 8 FMAs; Go allocates only 15 vector
-// registers, so a 4×4 block would spill), then a last odd x row on its own.
-// The k%16 tail is added in scalar code.
+// Notes on the Go compiler these kernels are shaped for:
+//   - it allocates only 15 vector registers, so a block holds at most
+//     8 accumulators (a 4×4 block of dot products spills);
+//   - slice loads keep each row's length live for the bounds checks, and
+//     with six rows the general registers spill inside the loop, so the
+//     inner loops take base pointers (rows are length-checked by rowPtr);
+//   - scalar float code (SSE) right after 512-bit code runs many times
+//     slower until VZEROUPPER (ClearAVXUpperBits), which the compiler does
+//     not emit: each kernel keeps sums and tails in vector registers
+//     (zero-filled partial loads, vector stores) and clears the upper
+//     bits before it returns to scalar Go code.
+
+// f32x16 loads the 16 floats at element l of the row starting at p.
+func f32x16(p unsafe.Pointer, l int) archsimd.Float32x16 {
+	return archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p, 4*l)))
+}
+
+// bf16x16 loads the 16 bfloat16s at element l of the row at p, widened (bits << 16).
+func bf16x16(p unsafe.Pointer, l int) archsimd.Float32x16 {
+	return widenBF16(archsimd.LoadUint16x16((*[16]uint16)(unsafe.Add(p, 2*l))))
+}
+
+func widenBF16(h archsimd.Uint16x16) archsimd.Float32x16 {
+	return h.ExtendToUint32().ShiftAllLeft(16).AsFloat32x16()
+}
+
+// rowPtr returns the address of a row of k elements, checking its length.
+func rowPtr[T float32 | uint16](s []T, k int) unsafe.Pointer {
+	return unsafe.Pointer(unsafe.SliceData(s[:k]))
+}
+
+// rows4AVX512 computes pairs of x rows against the four weight rows with
+// dot4x2, then a last odd x row with dot4x1.
 func rows4AVX512(out []float32, outStride int, x []float32, m, k int, tile []float32) {
-	w0, w1, w2, w3 := tile[:k], tile[k:2*k], tile[2*k:3*k], tile[3*k:4*k]
+	w := [4][]float32{tile[:k], tile[k : 2*k], tile[2*k : 3*k], tile[3*k : 4*k]}
+	p0, p1, p2, p3 := rowPtr(w[0], k), rowPtr(w[1], k), rowPtr(w[2], k), rowPtr(w[3], k)
 	k16 := k &^ 15
 	i := 0
 	for ; i+2 <= m; i += 2 {
 		x0, x1 := x[i*k:(i+1)*k], x[(i+1)*k:(i+2)*k]
-		var a0, a1, a2, a3, b0, b1, b2, b3 archsimd.Float32x16
-		for l := 0; l < k16; l += 16 {
-			v0 := archsimd.LoadFloat32x16Slice(w0[l:])
-			v1 := archsimd.LoadFloat32x16Slice(w1[l:])
-			v2 := archsimd.LoadFloat32x16Slice(w2[l:])
-			v3 := archsimd.LoadFloat32x16Slice(w3[l:])
-			u := archsimd.LoadFloat32x16Slice(x0[l:])
-			a0, a1, a2, a3 = u.MulAdd(v0, a0), u.MulAdd(v1, a1), u.MulAdd(v2, a2), u.MulAdd(v3, a3)
-			u = archsimd.LoadFloat32x16Slice(x1[l:])
-			b0, b1, b2, b3 = u.MulAdd(v0, b0), u.MulAdd(v1, b1), u.MulAdd(v2, b2), u.MulAdd(v3, b3)
-		}
-		storeTile4(out[i*outStride:], x0, w0, w1, w2, w3, a0, a1, a2, a3, k16)
-		storeTile4(out[(i+1)*outStride:], x1, w0, w1, w2, w3, b0, b1, b2, b3, k16)
+		a0, a1, a2, a3, b0, b1, b2, b3 := dot4x2(p0, p1, p2, p3, rowPtr(x0, k), rowPtr(x1, k), k16)
+		storeSums(out[i*outStride:], x0[k16:], &w, k16, a0, a1, a2, a3)
+		storeSums(out[(i+1)*outStride:], x1[k16:], &w, k16, b0, b1, b2, b3)
 	}
-	for ; i < m; i++ {
+	if i < m {
 		xr := x[i*k : (i+1)*k]
-		var a0, a1, a2, a3, b0, b1, b2, b3 archsimd.Float32x16
-		l := 0
-		for ; l+32 <= k16; l += 32 { // two independent chains per row hide the FMA latency
-			u := archsimd.LoadFloat32x16Slice(xr[l:])
-			a0 = u.MulAdd(archsimd.LoadFloat32x16Slice(w0[l:]), a0)
-			a1 = u.MulAdd(archsimd.LoadFloat32x16Slice(w1[l:]), a1)
-			a2 = u.MulAdd(archsimd.LoadFloat32x16Slice(w2[l:]), a2)
-			a3 = u.MulAdd(archsimd.LoadFloat32x16Slice(w3[l:]), a3)
-			u = archsimd.LoadFloat32x16Slice(xr[l+16:])
-			b0 = u.MulAdd(archsimd.LoadFloat32x16Slice(w0[l+16:]), b0)
-			b1 = u.MulAdd(archsimd.LoadFloat32x16Slice(w1[l+16:]), b1)
-			b2 = u.MulAdd(archsimd.LoadFloat32x16Slice(w2[l+16:]), b2)
-			b3 = u.MulAdd(archsimd.LoadFloat32x16Slice(w3[l+16:]), b3)
-		}
-		for ; l < k16; l += 16 {
-			u := archsimd.LoadFloat32x16Slice(xr[l:])
-			a0 = u.MulAdd(archsimd.LoadFloat32x16Slice(w0[l:]), a0)
-			a1 = u.MulAdd(archsimd.LoadFloat32x16Slice(w1[l:]), a1)
-			a2 = u.MulAdd(archsimd.LoadFloat32x16Slice(w2[l:]), a2)
-			a3 = u.MulAdd(archsimd.LoadFloat32x16Slice(w3[l:]), a3)
-		}
-		storeTile4(out[i*outStride:], xr, w0, w1, w2, w3, a0.Add(b0), a1.Add(b1), a2.Add(b2), a3.Add(b3), k16)
+		a0, a1, a2, a3 := dot4x1(p0, p1, p2, p3, rowPtr(xr, k), k16)
+		storeSums(out[i*outStride:], xr[k16:], &w, k16, a0, a1, a2, a3)
 	}
+	archsimd.ClearAVXUpperBits()
+}
+
+// dot4x2 returns the vector partial sums of two x rows (q0, q1) against
+// four weight rows over n elements (a multiple of 16): 8 accumulators, 6
+// loads per 8 FMAs. It stays out of line so that only its pointers and
+// accumulators compete for registers.
+//
+//go:noinline
+func dot4x2(p0, p1, p2, p3, q0, q1 unsafe.Pointer, n int) (a0, a1, a2, a3, b0, b1, b2, b3 archsimd.Float32x16) {
+	for l := 0; l < n; l += 16 {
+		u, t := f32x16(q0, l), f32x16(q1, l)
+		v := f32x16(p0, l)
+		a0, b0 = v.MulAdd(u, a0), v.MulAdd(t, b0)
+		v = f32x16(p1, l)
+		a1, b1 = v.MulAdd(u, a1), v.MulAdd(t, b1)
+		v = f32x16(p2, l)
+		a2, b2 = v.MulAdd(u, a2), v.MulAdd(t, b2)
+		v = f32x16(p3, l)
+		a3, b3 = v.MulAdd(u, a3), v.MulAdd(t, b3)
+	}
+	return
+}
+
+// dot4x1 is dot4x2 for one x row, with two chains per weight row to hide
+// the FMA latency.
+//
+//go:noinline
+func dot4x1(p0, p1, p2, p3, q unsafe.Pointer, n int) (a0, a1, a2, a3 archsimd.Float32x16) {
+	var b0, b1, b2, b3 archsimd.Float32x16
+	l := 0
+	for ; l+32 <= n; l += 32 {
+		u, t := f32x16(q, l), f32x16(q, l+16)
+		a0, b0 = f32x16(p0, l).MulAdd(u, a0), f32x16(p0, l+16).MulAdd(t, b0)
+		a1, b1 = f32x16(p1, l).MulAdd(u, a1), f32x16(p1, l+16).MulAdd(t, b1)
+		a2, b2 = f32x16(p2, l).MulAdd(u, a2), f32x16(p2, l+16).MulAdd(t, b2)
+		a3, b3 = f32x16(p3, l).MulAdd(u, a3), f32x16(p3, l+16).MulAdd(t, b3)
+	}
+	if l < n {
+		u := f32x16(q, l)
+		a0, a1, a2, a3 = f32x16(p0, l).MulAdd(u, a0), f32x16(p1, l).MulAdd(u, a1), f32x16(p2, l).MulAdd(u, a2), f32x16(p3, l).MulAdd(u, a3)
+	}
+	return a0.Add(b0), a1.Add(b1), a2.Add(b2), a3.Add(b3)
+}
+
+// storeSums adds the k%16 tail (xTail against w[r][k16:]) to the four
+// accumulators and stores their sums to out[0:4].
+func storeSums(out, xTail []float32, w *[4][]float32, k16 int, a0, a1, a2, a3 archsimd.Float32x16) {
+	if len(xTail) > 0 {
+		u := archsimd.LoadFloat32x16SlicePart(xTail)
+		a0 = archsimd.LoadFloat32x16SlicePart(w[0][k16:]).MulAdd(u, a0)
+		a1 = archsimd.LoadFloat32x16SlicePart(w[1][k16:]).MulAdd(u, a1)
+		a2 = archsimd.LoadFloat32x16SlicePart(w[2][k16:]).MulAdd(u, a2)
+		a3 = archsimd.LoadFloat32x16SlicePart(w[3][k16:]).MulAdd(u, a3)
+	}
+	sum4(a0, a1, a2, a3).StoreSlice(out[:4])
+}
+
+// sum4 returns the lane sums of four vectors as one vector.
+func sum4(a0, a1, a2, a3 archsimd.Float32x16) archsimd.Float32x4 {
+	half := func(v archsimd.Float32x16) archsimd.Float32x4 {
+		h := v.GetLo().Add(v.GetHi())
+		return h.GetLo().Add(h.GetHi())
+	}
+	return half(a0).AddPairs(half(a1)).AddPairs(half(a2).AddPairs(half(a3)))
 }
 
 // rows4BF16AVX512 is the decode kernel for bfloat16 weights: each weight
-// vector is widened in registers (bits << 16) right before its FMA.
+// vector is widened in registers right before its FMA.
 func rows4BF16AVX512(out []float32, x []float32, k int, tile []uint16) {
-	w0, w1, w2, w3 := tile[:k], tile[k:2*k], tile[2*k:3*k], tile[3*k:4*k]
+	w := [4][]uint16{tile[:k], tile[k : 2*k], tile[2*k : 3*k], tile[3*k : 4*k]}
 	k16 := k &^ 15
-	var a0, a1, a2, a3, b0, b1, b2, b3 archsimd.Float32x16
+	a0, a1, a2, a3 := dot4x1BF16(rowPtr(w[0], k), rowPtr(w[1], k), rowPtr(w[2], k), rowPtr(w[3], k), rowPtr(x, k), k16)
+	if k16 < k {
+		u := archsimd.LoadFloat32x16SlicePart(x[k16:])
+		a0 = widenBF16(archsimd.LoadUint16x16SlicePart(w[0][k16:])).MulAdd(u, a0)
+		a1 = widenBF16(archsimd.LoadUint16x16SlicePart(w[1][k16:])).MulAdd(u, a1)
+		a2 = widenBF16(archsimd.LoadUint16x16SlicePart(w[2][k16:])).MulAdd(u, a2)
+		a3 = widenBF16(archsimd.LoadUint16x16SlicePart(w[3][k16:])).MulAdd(u, a3)
+	}
+	sum4(a0, a1, a2, a3).StoreSlice(out[:4])
+	archsimd.ClearAVXUpperBits()
+}
+
+// dot4x1BF16 is dot4x1 with bfloat16 weight rows.
+//
+//go:noinline
+func dot4x1BF16(p0, p1, p2, p3, q unsafe.Pointer, n int) (a0, a1, a2, a3 archsimd.Float32x16) {
+	var b0, b1, b2, b3 archsimd.Float32x16
 	l := 0
-	for ; l+32 <= k16; l += 32 {
-		u := archsimd.LoadFloat32x16Slice(x[l:])
-		a0 = u.MulAdd(loadBF16(w0[l:]), a0)
-		a1 = u.MulAdd(loadBF16(w1[l:]), a1)
-		a2 = u.MulAdd(loadBF16(w2[l:]), a2)
-		a3 = u.MulAdd(loadBF16(w3[l:]), a3)
-		u = archsimd.LoadFloat32x16Slice(x[l+16:])
-		b0 = u.MulAdd(loadBF16(w0[l+16:]), b0)
-		b1 = u.MulAdd(loadBF16(w1[l+16:]), b1)
-		b2 = u.MulAdd(loadBF16(w2[l+16:]), b2)
-		b3 = u.MulAdd(loadBF16(w3[l+16:]), b3)
+	for ; l+32 <= n; l += 32 {
+		u, t := f32x16(q, l), f32x16(q, l+16)
+		a0, b0 = bf16x16(p0, l).MulAdd(u, a0), bf16x16(p0, l+16).MulAdd(t, b0)
+		a1, b1 = bf16x16(p1, l).MulAdd(u, a1), bf16x16(p1, l+16).MulAdd(t, b1)
+		a2, b2 = bf16x16(p2, l).MulAdd(u, a2), bf16x16(p2, l+16).MulAdd(t, b2)
+		a3, b3 = bf16x16(p3, l).MulAdd(u, a3), bf16x16(p3, l+16).MulAdd(t, b3)
 	}
-	for ; l < k16; l += 16 {
-		u := archsimd.LoadFloat32x16Slice(x[l:])
-		a0 = u.MulAdd(loadBF16(w0[l:]), a0)
-		a1 = u.MulAdd(loadBF16(w1[l:]), a1)
-		a2 = u.MulAdd(loadBF16(w2[l:]), a2)
-		a3 = u.MulAdd(loadBF16(w3[l:]), a3)
+	if l < n {
+		u := f32x16(q, l)
+		a0, a1, a2, a3 = bf16x16(p0, l).MulAdd(u, a0), bf16x16(p1, l).MulAdd(u, a1), bf16x16(p2, l).MulAdd(u, a2), bf16x16(p3, l).MulAdd(u, a3)
 	}
-	sums := [4]float32{hsum(a0.Add(b0)), hsum(a1.Add(b1)), hsum(a2.Add(b2)), hsum(a3.Add(b3))}
-	for l := k16; l < k; l++ {
-		sums[0] += x[l] * bf16ToF32(w0[l])
-		sums[1] += x[l] * bf16ToF32(w1[l])
-		sums[2] += x[l] * bf16ToF32(w2[l])
-		sums[3] += x[l] * bf16ToF32(w3[l])
-	}
-	copy(out[:4], sums[:])
+	return a0.Add(b0), a1.Add(b1), a2.Add(b2), a3.Add(b3)
 }
 
-func loadBF16(s []uint16) archsimd.Float32x16 {
-	return archsimd.LoadUint16x16Slice(s).ExtendToUint32().ShiftAllLeft(16).AsFloat32x16()
-}
-
-// storeTile4 writes the four dot products of x with w0..w3: the reduced
-// vector accumulators (covering the first k16 elements) plus the scalar tail.
-func storeTile4(out, x, w0, w1, w2, w3 []float32, a0, a1, a2, a3 archsimd.Float32x16, k16 int) {
-	sums := [4]float32{hsum(a0), hsum(a1), hsum(a2), hsum(a3)}
-	for l := k16; l < len(x); l++ {
-		sums[0] += x[l] * w0[l]
-		sums[1] += x[l] * w1[l]
-		sums[2] += x[l] * w2[l]
-		sums[3] += x[l] * w3[l]
+// widenAVX512 widens bfloat16 weights 16 at a time; F16 takes the portable path.
+func widenAVX512(dst []float32, src []uint16, dt kernels.DType) {
+	if dt != kernels.BF16 {
+		widenInto(dst, src, dt)
+		return
 	}
-	copy(out[:4], sums[:])
-}
-
-// hsum adds the 16 lanes of v.
-func hsum(v archsimd.Float32x16) float32 {
-	h := v.GetLo().Add(v.GetHi())
-	q := h.GetLo().Add(h.GetHi())
-	var lanes [4]float32
-	q.Store(&lanes)
-	return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+	src = src[:len(dst)]
+	l := 0
+	for ; l+16 <= len(dst); l += 16 {
+		widenBF16(archsimd.LoadUint16x16Slice(src[l:])).StoreSlice(dst[l:])
+	}
+	if l < len(dst) {
+		widenBF16(archsimd.LoadUint16x16SlicePart(src[l:])).StoreSlicePart(dst[l:])
+	}
+	archsimd.ClearAVXUpperBits()
 }

@@ -132,7 +132,7 @@ func testEmbedding(h *harness) {
 // and out as views at offsets. Bound: the worst-case float32 summation error
 // 2·k·u·Σ|x·w| (u the float32 unit roundoff), for any summation order.
 func testMatMul(h *harness) {
-	shapes := [][3]int{{1, 13, 37}, {3, 5, 1}, {16, 64, 128}, {17, 13, 37}, {2, 1, 200}, {5, 9, 16}}
+	shapes := [][3]int{{1, 13, 37}, {1, 8, 48}, {3, 5, 1}, {16, 64, 128}, {17, 13, 37}, {2, 1, 200}, {5, 9, 16}}
 	for _, dt := range floatTypes {
 		for _, s := range shapes {
 			m, n, k := s[0], s[1], s[2]

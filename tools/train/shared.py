@@ -22,10 +22,13 @@ VOCAB_SIZE = 512
 
 import bpe  # noqa: E402
 import corpus  # noqa: E402
+import qwen36  # noqa: E402
 
 
 def setup_torch(seed):
     torch.set_num_threads(2)
+    # Strong GDN decays underflow into denormals, which make CPU float math several times slower.
+    torch.set_flush_denormal(True)
     torch.manual_seed(seed)
     os.makedirs(CACHE_DIR, exist_ok=True)
 
@@ -48,3 +51,23 @@ def token_streams(tokenizer):
 
 def bits_per_byte(nats_per_token, bytes_per_token):
     return nats_per_token / math.log(2) / bytes_per_token
+
+
+def greedy_continuations(cfg, weights, prompts, new_tokens):
+    """prompts [B, P] -> [B, P + new_tokens]: the target's greedy continuations, decoded
+    incrementally (chunked prefill, then one token at a time through the cache)."""
+    with torch.no_grad():
+        cache = qwen36.Cache()
+        logits, _ = qwen36.forward(cfg, weights, prompts, qwen36.delta_rule_chunked, cache)
+        tokens = [logits[:, -1].argmax(-1)]
+        for _ in range(new_tokens - 1):
+            logits, _ = qwen36.forward(cfg, weights, tokens[-1][:, None], qwen36.delta_rule_recurrent, cache)
+            tokens.append(logits[:, -1].argmax(-1))
+    return torch.cat([prompts, torch.stack(tokens, 1)], 1)
+
+
+def random_windows(ids, count, length, seed):
+    """count windows of length tokens at seeded random offsets in the stream ids."""
+    generator = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(ids) - length, (count,), generator=generator)
+    return ids[starts[:, None] + torch.arange(length)]

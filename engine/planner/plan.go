@@ -1,0 +1,299 @@
+// Package planner splits GPU memory between weights, the KV cache of the
+// full-attention layers, Gated DeltaNet state slots and the memory speculative
+// decoding needs to roll states back, before anything is loaded. One pure
+// function, Compute, serves `ddflash plan`, `ddflash tune` and serve's
+// start-up check.
+package planner
+
+import (
+	"errors"
+	"fmt"
+
+	"ddflash/dflash"
+	"ddflash/engine/config"
+	"ddflash/kernels"
+	"ddflash/mamba"
+)
+
+// cudaContextBytes is what the CUDA context and driver hold before any weight
+// loads. Fitted, together with sglangOtherStaticBytes: the reported deployment
+// (cache-sizing.md §6) pins the memory SGLang had left for KV and Mamba to a
+// 64 KiB window, and 607 MiB and 234 MiB are the whole-MiB pair nearest the
+// doc's estimates (about 0.59 GiB and 0.25 GiB) that land in it.
+const cudaContextBytes = 607 << 20
+
+// Models are the configs a plan is made for.
+type Models struct {
+	Target  *Target
+	Drafter *dflash.Config // nil for autoregressive decoding
+}
+
+// Segment is one use of GPU memory, per rank.
+type Segment struct {
+	Use   string `json:"use"`
+	Bytes int64  `json:"bytes"`
+}
+
+// MaxRunning is how many requests can run at once, and what limits it.
+type MaxRunning struct {
+	Requested int `json:"requested"`
+	KVCap     int `json:"kv_cap"`   // requests of Context tokens the KV cache holds
+	SlotCap   int `json:"slot_cap"` // requests the state slots allow
+	Effective int `json:"effective"`
+}
+
+// Bytes are the unit costs, per rank.
+type Bytes struct {
+	PerKVToken         int64 `json:"per_kv_token"`
+	PerStateSlot       int64 `json:"per_state_slot"`
+	RollbackPerRequest int64 `json:"rollback_per_request"`
+	DraftKVPerToken    int64 `json:"draft_kv_per_token"`
+	DraftKVPerRequest  int64 `json:"draft_kv_per_request"` // sliding-window drafter layers
+	TargetWeights      int64 `json:"target_weights"`
+	DraftWeights       int64 `json:"draft_weights"`
+}
+
+// Plan is the memory split for one set of knobs. Memory sums to the GPU's
+// total; every figure is per tensor-parallel rank.
+type Plan struct {
+	Settings         Knobs      `json:"settings"`
+	DraftTokens      int        `json:"draft_tokens"` // D: tokens verified per step beyond the committed one
+	MemFraction      float64    `json:"mem_fraction"`
+	Bytes            Bytes      `json:"bytes"`
+	CacheBudget      int64      `json:"cache_budget"` // for KV, state slots and rollback
+	StateSlots       int        `json:"state_slots"`
+	SlotsPerRequest  int        `json:"slots_per_request"`
+	RollbackRequests int        `json:"rollback_requests"` // requests whose rollback memory is reserved
+	KVTokens         int64      `json:"kv_tokens"`
+	MaxRunning       MaxRunning `json:"max_running_requests"`
+	Memory           []Segment  `json:"memory"`
+	Warnings         []string   `json:"warnings"`
+
+	shortfall string // why nothing can run; empty when the plan fits
+}
+
+// Fits returns nil when at least one request of the planned context can run,
+// and otherwise an error that says what to change.
+func (p *Plan) Fits() error {
+	if p.shortfall == "" {
+		return nil
+	}
+	return errors.New(p.shortfall)
+}
+
+// rank is the per-GPU geometry under tensor parallelism.
+type rank struct {
+	state        mamba.Shape
+	kvHeads      int // target KV heads per rank
+	draftKVHeads int
+}
+
+// Compute plans the memory of one GPU rank.
+func Compute(m Models, k Knobs) (*Plan, error) {
+	if m.Target == nil {
+		return nil, errors.New("planner: no target model")
+	}
+	k, err := k.withDefaults(m.Target)
+	if err != nil {
+		return nil, err
+	}
+	if k.Spec != SpecAutoregressive {
+		if m.Drafter == nil {
+			return nil, fmt.Errorf("--spec %s needs a DFlash drafter: pass --draft NAME|DIR", k.Spec)
+		}
+		if err := m.Drafter.CheckTarget(m.Target.Config); err != nil {
+			return nil, err
+		}
+	} else {
+		m.Drafter = nil // autoregressive decoding loads no drafter
+	}
+	r, err := splitRank(m, k.TP)
+	if err != nil {
+		return nil, err
+	}
+	p := &Plan{Settings: k, MaxRunning: MaxRunning{Requested: k.MaxRunningRequests}}
+	p.unitCosts(m, k, r)
+	if k.Mode == ModeSGLang {
+		p.planSGLang(m, k)
+	} else {
+		p.planDDFlash(k)
+	}
+	p.limit(m.Target.Config)
+	return p, nil
+}
+
+// draftTokens is D: a linear block verifies block_size tokens (the anchor and
+// block_size-1 drafts); a DDTree verifies its budget plus the root.
+func draftTokens(k Knobs, d *dflash.Config) int {
+	switch k.Spec {
+	case SpecLinear:
+		return d.BlockSize
+	case SpecDDTree:
+		if k.Budget == 0 {
+			return d.BlockSize
+		}
+		return k.Budget + 1
+	}
+	return 0
+}
+
+func (p *Plan) unitCosts(m Models, k Knobs, r rank) {
+	t := m.Target.Config
+	p.DraftTokens = draftTokens(k, m.Drafter)
+	if k.Spec == SpecDDTree {
+		p.Settings.Budget = p.DraftTokens - 1
+	}
+	kvPerLayer := func(heads, headDim int) int64 { return int64(2 * heads * headDim * k.KVDtype.Bytes) }
+	p.Bytes.PerKVToken = int64(t.NumFull()) * kvPerLayer(r.kvHeads, t.HeadDim)
+	p.Bytes.PerStateSlot = mamba.SlotBytes(r.state, k.SSMDtype.Bytes, k.ConvDtype.Bytes)
+	p.Bytes.TargetWeights = textParams(t) * int64(dtypeBytes(t.Dtype)) / int64(k.TP)
+	if k.Mode == ModeSGLang {
+		// SGLang loads the vision tower of a multimodal checkpoint too.
+		p.Bytes.TargetWeights += m.Target.Vision.Params * int64(dtypeBytes(t.Dtype)) / int64(k.TP)
+	}
+	d := m.Drafter
+	if d == nil {
+		return
+	}
+	p.Bytes.DraftWeights = d.WeightParams() * int64(dtypeBytes(d.Dtype)) / int64(k.TP)
+	draftLayerToken := kvPerLayer(r.draftKVHeads, d.HeadDim)
+	if k.Mode == ModeSGLang {
+		// SGLang's draft pool keeps every drafter layer for every token.
+		p.Bytes.DraftKVPerToken = int64(d.NumLayers) * draftLayerToken
+	} else {
+		// ddflash keeps a ring of sliding_window tokens per request for the
+		// sliding layers and pages only the full layers.
+		p.Bytes.DraftKVPerToken = int64(d.NumLayers-d.NumSliding()) * draftLayerToken
+		p.Bytes.DraftKVPerRequest = int64(d.NumSliding()) * int64(min(d.SlidingWindow, k.Context)) * draftLayerToken
+	}
+	rollback := k.Rollback
+	if k.Mode == ModeSGLang {
+		rollback = RollbackSnapshot
+	}
+	p.Bytes.RollbackPerRequest = rollbackBytes(rollback, r.state, k, p.DraftTokens)
+}
+
+func rollbackBytes(how Rollback, s mamba.Shape, k Knobs, draftTokens int) int64 {
+	if draftTokens == 0 {
+		return 0
+	}
+	if how == RollbackSnapshot {
+		return mamba.SnapshotBytes(s, k.SSMDtype.Bytes, k.ConvDtype.Bytes, draftTokens)
+	}
+	return mamba.ReplayBytes(s, k.ConvDtype.Bytes, draftTokens, k.Spec == SpecDDTree)
+}
+
+// splitRank divides heads over TP ranks. KV heads are replicated when there
+// are fewer of them than ranks, as SGLang and vLLM do.
+func splitRank(m Models, tp int) (rank, error) {
+	t := m.Target.Config
+	var r rank
+	var errs []error
+	exact := func(what string, n int) int {
+		if n%tp != 0 {
+			errs = append(errs, fmt.Errorf("--tp %d does not divide the %d %s", tp, n, what))
+		}
+		return n / tp
+	}
+	kv := func(what string, n int) int {
+		if (n >= tp && n%tp != 0) || (n < tp && tp%n != 0) {
+			errs = append(errs, fmt.Errorf("--tp %d and the %d %s cannot be split evenly", tp, n, what))
+		}
+		return max(1, n/tp)
+	}
+	exact("attention heads", t.NumHeads)
+	r.kvHeads = kv("KV heads", t.NumKVHeads)
+	r.state = mamba.Shape{
+		Layers:     t.NumLinear(),
+		ConvDim:    t.ConvDim() / tp,
+		ConvKernel: t.ConvKernel,
+		GDN: kernels.GDNShape{
+			KeyHeads:   exact("GDN key heads", t.LinearKeyHeads),
+			ValueHeads: exact("GDN value heads", t.LinearValueHeads),
+			KeyDim:     t.LinearKeyDim,
+			ValueDim:   t.LinearValueDim,
+		},
+	}
+	if d := m.Drafter; d != nil {
+		exact("drafter attention heads", d.NumHeads)
+		r.draftKVHeads = kv("drafter KV heads", d.NumKVHeads)
+	}
+	return r, errors.Join(errs...)
+}
+
+// planDDFlash is ddflash's own allocation: one state slot per running request
+// (plus any prefix-cache slots), rollback memory for every running request,
+// and the rest of the budget as KV cache.
+func (p *Plan) planDDFlash(k Knobs) {
+	free := k.GPUFree
+	if free == 0 {
+		free = k.GPUTotal
+	}
+	reserve := k.Reserve
+	p.MemFraction = 1 - float64(reserve)/float64(k.GPUTotal)
+	if reserve == 0 {
+		p.MemFraction = k.MemFraction
+		if p.MemFraction == 0 {
+			p.MemFraction = DefaultMemFraction
+		}
+		reserve = k.GPUTotal - int64(float64(k.GPUTotal)*p.MemFraction)
+	}
+	b := p.Bytes
+	p.CacheBudget = free - cudaContextBytes - reserve - b.TargetWeights - b.DraftWeights
+	p.StateSlots = k.MaxRunningRequests + k.PrefixSlots
+	p.SlotsPerRequest = 1
+	p.RollbackRequests = k.MaxRunningRequests
+	states := int64(p.StateSlots) * b.PerStateSlot
+	rollback := int64(p.RollbackRequests) * b.RollbackPerRequest
+	draftWindows := int64(k.MaxRunningRequests) * b.DraftKVPerRequest
+	left := p.CacheBudget - states - rollback - draftWindows
+	p.KVTokens = max(0, left/(b.PerKVToken+b.DraftKVPerToken))
+	p.MaxRunning.SlotCap = p.StateSlots - k.PrefixSlots
+	if left < 0 {
+		p.shortfall = fmt.Sprintf("weights (%s), runtime reserve (%s), %d state slots and rollback for %d requests (%s) need %s more than this GPU has: lower --max-running-requests, use --rollback replay, raise --tp, or lower the reserve",
+			FormatBytes(b.TargetWeights+b.DraftWeights), FormatBytes(reserve), p.StateSlots, p.RollbackRequests,
+			FormatBytes(states+rollback+draftWindows), FormatBytes(-left))
+	}
+	p.Memory = []Segment{
+		{"CUDA context", cudaContextBytes},
+		{"other processes", k.GPUTotal - free},
+		{"runtime reserve (activations, workspace)", reserve},
+		{"target weights", b.TargetWeights},
+		{"draft weights", b.DraftWeights},
+		{"KV cache", p.KVTokens * b.PerKVToken},
+		{"draft KV cache", p.KVTokens*b.DraftKVPerToken + draftWindows},
+		{"GDN state slots", states},
+		{rollbackUse(k.Rollback), rollback},
+	}
+	p.Memory = append(p.Memory, Segment{"unassigned", k.GPUTotal - sumSegments(p.Memory)})
+}
+
+func rollbackUse(r Rollback) string {
+	if r == RollbackSnapshot {
+		return "rollback: per-token state snapshots"
+	}
+	return "rollback: replay inputs"
+}
+
+func sumSegments(s []Segment) int64 {
+	var n int64
+	for _, seg := range s {
+		n += seg.Bytes
+	}
+	return n
+}
+
+// limit sets the effective concurrency, the shortfall and the warnings.
+func (p *Plan) limit(t *config.Config) {
+	k := p.Settings
+	p.MaxRunning.KVCap = int(min(p.KVTokens/int64(k.Context), 1<<30))
+	p.MaxRunning.Effective = min(k.MaxRunningRequests, p.MaxRunning.KVCap, p.MaxRunning.SlotCap)
+	if p.shortfall == "" && p.KVTokens < int64(k.Context) {
+		p.shortfall = fmt.Sprintf("the KV cache holds %s tokens, less than one request of %s tokens: lower --context or --max-running-requests, use --rollback replay, or raise --tp",
+			FormatCount(p.KVTokens), FormatCount(int64(k.Context)))
+	}
+	if p.shortfall == "" && p.MaxRunning.Effective < 1 {
+		p.shortfall = fmt.Sprintf("%d state slots at %d per request leave no room for a running request: raise --max-mamba-cache-size", p.StateSlots, p.SlotsPerRequest)
+	}
+	p.Warnings = p.warnings(t)
+}

@@ -1,0 +1,246 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"ddflash/mamba"
+)
+
+// oracleDrafter proposes next(context) for each position, with each proposed
+// token replaced by a random one with probability noise, so every acceptance
+// length occurs. Its logits put the proposal first and random tokens after
+// it, so trees get real alternatives.
+type oracleDrafter struct {
+	prompt []int32
+	next   func(context []int32) int32
+	block  int
+	vocab  int // logits row width
+	valid  int // real token ids
+	hidden int // target hidden size, to count feature rows
+	noise  float64
+	rng    *rand.Rand
+	taps   []int
+}
+
+func (o *oracleDrafter) TapLayers() []int { return o.taps }
+func (o *oracleDrafter) BlockSize() int   { return o.block }
+func (o *oracleDrafter) NewSession() (DraftSession, error) {
+	return &oracleSession{o: o}, nil
+}
+
+type oracleSession struct {
+	o        *oracleDrafter
+	ctx      []int32 // committed tokens
+	proposed []int32 // last round's anchor and drafts
+}
+
+func (s *oracleSession) Close() {}
+
+// Draft reconstructs the committed context from how many feature rows
+// arrived (the prompt first, then the accepted prefix of its own proposal).
+func (s *oracleSession) Draft(features []float32, anchor int32) ([]float32, error) {
+	o := s.o
+	rows := len(features) / (len(o.taps) * o.hidden)
+	if s.proposed == nil {
+		s.ctx = append(s.ctx, o.prompt...)
+	} else {
+		s.ctx = append(s.ctx, s.proposed[:rows]...)
+	}
+	V := o.vocab
+	logits := make([]float32, (o.block-1)*V)
+	s.proposed = []int32{anchor}
+	seq := append(append([]int32{}, s.ctx...), anchor)
+	for i := 0; i < o.block-1; i++ {
+		tok := o.next(seq)
+		if o.rng.Float64() < o.noise {
+			tok = int32(o.rng.IntN(o.valid))
+		}
+		row := logits[i*V : (i+1)*V]
+		for j := range row {
+			row[j] = float32(o.rng.Float64())
+		}
+		row[tok] = 10
+		s.proposed = append(s.proposed, tok)
+		seq = append(seq, tok)
+	}
+	return logits, nil
+}
+
+// greedyOracle returns the target's greedy continuation of a context,
+// computed on a separate copy of the target and remembered.
+func greedyOracle(t testing.TB, ref *Engine) func([]int32) int32 {
+	memo := map[string]int32{}
+	return func(seq []int32) int32 {
+		if len(seq) >= ref.Context {
+			return 0
+		}
+		key := fmt.Sprint(seq)
+		if tok, ok := memo[key]; ok {
+			return tok
+		}
+		s, err := ref.newSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ref.release(s)
+		logits, _, err := ref.prefill(s, seq, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok := int32(Argmax(logits[:ref.ValidVocab]))
+		memo[key] = tok
+		return tok
+	}
+}
+
+// pathOracle knows the autoregressive answer: on that path the greedy
+// continuation is the next answer token. Off it (after a rejected draft)
+// any proposal will be rejected anyway.
+func pathOracle(prompt, answer []int32) func([]int32) int32 {
+	full := append(append([]int32{}, prompt...), answer...)
+	return func(seq []int32) int32 {
+		if len(seq) < len(full) && slices.Equal(seq, full[:len(seq)]) {
+			return full[len(seq)]
+		}
+		return 0
+	}
+}
+
+// specCase is one speculative configuration to compare with autoregressive decoding.
+type specCase struct {
+	mode     SpecMode
+	budget   int
+	rollback mamba.Strategy
+}
+
+func (c specCase) String() string {
+	if c.mode == SpecTree {
+		return fmt.Sprintf("ddtree-b%d-%v", c.budget, c.rollback)
+	}
+	return fmt.Sprintf("%v-%v", c.mode, c.rollback)
+}
+
+func allSpecCases() []specCase {
+	cases := []specCase{{SpecLinear, 0, mamba.Replay}, {SpecLinear, 0, mamba.Snapshot}}
+	for i, b := range []int{1, 2, 4, 8, 12, 15, 16, 32, 64} {
+		cases = append(cases, specCase{SpecTree, b, []mamba.Strategy{mamba.Replay, mamba.Snapshot}[i%2]})
+	}
+	return cases
+}
+
+// specEngine loads the tiny target of seed with an oracle drafter.
+func specEngine(t *testing.T, seed uint64, c specCase, prompt []int32, next func([]int32) int32, noise float64, ctxLen int) *Engine {
+	return specEngineBlock(t, seed, c, prompt, next, noise, ctxLen, 16)
+}
+
+// specEngineBlock is specEngine with a drafter block of the given size.
+func specEngineBlock(t *testing.T, seed uint64, c specCase, prompt []int32, next func([]int32) int32, noise float64, ctxLen, block int) *Engine {
+	e := newTestEngine(t, "tiny", seed, Options{Context: ctxLen, PageSize: 4, VerifyTokens: 65})
+	e.Spec = SpecOptions{Mode: c.mode, Budget: c.budget, Rollback: c.rollback}
+	e.Drafter = &oracleDrafter{
+		prompt: prompt, next: next, block: block, vocab: e.Model.Cfg.VocabSize, valid: e.ValidVocab,
+		hidden: e.Model.Cfg.HiddenSize, noise: noise, rng: rand.New(rand.NewPCG(seed, 99)), taps: []int{1, 3},
+	}
+	return e
+}
+
+// TestSpecGreedyIsLossless compares every spec mode with autoregressive
+// decoding on random targets and prompts: a one-token prompt, ordinary
+// prompts, a prompt near the context limit, max tokens inside a block, an
+// end-of-sequence token inside a block, drafts from perfect to useless, and
+// seeded sampling.
+func TestSpecGreedyIsLossless(t *testing.T) {
+	const ctxLen = 64
+	rng := rand.New(rand.NewPCG(77, 78))
+	type job struct {
+		prompt    []int32
+		maxTokens int
+		eosAt     int // index of the AR output whose token becomes EOS; -1 none
+		noise     float64
+		temp      float64 // > 0 samples (seeded)
+	}
+	jobs := []job{
+		{randomTokens(rng, 1, 290), 40, -1, 0},
+		{randomTokens(rng, 7, 290), 37, 20, 0.2},
+		{randomTokens(rng, 12, 290), 9, -1, 0.5},  // max tokens inside the first block
+		{randomTokens(rng, 55, 290), 30, -1, 0.1}, // runs into the context limit
+		{randomTokens(rng, 3, 290), 30, -1, 1, 0}, // useless drafts
+		// Sampling: the walk draws one sample per visited node, in position
+		// order, so with the same seed a spec run reproduces the
+		// autoregressive run token for token.
+		{randomTokens(rng, 4, 290), 40, -1, 0.2, 0.9},
+	}
+	for seed := uint64(1); seed <= 2; seed++ {
+		for ji, j := range jobs {
+			ar := newTestEngine(t, "tiny", seed, Options{Context: ctxLen})
+			req := Request{Prompt: j.prompt, MaxTokens: j.maxTokens, Sampling: SamplingParams{Temperature: j.temp, Seed: seed}}
+			want, err := ar.Generate(context.Background(), req, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var eos []int32
+			if j.eosAt >= 0 && j.eosAt < len(want.Tokens) {
+				eos = []int32{want.Tokens[j.eosAt]}
+				ar.EOS = eos
+				if want, err = ar.Generate(context.Background(), req, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, c := range allSpecCases() {
+				e := specEngine(t, seed, c, j.prompt, pathOracle(j.prompt, want.Tokens), j.noise, ctxLen)
+				if eos != nil {
+					e.EOS = eos
+				}
+				got, err := e.Generate(context.Background(), req, nil)
+				if err != nil {
+					t.Fatalf("seed %d job %d %v: %v", seed, ji, c, err)
+				}
+				if !slices.Equal(got.Tokens, want.Tokens) || got.FinishReason != want.FinishReason {
+					t.Fatalf("seed %d job %d %v: spec output differs from autoregressive\n got %v (%s)\nwant %v (%s)",
+						seed, ji, c, got.Tokens, got.FinishReason, want.Tokens, want.FinishReason)
+				}
+			}
+		}
+	}
+}
+
+// TestChainTreeEqualsLinear: a tree whose budget fits the chain (with chain
+// seeding) is the linear proposal, so output and statistics are identical.
+func TestChainTreeEqualsLinear(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	prompt := randomTokens(rng, 5, 290)
+	req := Request{Prompt: prompt, MaxTokens: 50}
+	ar, err := newTestEngine(t, "tiny", 5, Options{Context: 128}).Generate(context.Background(), req, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(c specCase) *Result {
+		res, err := specEngine(t, 5, c, prompt, pathOracle(prompt, ar.Tokens), 0.3, 128).Generate(context.Background(), req, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	lin := run(specCase{SpecLinear, 0, mamba.Replay})
+	for _, b := range []int{15, 12} {
+		tree := run(specCase{SpecTree, b, mamba.Replay})
+		if b == 15 && !slices.Equal(lin.Tokens, tree.Tokens) {
+			t.Fatalf("b15 chain tree tokens differ from linear")
+		}
+		if b == 15 && (lin.Stats.AcceptanceLength != tree.Stats.AcceptanceLength ||
+			lin.Stats.VerifySteps != tree.Stats.VerifySteps ||
+			!slices.Equal(lin.Stats.PerPositionAcceptance, tree.Stats.PerPositionAcceptance)) {
+			t.Fatalf("b15 chain tree stats differ from linear: %+v vs %+v", *tree.Stats.SpecStats, *lin.Stats.SpecStats)
+		}
+		if !slices.Equal(lin.Tokens, tree.Tokens) {
+			t.Fatalf("b%d tree output differs from linear", b)
+		}
+	}
+	if lin.Stats.AcceptanceLength <= 1.5 {
+		t.Fatalf("oracle drafts at 30%% noise accepted only τ=%.2f: the test does not exercise acceptance", lin.Stats.AcceptanceLength)
+	}
+}

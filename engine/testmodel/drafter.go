@@ -1,0 +1,136 @@
+package testmodel
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+
+	"ddflash/engine/safetensors"
+)
+
+// DraftOptions selects what WriteDrafter produces.
+type DraftOptions struct {
+	Target    Preset // the target the drafter conditions on
+	Seed      uint64
+	DType     string // "f32" or "bf16"; empty means f32
+	Layers    int    // draft layers; 0 means 2 (the last full attention, the others sliding)
+	BlockSize int    // query block; 0 means 16 as in the real drafters
+	Window    int    // sliding window of the sliding layers; 0 means 3/4 of the target context
+}
+
+// WriteDrafter writes a random DFlash drafter for the target preset in the
+// z-lab layout: config.json (a Qwen3 config plus block_size, dflash_config
+// and layer_types) and model.safetensors (fc, hidden_norm, norm, layers.N.*;
+// no embedding or LM head: the drafter borrows the target's). The mask token
+// is the target's last (padding) embedding row.
+func WriteDrafter(dir string, opt DraftOptions) error {
+	p := opt.Target
+	if p.Name == "" {
+		return fmt.Errorf("test drafter: no target preset given")
+	}
+	if opt.DType == "" {
+		opt.DType = "f32"
+	}
+	dt, ok := checkpointDTypes[opt.DType]
+	if !ok {
+		return fmt.Errorf("test drafter: dtype %q: choose f32 or bf16", opt.DType)
+	}
+	layers := opt.Layers
+	if layers == 0 {
+		layers = 2
+	}
+	block := opt.BlockSize
+	if block == 0 {
+		block = 16
+	}
+	window := opt.Window
+	if window == 0 {
+		window = p.MaxPositions * 3 / 4
+	}
+	// Taps spread over the target, always including its last layer.
+	taps := make([]int, layers)
+	for i := range taps {
+		taps[i] = 1 + i*(p.Layers-2)/max(layers-1, 1)
+	}
+	taps[layers-1] = p.Layers - 1
+	layerTypes := make([]string, layers)
+	for i := range layerTypes {
+		layerTypes[i] = "sliding_attention"
+	}
+	layerTypes[layers-1] = "full_attention"
+	cfg := map[string]any{
+		"architectures":           []string{"DFlashDraftModel"},
+		"model_type":              "qwen3",
+		"hidden_size":             p.Hidden,
+		"num_hidden_layers":       layers,
+		"num_attention_heads":     p.Heads,
+		"num_key_value_heads":     p.KVHeads,
+		"head_dim":                p.HeadDim,
+		"intermediate_size":       p.Intermediate,
+		"hidden_act":              "silu",
+		"vocab_size":              p.VocabSize,
+		"rms_norm_eps":            1e-6,
+		"rope_theta":              10_000_000,
+		"rope_scaling":            nil,
+		"max_position_embeddings": p.MaxPositions,
+		"tie_word_embeddings":     false,
+		"attention_bias":          false,
+		"block_size":              block,
+		"num_target_layers":       p.Layers,
+		"layer_types":             layerTypes,
+		"sliding_window":          window,
+		"dflash_config":           map[string]any{"mask_token_id": p.VocabSize - 1, "target_layer_ids": taps},
+		"dtype":                   dt.config,
+	}
+	data, err := marshalJSON(cfg)
+	if err != nil {
+		return fmt.Errorf("test drafter: encode config.json: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("test drafter: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o644); err != nil {
+		return fmt.Errorf("test drafter: %w", err)
+	}
+	rng := rand.New(rand.NewPCG(opt.Seed, 0xd4af7))
+	var tensors []safetensors.Tensor
+	for _, tp := range draftPlan(p, layers, len(taps)) {
+		data, err := safetensors.Encode(dt.tensor, initTensor(rng, tp, p.VocabSize))
+		if err != nil {
+			return fmt.Errorf("test drafter: tensor %s: %w", tp.name, err)
+		}
+		tensors = append(tensors, safetensors.Tensor{Name: tp.name, DType: dt.tensor, Shape: tp.shape, Data: data})
+	}
+	return safetensors.WriteCheckpoint(dir, tensors, 1, map[string]string{"format": "pt", "generator": "ddflash testmodel drafter"})
+}
+
+// draftPlan lists the drafter's tensors; its norms are Qwen3's plain-weight norms.
+func draftPlan(p Preset, layers, taps int) []tensorPlan {
+	h, q, kv := p.Hidden, p.Heads*p.HeadDim, p.KVHeads*p.HeadDim
+	out := []tensorPlan{
+		{name: "fc.weight", shape: []int{h, taps * h}, init: initMatrix},
+		{name: "hidden_norm.weight", shape: []int{h}, init: initPlainNorm},
+		{name: "norm.weight", shape: []int{h}, init: initPlainNorm},
+	}
+	for i := 0; i < layers; i++ {
+		l := fmt.Sprintf("layers.%d.", i)
+		for _, t := range []tensorPlan{
+			{name: "input_layernorm.weight", shape: []int{h}, init: initPlainNorm},
+			{name: "post_attention_layernorm.weight", shape: []int{h}, init: initPlainNorm},
+			{name: "self_attn.q_proj.weight", shape: []int{q, h}, init: initMatrix},
+			{name: "self_attn.k_proj.weight", shape: []int{kv, h}, init: initMatrix},
+			{name: "self_attn.v_proj.weight", shape: []int{kv, h}, init: initMatrix},
+			{name: "self_attn.o_proj.weight", shape: []int{h, q}, init: initMatrix},
+			{name: "self_attn.q_norm.weight", shape: []int{p.HeadDim}, init: initPlainNorm},
+			{name: "self_attn.k_norm.weight", shape: []int{p.HeadDim}, init: initPlainNorm},
+			{name: "mlp.gate_proj.weight", shape: []int{p.Intermediate, h}, init: initMatrix},
+			{name: "mlp.up_proj.weight", shape: []int{p.Intermediate, h}, init: initMatrix},
+			{name: "mlp.down_proj.weight", shape: []int{h, p.Intermediate}, init: initMatrix},
+		} {
+			t.name = l + t.name
+			out = append(out, t)
+		}
+	}
+	return out
+}
