@@ -164,11 +164,11 @@ func TestSpecGreedyIsLossless(t *testing.T) {
 		temp      float64 // > 0 samples (seeded)
 	}
 	jobs := []job{
-		{randomTokens(rng, 1, 290), 40, -1, 0},
-		{randomTokens(rng, 7, 290), 37, 20, 0.2},
-		{randomTokens(rng, 12, 290), 9, -1, 0.5},  // max tokens inside the first block
-		{randomTokens(rng, 55, 290), 30, -1, 0.1}, // runs into the context limit
-		{randomTokens(rng, 3, 290), 30, -1, 1, 0}, // useless drafts
+		{randomTokens(rng, 1, 290), 40, -1, 0, 0},
+		{randomTokens(rng, 7, 290), 37, 20, 0.2, 0},
+		{randomTokens(rng, 12, 290), 9, -1, 0.5, 0},  // max tokens inside the first block
+		{randomTokens(rng, 55, 290), 30, -1, 0.1, 0}, // runs into the context limit
+		{randomTokens(rng, 3, 290), 30, -1, 1, 0},    // useless drafts
 		// Sampling: the walk draws one sample per visited node, in position
 		// order, so with the same seed a spec run reproduces the
 		// autoregressive run token for token.
