@@ -40,10 +40,12 @@ type Drafter struct {
 	attn       kernels.AttnShape
 }
 
-// Options sizes the drafter's context cache.
+// Options sizes the drafter's context cache: room for Sequences sessions
+// of Context committed tokens plus one block each.
 type Options struct {
-	PageSize int // tokens per page of the draft KV cache; 0 means 16
-	KVTokens int // capacity over all sequences in flight; 0 means the target's context
+	PageSize  int // tokens per page of the draft KV cache; 0 means 16
+	Sequences int // sessions in flight; 0 means 1
+	Context   int // longest sequence; 0 means the target's max positions
 }
 
 // LoadDrafter reads a z-lab drafter checkpoint (config.json and safetensors
@@ -71,11 +73,12 @@ func LoadDrafter(b kernels.Backend, dir string, target *engine.Model, opts Optio
 	if opts.PageSize <= 0 {
 		opts.PageSize = 16
 	}
-	if opts.KVTokens <= 0 {
-		opts.KVTokens = target.Cfg.MaxPositions + cfg.BlockSize
+	if opts.Context <= 0 {
+		opts.Context = target.Cfg.MaxPositions
 	}
+	tokens := max(opts.Sequences, 1) * (opts.Context + cfg.BlockSize)
 	kvDim := cfg.NumKVHeads * cfg.HeadDim
-	if d.kv, err = engine.NewKVCache(b, cfg.NumLayers, kvDim, opts.PageSize, (opts.KVTokens+opts.PageSize-1)/opts.PageSize); err != nil {
+	if d.kv, err = engine.NewKVCache(b, cfg.NumLayers, kvDim, opts.PageSize, (tokens+opts.PageSize-1)/opts.PageSize); err != nil {
 		return nil, err
 	}
 	ones := make([]int32, cfg.BlockSize*cfg.BlockSize)
@@ -310,4 +313,27 @@ func (a *arena) free() {
 	for _, buf := range a.bufs {
 		a.b.Free(buf)
 	}
+}
+
+// Attach loads the drafter in dir for the engine's target and enables
+// speculative decoding with the given options. The engine must have been
+// sized with Options.VerifyTokens >= spec.VerifyTokens(block size); see
+// VerifyTokens.
+func Attach(e *engine.Engine, b kernels.Backend, dir string, spec engine.SpecOptions) error {
+	d, err := LoadDrafter(b, dir, e.Model, Options{Sequences: e.Model.States.Slots(), Context: e.Context})
+	if err != nil {
+		return err
+	}
+	e.Drafter, e.Spec = d, spec
+	return nil
+}
+
+// VerifyTokens reads the drafter config in dir and returns how many tokens
+// one verify of the given spec mode feeds the target, for sizing the engine.
+func VerifyTokens(dir string, spec engine.SpecOptions) (int, error) {
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		return 0, err
+	}
+	return spec.VerifyTokens(cfg.BlockSize), nil
 }

@@ -11,7 +11,7 @@ import (
 )
 
 func TestDebugCCC(t *testing.T) {
-	versions := []string{"9.0.0", "10.0.0", "11.0.0", "12.0.0", "13.0.0", "14.0.0", "15.0.0"}
+	versions := []string{"9.0.0", "10.0.0", "11.0.0", "12.0.0", "13.0.0", "15.0.0"}
 	f, _ := os.Create("/tmp/tk/ccc.txt")
 	defer f.Close()
 	for r := rune(0); r <= unicode.MaxRune; r++ {

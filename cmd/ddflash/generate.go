@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"ddflash/engine"
-	"ddflash/kernels/cpu"
 )
 
 func init() {
@@ -20,7 +19,8 @@ func init() {
 
 func runGenerate(args []string) error {
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
-	model := fs.String("model", "", "model directory (Hugging Face layout)")
+	var mf modelFlags
+	mf.register(fs)
 	tokens := fs.String("tokens", "", "prompt as comma-separated token ids")
 	maxTokens := fs.Int("max-tokens", 64, "maximum number of new tokens")
 	temperature := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
@@ -28,20 +28,15 @@ func runGenerate(args []string) error {
 	topK := fs.Int("top-k", 0, "sample among the k most likely tokens (0: all)")
 	seed := fs.Uint64("seed", 0, "random seed")
 	logprobs := fs.Int("logprobs", 0, "report the top-N log-probabilities per step")
-	contextLen := fs.Int("context", 0, "context length (default: the model's)")
-	threads := fs.Int("threads", 0, "CPU threads (default: all cores)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	if err := fs.Parse(args); err != nil {
 		return err
-	}
-	if *model == "" {
-		return errors.New("--model is required")
 	}
 	prompt, err := parseTokenList(*tokens)
 	if err != nil {
 		return err
 	}
-	eng, err := engine.Load(cpu.New(*threads), *model, engine.Options{Context: *contextLen})
+	eng, err := mf.load(1)
 	if err != nil {
 		return err
 	}

@@ -140,7 +140,7 @@ func TestMemoryBar(t *testing.T) {
 
 func TestWrapLines(t *testing.T) {
 	got := wrapLines("short\nsglang flags: --tp-size 1 --max-running-requests 5", 24)
-	want := "short\nsglang flags: --tp-size\n    1\n    --max-running-requests\n    5"
+	want := "short\nsglang flags: --tp-size\n    1\n    --max-running-requests 5" // no space to break at
 	if got != want {
 		t.Errorf("wrapLines = %q, want %q", got, want)
 	}

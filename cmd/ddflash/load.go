@@ -1,0 +1,87 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+
+	"ddflash/dflash"
+	"ddflash/engine"
+	"ddflash/kernels"
+	"ddflash/kernels/cpu"
+	"ddflash/mamba"
+)
+
+// modelFlags are the flags every command that runs the model shares.
+type modelFlags struct {
+	model, draft, spec, rollback, device string
+	budget, context, threads             int
+}
+
+func (m *modelFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&m.model, "model", "", "target model directory (Hugging Face layout)")
+	fs.StringVar(&m.draft, "draft", "", "DFlash drafter directory (z-lab layout), for --spec linear|ddtree")
+	fs.StringVar(&m.spec, "spec", "auto", "decoding: auto (autoregressive), linear (DFlash chain) or ddtree")
+	fs.IntVar(&m.budget, "budget", 15, "DDTree node budget B (non-root nodes per verify)")
+	fs.StringVar(&m.rollback, "rollback", "replay", "GDN state rollback after partial acceptance: replay or snapshot")
+	fs.IntVar(&m.context, "context", 0, "context length (default: the model's)")
+	fs.IntVar(&m.threads, "threads", 0, "CPU threads (default: all cores)")
+	fs.StringVar(&m.device, "device", "cpu", "compute backend: cpu")
+}
+
+// specOptions parses the speculative-decoding flags.
+func (m *modelFlags) specOptions() (engine.SpecOptions, error) {
+	mode, err := engine.ParseSpecMode(m.spec)
+	if err != nil {
+		return engine.SpecOptions{}, err
+	}
+	rollback, err := mamba.ParseStrategy(m.rollback)
+	if err != nil {
+		return engine.SpecOptions{}, err
+	}
+	if mode == engine.SpecTree && m.budget < 1 {
+		return engine.SpecOptions{}, fmt.Errorf("--budget %d: a tree needs at least one node", m.budget)
+	}
+	if mode != engine.SpecAuto && m.draft == "" {
+		return engine.SpecOptions{}, fmt.Errorf("--spec %s needs a drafter: give --draft DIR", mode)
+	}
+	return engine.SpecOptions{Mode: mode, Budget: m.budget, Rollback: rollback}, nil
+}
+
+func (m *modelFlags) backend() (kernels.Backend, error) {
+	if m.device != "cpu" {
+		return nil, fmt.Errorf("--device %s: this build has the cpu backend only", m.device)
+	}
+	return cpu.New(m.threads), nil
+}
+
+// load builds the engine (and drafter) the flags describe, with room for
+// sequences requests in flight.
+func (m *modelFlags) load(sequences int) (*engine.Engine, error) {
+	if m.model == "" {
+		return nil, fmt.Errorf("--model is required")
+	}
+	spec, err := m.specOptions()
+	if err != nil {
+		return nil, err
+	}
+	b, err := m.backend()
+	if err != nil {
+		return nil, err
+	}
+	opts := engine.Options{Context: m.context, MaxSeqs: sequences}
+	if spec.Mode != engine.SpecAuto {
+		if opts.VerifyTokens, err = dflash.VerifyTokens(m.draft, spec); err != nil {
+			return nil, err
+		}
+	}
+	e, err := engine.Load(b, m.model, opts)
+	if err != nil {
+		return nil, err
+	}
+	if spec.Mode != engine.SpecAuto {
+		if err := dflash.Attach(e, b, m.draft, spec); err != nil {
+			return nil, err
+		}
+	}
+	return e, nil
+}

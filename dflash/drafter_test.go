@@ -1,0 +1,125 @@
+package dflash
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"ddflash/engine"
+	"ddflash/engine/testmodel"
+	"ddflash/kernels/cpu"
+	"ddflash/mamba"
+)
+
+// tinyPair writes a random tiny target and a matching drafter and loads both.
+func tinyPair(t *testing.T, seed uint64, spec engine.SpecOptions) *engine.Engine {
+	t.Helper()
+	p, err := testmodel.PresetByName("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := testmodel.Write(dir+"/target", testmodel.Options{Preset: p, Seed: seed}); err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.WriteDrafter(dir+"/draft", testmodel.DraftOptions{Target: p, Seed: seed, Window: 24}); err != nil {
+		t.Fatal(err)
+	}
+	b := cpu.New(2)
+	verify, err := VerifyTokens(dir+"/draft", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.Load(b, dir+"/target", engine.Options{VerifyTokens: verify, PageSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Attach(e, b, dir+"/draft", spec); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func randomFeatures(rng *rand.Rand, n int) []float32 {
+	f := make([]float32, n)
+	for i := range f {
+		f[i] = float32(rng.NormFloat64())
+	}
+	return f
+}
+
+// TestDraftCacheHoldsOnlyCommittedContext drafts in rounds (context arriving
+// a few rows at a time, each round's block K/V written past the context) and
+// checks each round equals a fresh session given the whole context at once:
+// no block K/V of an earlier round leaks into a later one.
+func TestDraftCacheHoldsOnlyCommittedContext(t *testing.T) {
+	e := tinyPair(t, 2, engine.SpecOptions{Mode: engine.SpecLinear})
+	d := e.Drafter.(*Drafter)
+	width := len(d.TapLayers()) * e.Model.Cfg.HiddenSize
+	rng := rand.New(rand.NewPCG(1, 2))
+	// 40 rows of context: with window 24 the sliding layer's window matters.
+	all := randomFeatures(rng, 40*width)
+	inc, err := d.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inc.Close()
+	done := 0
+	for _, rows := range []int{7, 1, 16, 3, 13} {
+		anchor := int32(rng.IntN(290))
+		got, err := inc.Draft(all[done*width:(done+rows)*width], anchor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done += rows
+		fresh, err := d.NewSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := fresh.Draft(all[:done*width], anchor)
+		fresh.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		diff := 0.0
+		for i := range want {
+			diff = math.Max(diff, math.Abs(float64(got[i]-want[i])))
+		}
+		if diff > 1e-5 {
+			t.Fatalf("after %d context rows: incremental draft differs from fresh by %g", done, diff)
+		}
+	}
+}
+
+// TestRealDrafterIsLossless runs the real drafter forward (random weights,
+// so acceptance is rare but every path runs) in each spec mode and compares
+// the output with autoregressive decoding.
+func TestRealDrafterIsLossless(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for seed := uint64(1); seed <= 3; seed++ {
+		prompt := make([]int32, 1+rng.IntN(30))
+		for i := range prompt {
+			prompt[i] = int32(rng.IntN(290))
+		}
+		req := engine.Request{Prompt: prompt, MaxTokens: 48}
+		want, err := tinyPair(t, seed, engine.SpecOptions{}).Generate(context.Background(), req, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, spec := range []engine.SpecOptions{
+			{Mode: engine.SpecLinear},
+			{Mode: engine.SpecTree, Budget: 4, Rollback: mamba.Snapshot},
+			{Mode: engine.SpecTree, Budget: 32},
+		} {
+			got, err := tinyPair(t, seed, spec).Generate(context.Background(), req, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got.Tokens, want.Tokens) {
+				t.Fatalf("seed %d %v b%d: output differs from autoregressive\n got %v\nwant %v", seed, spec.Mode, spec.Budget, got.Tokens, want.Tokens)
+			}
+		}
+	}
+}
