@@ -169,45 +169,36 @@ func ParseConfig(data []byte) (*Config, error) {
 	if c.Dtype == "" {
 		c.Dtype = raw.TorchDtype
 	}
-	required := []struct {
-		name string
-		src  *int
-		dst  *int
+	ints := []struct {
+		name     string
+		src      *int
+		dst      *int
+		optional bool
 	}{
-		{"hidden_size", raw.HiddenSize, &c.HiddenSize},
-		{"num_hidden_layers", raw.NumLayers, &c.NumLayers},
-		{"num_attention_heads", raw.NumHeads, &c.NumHeads},
-		{"num_key_value_heads", raw.NumKVHeads, &c.NumKVHeads},
-		{"intermediate_size", raw.IntermediateSize, &c.IntermediateSize},
-		{"vocab_size", raw.VocabSize, &c.VocabSize},
-		{"max_position_embeddings", raw.MaxPositions, &c.MaxPositions},
-		{"block_size", raw.BlockSize, &c.BlockSize},
+		{"hidden_size", raw.HiddenSize, &c.HiddenSize, false},
+		{"num_hidden_layers", raw.NumLayers, &c.NumLayers, false},
+		{"num_attention_heads", raw.NumHeads, &c.NumHeads, false},
+		{"num_key_value_heads", raw.NumKVHeads, &c.NumKVHeads, false},
+		{"intermediate_size", raw.IntermediateSize, &c.IntermediateSize, false},
+		{"vocab_size", raw.VocabSize, &c.VocabSize, false},
+		{"max_position_embeddings", raw.MaxPositions, &c.MaxPositions, false},
+		{"block_size", raw.BlockSize, &c.BlockSize, false},
+		{"head_dim", raw.HeadDim, &c.HeadDim, true},
+		{"num_target_layers", raw.NumTargetLayers, &c.NumTargetLayers, true},
 	}
-	for _, r := range required {
-		v, err := positive(r.name, r.src)
+	for _, f := range ints {
+		if f.src == nil && f.optional {
+			continue
+		}
+		v, err := positive(f.name, f.src)
 		if err != nil {
 			return nil, err
 		}
-		*r.dst = v
+		*f.dst = v
 	}
-	// Qwen3Config derives head_dim from the hidden size when it is absent.
-	c.HeadDim = c.HiddenSize / c.NumHeads
-	optional := []struct {
-		name string
-		src  *int
-		dst  *int
-	}{
-		{"head_dim", raw.HeadDim, &c.HeadDim},
-		{"num_target_layers", raw.NumTargetLayers, &c.NumTargetLayers},
-	}
-	for _, o := range optional {
-		if o.src != nil {
-			v, err := positive(o.name, o.src)
-			if err != nil {
-				return nil, err
-			}
-			*o.dst = v
-		}
+	if raw.HeadDim == nil {
+		// Qwen3Config derives head_dim from the hidden size when it is absent.
+		c.HeadDim = c.HiddenSize / c.NumHeads
 	}
 	if raw.RMSNormEps == nil {
 		return nil, missing("rms_norm_eps")

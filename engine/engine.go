@@ -143,39 +143,28 @@ func (e *Engine) CheckRequest(r Request) error {
 // or speculative decoding with the engine's drafter when e.Spec asks for it.
 // onToken, if set, sees each new token as it is produced.
 func (e *Engine) Generate(ctx context.Context, r Request, onToken func(int32)) (*Result, error) {
-	if err := e.CheckRequest(r); err != nil {
-		return nil, err
-	}
-	if e.Spec.Mode != SpecAuto {
-		return e.generateSpec(ctx, r, onToken)
-	}
-	seq, err := e.newSequence()
+	j, err := e.newJob(r, onToken)
 	if err != nil {
 		return nil, err
 	}
-	defer e.release(seq)
-
-	out := newOutput(e, r, onToken)
-	t0 := time.Now()
-	logits, _, err := e.prefill(seq, r.Prompt, nil)
-	if err != nil {
-		return nil, err
-	}
-	out.res.Stats.PrefillMs = ms(time.Since(t0))
-	t1 := time.Now()
-	for {
-		tok := out.sampler.Sample(logits)
-		if out.emit(tok, logits) {
-			break
-		}
+	defer j.close()
+	for !j.done() {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if logits, err = e.step(seq, tok); err != nil {
+		in, err := j.prepare()
+		if err != nil {
+			return nil, err
+		}
+		out, err := e.Model.Forward([]SeqInput{in}, j.taps())
+		if err != nil {
+			return nil, err
+		}
+		if err := j.complete(&out[0]); err != nil {
 			return nil, err
 		}
 	}
-	return out.finish(time.Since(t1)), nil
+	return j.result(), nil
 }
 
 // output collects a request's tokens and decides when it is finished.
@@ -257,26 +246,6 @@ func (e *Engine) release(s *sequence) {
 	e.Model.States.Release(s.slot)
 }
 
-// prefill feeds the prompt in chunks and returns the last position's logits
-// and, for each prompt token, its tapped hidden states concatenated in taps order.
-func (e *Engine) prefill(s *sequence, prompt []int32, taps []int) ([]float32, []float32, error) {
-	var logits, features []float32
-	for start := 0; start < len(prompt); start += e.opts.PrefillChunk {
-		chunk := prompt[start:min(start+e.opts.PrefillChunk, len(prompt))]
-		rows := NoRows
-		if start+len(chunk) == len(prompt) {
-			rows = LastRow
-		}
-		out, err := e.forward(s, SeqInput{Tokens: chunk, Logits: rows}, taps)
-		if err != nil {
-			return nil, nil, err
-		}
-		logits = out.Logits
-		features = append(features, e.features(out, taps, nil, len(chunk))...)
-	}
-	return logits, features, nil
-}
-
 // features concatenates, per row (all rows, or the given ones in order),
 // the tapped hidden states in taps order: the drafter's input layout.
 func (e *Engine) features(out *SeqOutput, taps []int, rows []int32, n int) []float32 {
@@ -297,32 +266,6 @@ func (e *Engine) features(out *SeqOutput, taps []int, rows []int32, n int) []flo
 		}
 	}
 	return f
-}
-
-// step feeds one token and returns the next logits.
-func (e *Engine) step(s *sequence, tok int32) ([]float32, error) {
-	out, err := e.forward(s, SeqInput{Tokens: []int32{tok}, Logits: LastRow}, nil)
-	if err != nil {
-		return nil, err
-	}
-	return out.Logits, nil
-}
-
-// forward runs in's tokens after the sequence's cached ones and, unless
-// they are a speculative verify, counts them as committed.
-func (e *Engine) forward(s *sequence, in SeqInput, taps []int) (*SeqOutput, error) {
-	if err := e.Model.KV.Reserve(&s.kv, s.len+len(in.Tokens)); err != nil {
-		return nil, err
-	}
-	in.Start, in.KV, in.Slot = s.len, &s.kv, s.slot
-	out, err := e.Model.Forward([]SeqInput{in}, taps)
-	if err != nil {
-		return nil, err
-	}
-	if in.Spec == nil {
-		s.len += len(in.Tokens)
-	}
-	return &out[0], nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -1,9 +1,7 @@
 package engine
 
 import (
-	"context"
 	"fmt"
-	"time"
 
 	"ddflash/ddtree"
 	"ddflash/mamba"
@@ -116,100 +114,6 @@ func (st *SpecStats) finish(blockSize int) {
 	if st.Budget > 0 {
 		st.TreeNodes = float64(st.nodes) / float64(st.VerifySteps)
 	}
-}
-
-// generateSpec decodes with draft-then-verify rounds. Every emitted token is
-// the target's own choice at its position (argmax, or a sample of the
-// target's distribution), so greedy output equals autoregressive output and
-// sampled output has the target's distribution.
-func (e *Engine) generateSpec(ctx context.Context, r Request, onToken func(int32)) (*Result, error) {
-	d := e.Drafter
-	if d == nil {
-		return nil, fmt.Errorf("spec mode %s needs a drafter (--draft)", e.Spec.Mode)
-	}
-	Q := d.BlockSize()
-	maxNodes := e.Spec.VerifyTokens(Q)
-	if maxNodes > e.opts.VerifyTokens {
-		return nil, fmt.Errorf("engine sized for %d verify tokens, spec mode %s needs %d", e.opts.VerifyTokens, e.Spec.Mode, maxNodes)
-	}
-	seq, err := e.newSequence()
-	if err != nil {
-		return nil, err
-	}
-	defer e.release(seq)
-	sess, err := d.NewSession()
-	if err != nil {
-		return nil, err
-	}
-	defer sess.Close()
-	verify, err := mamba.NewVerify(e.Model.b, e.Model.States.Shape(), e.Spec.Rollback, maxNodes)
-	if err != nil {
-		return nil, err
-	}
-	defer verify.Close()
-
-	out := newOutput(e, r, onToken)
-	st := &SpecStats{Mode: e.Spec.Mode.String()}
-	if e.Spec.Mode == SpecTree {
-		st.Budget = e.Spec.Budget
-	}
-	out.res.Stats.SpecStats = st
-	taps := d.TapLayers()
-	t0 := time.Now()
-	logits, features, err := e.prefill(seq, r.Prompt, taps)
-	if err != nil {
-		return nil, err
-	}
-	out.res.Stats.PrefillMs = ms(time.Since(t0))
-	t1 := time.Now()
-	anchor := out.sampler.Sample(logits)
-	done := out.emit(anchor, logits)
-	V := e.Model.Cfg.VocabSize
-	for !done {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		td := time.Now()
-		draft, err := sess.Draft(features, anchor)
-		if err != nil {
-			return nil, err
-		}
-		// Positions start..start+depth must stay inside the context.
-		depth := min(Q-1, e.Context-1-seq.len)
-		tree := e.propose(anchor, draft, depth)
-		tv := time.Now()
-		st.DraftMs += ms(tv.Sub(td))
-
-		in := SeqInput{Tokens: tree.Tokens, Logits: AllRows, Spec: verify}
-		if e.Spec.Mode == SpecTree {
-			in.Parents = tree.Parents
-		}
-		vout, err := e.forward(seq, in, taps)
-		if err != nil {
-			return nil, err
-		}
-		path, bonus := tree.Walk(func(node int32) int32 {
-			return out.sampler.Sample(vout.Logits[int(node)*V : int(node+1)*V])
-		})
-		if err := e.commit(seq, verify, path); err != nil {
-			return nil, err
-		}
-		st.VerifyMs += ms(time.Since(tv))
-		st.record(path, tree.Len()-1)
-
-		for i := 1; i <= len(path) && !done; i++ {
-			tok := bonus
-			if i < len(path) {
-				tok = tree.Tokens[path[i]]
-			}
-			row := int(path[i-1])
-			done = out.emit(tok, vout.Logits[row*V:(row+1)*V])
-		}
-		features = e.features(vout, taps, path, 0)
-		anchor = bonus
-	}
-	st.finish(Q)
-	return out.finish(time.Since(t1)), nil
 }
 
 // propose turns the drafter's logits into the proposal to verify, rooted at

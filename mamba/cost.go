@@ -44,3 +44,20 @@ func ReplayBytes(s Shape, convBytes, draftTokens int, tree bool) int64 {
 	}
 	return int64(draftTokens)*perToken + workingStates*int64(g.StateLen())*f32Bytes
 }
+
+// RollbackBytes is one request's rollback memory under the strategy for
+// draftTokens verified tokens (a tree when tree is set); nothing without
+// speculation.
+func (s Strategy) RollbackBytes(shape Shape, ssmBytes, convBytes, draftTokens int, tree bool) int64 {
+	switch {
+	case draftTokens == 0:
+		return 0
+	case s == Snapshot:
+		return SnapshotBytes(shape, ssmBytes, convBytes, draftTokens)
+	default:
+		return ReplayBytes(shape, convBytes, draftTokens, tree)
+	}
+}
+
+// MarshalText writes the strategy by name, as plans show it in JSON.
+func (s Strategy) MarshalText() ([]byte, error) { return []byte(s.String()), nil }

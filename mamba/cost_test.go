@@ -140,3 +140,31 @@ func TestReplayIsFarCheaperThanSnapshots(t *testing.T) {
 		t.Errorf("replay/snapshot = %.3f, want < 0.05", ratio)
 	}
 }
+
+func TestStrategyRollbackBytes(t *testing.T) {
+	s := qwen36Shape()
+	cases := []struct {
+		strategy    Strategy
+		draftTokens int
+		tree        bool
+		want        int64
+	}{
+		{Snapshot, 16, true, SnapshotBytes(s, 4, 2, 16)},
+		{Snapshot, 16, false, SnapshotBytes(s, 4, 2, 16)},
+		{Replay, 16, true, ReplayBytes(s, 2, 16, true)},
+		{Replay, 16, false, ReplayBytes(s, 2, 16, false)},
+		{Replay, 0, true, 0}, // no speculation, nothing to roll back
+		{Snapshot, 0, false, 0},
+	}
+	for _, c := range cases {
+		if got := c.strategy.RollbackBytes(s, 4, 2, c.draftTokens, c.tree); got != c.want {
+			t.Errorf("%v D=%d tree=%v: %d, want %d", c.strategy, c.draftTokens, c.tree, got, c.want)
+		}
+	}
+	for _, st := range []Strategy{Replay, Snapshot} {
+		text, err := st.MarshalText()
+		if back, perr := ParseStrategy(string(text)); err != nil || perr != nil || back != st {
+			t.Errorf("%v does not round-trip through its text %q", st, text)
+		}
+	}
+}

@@ -309,6 +309,7 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 	if err := json.Unmarshal(raw, &pairs); err == nil {
 		return pairs, nil
 	}
+	pairs = nil
 	var lines []string
 	if err := json.Unmarshal(raw, &lines); err != nil {
 		return nil, errors.New("merges must be a list of [left, right] pairs or of \"left right\" strings")

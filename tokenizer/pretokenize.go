@@ -120,6 +120,13 @@ func classifyRune(r rune) charClass {
 		return classNumber
 	case unicode.IsSpace(r): // Unicode White_Space, which is what \s means in the HF engine
 		return classSpace
+	// HF's engine has Unicode 16.0 data, Go's unicode package 15.0.
+	case unicode.Is(unicode16Letters, r):
+		return classLetter
+	case unicode.Is(unicode16Marks, r):
+		return classMark
+	case unicode.Is(unicode16Numbers, r):
+		return classNumber
 	}
 	return classOther
 }

@@ -66,8 +66,4 @@ var (
 			{0x1E5F1, 0x1E5FA, 1},
 		},
 	}
-	unicode16Spaces = &unicode.RangeTable{
-		R16: []unicode.Range16{},
-		R32: []unicode.Range32{},
-	}
 )

@@ -11,6 +11,7 @@ import (
 
 	"ddflash/engine/gpu"
 	"ddflash/engine/planner"
+	"ddflash/mamba"
 )
 
 func init() {
@@ -57,7 +58,7 @@ func (f *planFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&f.memFraction, "mem-fraction", 0, fmt.Sprintf("share of GPU memory for weights and caches (ddflash default %.2f; with --compat sglang, SGLang's automatic rule)", planner.DefaultMemFraction))
 	fs.StringVar(&f.reserve, "reserve", "", "runtime reserve for activations instead of --mem-fraction, e.g. 8GiB")
 	fs.Float64Var(&f.memFractionStatic, "mem-fraction-static", 0, "SGLang's --mem-fraction-static (default: its automatic rule)")
-	fs.IntVar(&f.maxMambaCacheSize, "max-mamba-cache-size", planner.ReportedMambaCacheSize, "SGLang's Mamba slots (default: the reported deployment's 24; 0: SGLang's ratio rule)")
+	fs.IntVar(&f.maxMambaCacheSize, "max-mamba-cache-size", planner.ReportedMambaCacheSize, "SGLang's Mamba slots; 24 is the reported deployment's setting, 0 SGLang's ratio rule")
 	fs.Float64Var(&f.mambaFullMemoryRatio, "mamba-full-memory-ratio", 0.9, "SGLang's Mamba share of KV+Mamba memory, used by the ratio rule")
 	fs.BoolVar(&f.disableRadixCache, "disable-radix-cache", false, "SGLang without prefix caching: one Mamba slot per request")
 }
@@ -142,18 +143,18 @@ func (f *planFlags) resolve(fs *flag.FlagSet) (*planSetup, error) {
 }
 
 func (f *planFlags) resolveRollback(k *planner.Knobs, explicit bool) error {
-	k.Rollback = planner.RollbackReplay
+	k.Rollback = mamba.Replay
 	if k.Mode == planner.ModeSGLang {
-		k.Rollback = planner.RollbackSnapshot
+		k.Rollback = mamba.Snapshot
 	}
 	if !explicit {
 		return nil
 	}
-	r, err := planner.ParseRollback(f.rollback)
+	r, err := mamba.ParseStrategy(f.rollback)
 	if err != nil {
 		return err
 	}
-	if k.Mode == planner.ModeSGLang && r != planner.RollbackSnapshot {
+	if k.Mode == planner.ModeSGLang && r != mamba.Snapshot {
 		return errors.New("--compat sglang models SGLang's per-token snapshots: drop --compat to plan ddflash's replay rollback")
 	}
 	k.Rollback = r
@@ -212,13 +213,16 @@ func planTo(w io.Writer, args []string) error {
 		return err
 	}
 	if *asJSON {
-		return writePlanJSON(w, s, p)
+		if err := writePlanJSON(w, s, p); err != nil {
+			return err
+		}
+	} else {
+		writePlan(w, s, p)
+		if s.knobs.Mode == planner.ModeSGLang && s.knobs.Spec != planner.SpecAutoregressive {
+			writeReplayComparison(w, s)
+		}
 	}
-	writePlan(w, s, p)
-	if s.knobs.Mode == planner.ModeSGLang && s.knobs.Spec != planner.SpecAutoregressive {
-		writeReplayComparison(w, s)
-	}
-	return nil
+	return p.Fits() // a plan that does not fit exits non-zero, after explaining itself
 }
 
 func writePlanJSON(w io.Writer, s *planSetup, p *planner.Plan) error {
@@ -226,9 +230,10 @@ func writePlanJSON(w io.Writer, s *planSetup, p *planner.Plan) error {
 		Model      string `json:"model"`
 		Drafter    string `json:"drafter,omitempty"`
 		GPU        string `json:"gpu"`
-		ServeFlags string `json:"serve_flags"`
+		Fits       bool   `json:"fits"`
+		ServeFlags string `json:"flags"`
 		*planner.Plan
-	}{s.modelRef, s.draftRef, s.device.Name, serveFlags(s, p), p}
+	}{s.modelRef, s.draftRef, s.device.Name, p.Fits() == nil, serveFlags(s, p), p}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)
@@ -283,7 +288,7 @@ func planHeadline(s *planSetup, p *planner.Plan) string {
 
 func rollbackName(k planner.Knobs) string {
 	if k.Mode == planner.ModeSGLang {
-		return planner.RollbackSnapshot.String()
+		return mamba.Snapshot.String()
 	}
 	return k.Rollback.String()
 }
@@ -306,7 +311,7 @@ func writeResult(w io.Writer, p *planner.Plan) {
 // same GPU and concurrency.
 func writeReplayComparison(w io.Writer, s *planSetup) {
 	k := s.knobs
-	k.Mode, k.Rollback, k.MemFraction = planner.ModeDDFlash, planner.RollbackReplay, 0
+	k.Mode, k.Rollback, k.MemFraction = planner.ModeDDFlash, mamba.Replay, 0
 	p, err := planner.Compute(s.models, k)
 	if err != nil {
 		return // the comparison is a courtesy; the SGLang plan above stands

@@ -52,7 +52,7 @@ func TestPlanJSONMatchesThePlanner(t *testing.T) {
 	var got struct {
 		Model      string `json:"model"`
 		GPU        string `json:"gpu"`
-		ServeFlags string `json:"serve_flags"`
+		ServeFlags string `json:"flags"`
 		KVTokens   int64  `json:"kv_tokens"`
 		StateSlots int    `json:"state_slots"`
 		MaxRunning struct {
@@ -143,5 +143,20 @@ func TestWrapLines(t *testing.T) {
 	want := "short\nsglang flags: --tp-size\n    1\n    --max-running-requests 5" // no space to break at
 	if got != want {
 		t.Errorf("wrapLines = %q, want %q", got, want)
+	}
+}
+
+func TestPlanThatDoesNotFitExitsNonZero(t *testing.T) {
+	out, err := runPlanArgs(t, "--gpu rtx-4090 --max-running-requests 1")
+	if err == nil || !strings.Contains(err.Error(), "need 32.59 GiB more than this GPU has") || !strings.Contains(out, "over budget") {
+		t.Errorf("error %v, output:\n%s", err, out)
+	}
+	out, err = runPlanArgs(t, "--gpu rtx-4090 --max-running-requests 1 --json")
+	var got struct {
+		Fits     bool     `json:"fits"`
+		Warnings []string `json:"warnings"`
+	}
+	if jerr := json.Unmarshal([]byte(out), &got); err == nil || jerr != nil || got.Fits || len(got.Warnings) == 0 {
+		t.Errorf("JSON for a plan that does not fit: error %v, %s", err, out)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	tea "charm.land/bubbletea/v2"
 
 	"ddflash/engine/planner"
+	"ddflash/mamba"
 )
 
 func init() {
@@ -164,7 +165,7 @@ var tuneRows = []tuneRow{
 	{"rollback", func(k planner.Knobs) string { return ddflashOnly(k, k.Rollback.String()) },
 		func(k *planner.Knobs, d int) {
 			if k.Mode == planner.ModeDDFlash {
-				k.Rollback = cycle([]planner.Rollback{planner.RollbackReplay, planner.RollbackSnapshot}, k.Rollback, d)
+				k.Rollback = cycle([]mamba.Strategy{mamba.Replay, mamba.Snapshot}, k.Rollback, d)
 			}
 		}},
 	{"prefix slots", func(k planner.Knobs) string { return ddflashOnly(k, fmt.Sprint(k.PrefixSlots)) },
@@ -173,9 +174,9 @@ var tuneRows = []tuneRow{
 		func(k *planner.Knobs, d int) {
 			k.Mode = cycle([]planner.Mode{planner.ModeDDFlash, planner.ModeSGLang}, k.Mode, d)
 			k.MemFraction, k.Reserve = 0, 0 // each mode has its own default
-			k.Rollback = planner.RollbackReplay
+			k.Rollback = mamba.Replay
 			if k.Mode == planner.ModeSGLang {
-				k.Rollback = planner.RollbackSnapshot
+				k.Rollback = mamba.Snapshot
 				if k.MaxMambaCacheSize == 0 {
 					k.MaxMambaCacheSize = planner.ReportedMambaCacheSize
 				}
@@ -224,7 +225,7 @@ var barLetters = map[string]byte{
 	"target weights": 'W', "draft weights": 'w', "other static allocations": 'x',
 	"KV cache": 'K', "draft KV cache": 'k', "GDN state slots": 'S',
 	"rollback: replay inputs": 'R', "rollback: per-token state snapshots": 'R',
-	"unassigned": '.',
+	"unassigned": '.', "over budget": '!',
 }
 
 // memoryBar draws the memory split in width characters, giving each use its

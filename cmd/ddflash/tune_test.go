@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	tea "charm.land/bubbletea/v2"
+
 	"ddflash/engine/planner"
+	"ddflash/mamba"
 )
 
 // tmuxSession drives a program in a detached tmux server of its own.
@@ -132,7 +135,7 @@ func TestTuneInTmux(t *testing.T) {
 	rollback, rules := rowIndex(t, "rollback"), rowIndex(t, "rules")
 	s.keys(repeat("Down", rollback)...)
 	s.keys("Right") // replay -> snapshot
-	k.Rollback = planner.RollbackSnapshot
+	k.Rollback = mamba.Snapshot
 	s.waitForPlan(m, k)
 
 	s.keys(repeat("Down", rules-rollback)...)
@@ -158,5 +161,49 @@ func TestTuneInTmux(t *testing.T) {
 		if !strings.Contains(final, want) {
 			t.Errorf("after quitting, screen lacks %q:\n%s", want, final)
 		}
+	}
+}
+
+// TestTuneRowsStepBothWays checks, in process, that every row's right key
+// changes what is shown (or says why it does not apply) and the left key
+// undoes it, each time with a plan that agrees with planner.Compute.
+func TestTuneRowsStepBothWays(t *testing.T) {
+	target, _ := planner.LoadTarget("qwen3.6-27b")
+	drafter, _ := planner.LoadDrafter("qwen3.6-27b-dflash")
+	setup := &planSetup{
+		models:   planner.Models{Target: target, Drafter: drafter},
+		knobs:    planner.Knobs{GPUTotal: 97887 << 20, MaxRunningRequests: 4, Spec: planner.SpecDDTree},
+		modelRef: "qwen3.6-27b", draftRef: "qwen3.6-27b-dflash",
+	}
+	m := newTuneModel(setup)
+	press := func(code rune) {
+		next, _ := m.Update(tea.KeyPressMsg{Code: code})
+		m = next.(*tuneModel)
+	}
+	for i, row := range tuneRows {
+		if m.selected != i {
+			t.Fatalf("row %d: selection at %d", i, m.selected)
+		}
+		before := row.value(m.knobs)
+		press(tea.KeyRight)
+		after := row.value(m.knobs)
+		applies := !strings.HasPrefix(before, "(")
+		if m.err != nil || (applies && after == before) || (!applies && after != before) {
+			t.Errorf("%s: %q -> %q (error %v)", row.label, before, after, m.err)
+		}
+		if want, err := planner.Compute(setup.models, m.knobs); err != nil || want.KVTokens != m.plan.KVTokens {
+			t.Errorf("%s: shown plan has %d KV tokens, planner says %v (%v)", row.label, m.plan.KVTokens, want, err)
+		}
+		press(tea.KeyLeft)
+		if back := row.value(m.knobs); back != before {
+			t.Errorf("%s: left after right gives %q, want %q", row.label, back, before)
+		}
+		press(tea.KeyDown)
+	}
+	if m.selected != 0 {
+		t.Errorf("down from the last row goes to %d, want 0", m.selected)
+	}
+	if _, cmd := m.Update(tea.KeyPressMsg{Code: 'q', Text: "q"}); cmd == nil {
+		t.Error("q does not quit")
 	}
 }

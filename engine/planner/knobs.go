@@ -3,6 +3,8 @@ package planner
 import (
 	"fmt"
 	"strings"
+
+	"ddflash/mamba"
 )
 
 // Mode is whose memory rules the plan follows.
@@ -25,17 +27,6 @@ const (
 	SpecLinear
 	// SpecDDTree verifies a DDTree of Budget nodes plus the root per step.
 	SpecDDTree
-)
-
-// Rollback is how a GDN state returns to the last accepted token after verify.
-type Rollback int
-
-const (
-	// RollbackReplay saves the recurrence inputs per draft token and replays
-	// the accepted ones (ddflash).
-	RollbackReplay Rollback = iota
-	// RollbackSnapshot keeps a full state copy per draft token (SGLang).
-	RollbackSnapshot
 )
 
 // DType is an element type of a cache.
@@ -74,20 +65,17 @@ func ParseDType(s string, allowFP8 bool) (DType, error) {
 }
 
 var (
-	modeNames     = []string{ModeDDFlash: "ddflash", ModeSGLang: "sglang"}
-	specNames     = []string{SpecAutoregressive: "auto", SpecLinear: "linear", SpecDDTree: "ddtree"}
-	rollbackNames = []string{RollbackReplay: "replay", RollbackSnapshot: "snapshot"}
+	modeNames = []string{ModeDDFlash: "ddflash", ModeSGLang: "sglang"}
+	specNames = []string{SpecAutoregressive: "auto", SpecLinear: "linear", SpecDDTree: "ddtree"}
 )
 
-func (m Mode) String() string     { return modeNames[m] }
-func (s Spec) String() string     { return specNames[s] }
-func (r Rollback) String() string { return rollbackNames[r] }
+func (m Mode) String() string { return modeNames[m] }
+func (s Spec) String() string { return specNames[s] }
 
 // The enums and dtypes appear by name in JSON.
-func (m Mode) MarshalText() ([]byte, error)     { return []byte(m.String()), nil }
-func (s Spec) MarshalText() ([]byte, error)     { return []byte(s.String()), nil }
-func (r Rollback) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
-func (d DType) MarshalText() ([]byte, error)    { return []byte(d.Name), nil }
+func (m Mode) MarshalText() ([]byte, error)  { return []byte(m.String()), nil }
+func (s Spec) MarshalText() ([]byte, error)  { return []byte(s.String()), nil }
+func (d DType) MarshalText() ([]byte, error) { return []byte(d.Name), nil }
 
 func parseName(kind, s string, names []string) (int, error) {
 	for i, n := range names {
@@ -110,12 +98,6 @@ func ParseSpec(s string) (Spec, error) {
 	return Spec(i), err
 }
 
-// ParseRollback reads "replay" or "snapshot".
-func ParseRollback(s string) (Rollback, error) {
-	i, err := parseName("rollback", s, rollbackNames)
-	return Rollback(i), err
-}
-
 // Knobs are the planner's inputs besides the model configs. Zero values take
 // the defaults named on each field.
 type Knobs struct {
@@ -134,13 +116,13 @@ type Knobs struct {
 	SSMDtype  DType `json:"ssm_dtype"`  // default: the config's mamba_ssm_dtype (fp32)
 	ConvDtype DType `json:"conv_dtype"` // default: bf16
 
-	MaxRunningRequests int      `json:"max_running_requests"` // required
-	Spec               Spec     `json:"spec"`
-	Budget             int      `json:"budget"`       // DDTree nodes per step; default block_size-1
-	TP                 int      `json:"tp"`           // tensor-parallel degree; default 1
-	Context            int      `json:"context"`      // tokens per request (prompt + output); default 4096
-	Rollback           Rollback `json:"rollback"`     // ddflash mode; SGLang always snapshots
-	PrefixSlots        int      `json:"prefix_slots"` // ddflash mode: extra state slots kept for prefix caching
+	MaxRunningRequests int            `json:"max_running_requests"` // required
+	Spec               Spec           `json:"spec"`
+	Budget             int            `json:"budget"`       // DDTree nodes per step; default block_size-1
+	TP                 int            `json:"tp"`           // tensor-parallel degree; default 1
+	Context            int            `json:"context"`      // tokens per request (prompt + output); default 4096
+	Rollback           mamba.Strategy `json:"rollback"`     // ddflash mode; SGLang always snapshots
+	PrefixSlots        int            `json:"prefix_slots"` // ddflash mode: extra state slots kept for prefix caching
 
 	// SGLang mode only.
 	MaxMambaCacheSize    int     `json:"max_mamba_cache_size,omitempty"`    // 0: SGLang's ratio rule
@@ -159,6 +141,14 @@ const (
 // deployment (cache-sizing.md §6.3): no SGLang rule gives 24 slots there, so
 // it was set by hand. `ddflash plan --compat sglang` starts from it.
 const ReportedMambaCacheSize = 24
+
+// freeBeforeLoad is the memory free before ddflash or SGLang starts.
+func (k Knobs) freeBeforeLoad() int64 {
+	if k.GPUFree == 0 {
+		return k.GPUTotal
+	}
+	return k.GPUFree
+}
 
 // withDefaults fills zero knobs and rejects impossible ones.
 func (k Knobs) withDefaults(t *Target) (Knobs, error) {

@@ -6,11 +6,12 @@
 package planner
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"strings"
 
 	"ddflash/dflash"
-	"ddflash/engine/config"
 	"ddflash/kernels"
 	"ddflash/mamba"
 )
@@ -69,7 +70,8 @@ type Plan struct {
 	Memory           []Segment  `json:"memory"`
 	Warnings         []string   `json:"warnings"`
 
-	shortfall string // why nothing can run; empty when the plan fits
+	shortfall string      // why nothing can run; empty when the plan fits
+	state     mamba.Shape // GDN state geometry per rank
 }
 
 // Fits returns nil when at least one request of the planned context can run,
@@ -111,14 +113,14 @@ func Compute(m Models, k Knobs) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Plan{Settings: k, MaxRunning: MaxRunning{Requested: k.MaxRunningRequests}}
+	p := &Plan{Settings: k, MaxRunning: MaxRunning{Requested: k.MaxRunningRequests}, state: r.state}
 	p.unitCosts(m, k, r)
 	if k.Mode == ModeSGLang {
 		p.planSGLang(m, k)
 	} else {
 		p.planDDFlash(k)
 	}
-	p.limit(m.Target.Config)
+	p.limit(m.Target.Config.MaxPositions)
 	return p, nil
 }
 
@@ -168,19 +170,14 @@ func (p *Plan) unitCosts(m Models, k Knobs, r rank) {
 	}
 	rollback := k.Rollback
 	if k.Mode == ModeSGLang {
-		rollback = RollbackSnapshot
+		rollback = mamba.Snapshot
 	}
 	p.Bytes.RollbackPerRequest = rollbackBytes(rollback, r.state, k, p.DraftTokens)
 }
 
-func rollbackBytes(how Rollback, s mamba.Shape, k Knobs, draftTokens int) int64 {
-	if draftTokens == 0 {
-		return 0
-	}
-	if how == RollbackSnapshot {
-		return mamba.SnapshotBytes(s, k.SSMDtype.Bytes, k.ConvDtype.Bytes, draftTokens)
-	}
-	return mamba.ReplayBytes(s, k.ConvDtype.Bytes, draftTokens, k.Spec == SpecDDTree)
+// rollbackBytes is one request's rollback memory for a strategy.
+func rollbackBytes(how mamba.Strategy, s mamba.Shape, k Knobs, draftTokens int) int64 {
+	return how.RollbackBytes(s, k.SSMDtype.Bytes, k.ConvDtype.Bytes, draftTokens, k.Spec == SpecDDTree)
 }
 
 // splitRank divides heads over TP ranks. KV heads are replicated when there
@@ -225,17 +222,12 @@ func splitRank(m Models, tp int) (rank, error) {
 // (plus any prefix-cache slots), rollback memory for every running request,
 // and the rest of the budget as KV cache.
 func (p *Plan) planDDFlash(k Knobs) {
-	free := k.GPUFree
-	if free == 0 {
-		free = k.GPUTotal
-	}
+	free := k.freeBeforeLoad()
 	reserve := k.Reserve
-	p.MemFraction = 1 - float64(reserve)/float64(k.GPUTotal)
-	if reserve == 0 {
-		p.MemFraction = k.MemFraction
-		if p.MemFraction == 0 {
-			p.MemFraction = DefaultMemFraction
-		}
+	if reserve > 0 {
+		p.MemFraction = 1 - float64(reserve)/float64(k.GPUTotal)
+	} else {
+		p.MemFraction = cmp.Or(k.MemFraction, DefaultMemFraction)
 		reserve = k.GPUTotal - int64(float64(k.GPUTotal)*p.MemFraction)
 	}
 	b := p.Bytes
@@ -250,9 +242,9 @@ func (p *Plan) planDDFlash(k Knobs) {
 	p.KVTokens = max(0, left/(b.PerKVToken+b.DraftKVPerToken))
 	p.MaxRunning.SlotCap = p.StateSlots - k.PrefixSlots
 	if left < 0 {
-		p.shortfall = fmt.Sprintf("weights (%s), runtime reserve (%s), %d state slots and rollback for %d requests (%s) need %s more than this GPU has: lower --max-running-requests, use --rollback replay, raise --tp, or lower the reserve",
-			FormatBytes(b.TargetWeights+b.DraftWeights), FormatBytes(reserve), p.StateSlots, p.RollbackRequests,
-			FormatBytes(states+rollback+draftWindows), FormatBytes(-left))
+		p.shortfall = fmt.Sprintf("weights (%s), the runtime reserve (%s) and state and rollback memory for %d %s (%s) need %s more than this GPU has: %s",
+			FormatBytes(b.TargetWeights+b.DraftWeights), FormatBytes(reserve), k.MaxRunningRequests, plural(k.MaxRunningRequests, "request"),
+			FormatBytes(states+rollback+draftWindows), FormatBytes(-left), remedies(k, "lower the reserve"))
 	}
 	p.Memory = []Segment{
 		{"CUDA context", cudaContextBytes},
@@ -265,11 +257,22 @@ func (p *Plan) planDDFlash(k Knobs) {
 		{"GDN state slots", states},
 		{rollbackUse(k.Rollback), rollback},
 	}
-	p.Memory = append(p.Memory, Segment{"unassigned", k.GPUTotal - sumSegments(p.Memory)})
+	p.closeMemory(k.GPUTotal)
 }
 
-func rollbackUse(r Rollback) string {
-	if r == RollbackSnapshot {
+// closeMemory adds what is left of the GPU, so the segments sum to its total:
+// a rounding remainder, or a negative shortfall when the plan does not fit.
+func (p *Plan) closeMemory(total int64) {
+	left := total - sumSegments(p.Memory)
+	use := "unassigned"
+	if left < 0 {
+		use = "over budget"
+	}
+	p.Memory = append(p.Memory, Segment{use, left})
+}
+
+func rollbackUse(r mamba.Strategy) string {
+	if r == mamba.Snapshot {
 		return "rollback: per-token state snapshots"
 	}
 	return "rollback: replay inputs"
@@ -283,17 +286,27 @@ func sumSegments(s []Segment) int64 {
 	return n
 }
 
+// remedies lists what can make a plan fit, most specific first.
+func remedies(k Knobs, first string) string {
+	r := []string{first, "lower --max-running-requests"}
+	if k.Mode == ModeDDFlash && k.Rollback == mamba.Snapshot && k.Spec != SpecAutoregressive {
+		r = append(r, "use --rollback replay")
+	}
+	r = append(r, "raise --tp", "or use a larger GPU")
+	return strings.Join(r, ", ")
+}
+
 // limit sets the effective concurrency, the shortfall and the warnings.
-func (p *Plan) limit(t *config.Config) {
+func (p *Plan) limit(maxPositions int) {
 	k := p.Settings
 	p.MaxRunning.KVCap = int(min(p.KVTokens/int64(k.Context), 1<<30))
 	p.MaxRunning.Effective = min(k.MaxRunningRequests, p.MaxRunning.KVCap, p.MaxRunning.SlotCap)
 	if p.shortfall == "" && p.KVTokens < int64(k.Context) {
-		p.shortfall = fmt.Sprintf("the KV cache holds %s tokens, less than one request of %s tokens: lower --context or --max-running-requests, use --rollback replay, or raise --tp",
-			FormatCount(p.KVTokens), FormatCount(int64(k.Context)))
+		p.shortfall = fmt.Sprintf("the KV cache holds %s tokens, less than one request of %s tokens: %s",
+			FormatCount(p.KVTokens), FormatCount(int64(k.Context)), remedies(k, "lower --context"))
 	}
 	if p.shortfall == "" && p.MaxRunning.Effective < 1 {
 		p.shortfall = fmt.Sprintf("%d state slots at %d per request leave no room for a running request: raise --max-mamba-cache-size", p.StateSlots, p.SlotsPerRequest)
 	}
-	p.Warnings = p.warnings(t)
+	p.Warnings = p.warnings(maxPositions)
 }

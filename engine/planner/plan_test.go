@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"ddflash/mamba"
 )
 
 const (
@@ -185,7 +187,7 @@ func TestReplayRollbackKeepsTheKVCache(t *testing.T) {
 	}
 	// The same engine with snapshots pays D·P per request.
 	k := p.Settings
-	k.Rollback = RollbackSnapshot
+	k.Rollback = mamba.Snapshot
 	s := mustPlan(t, m, k)
 	if s.Bytes.RollbackPerRequest != 16*qwenSlot {
 		t.Errorf("snapshot rollback %d per request, want 16·P", s.Bytes.RollbackPerRequest)
@@ -248,7 +250,7 @@ func TestMemoryAddsUpAndShrinksMonotonically(t *testing.T) {
 		for _, spec := range []Spec{SpecAutoregressive, SpecLinear, SpecDDTree} {
 			prev := int64(math.MaxInt64)
 			for mrr := 1; mrr <= 6; mrr++ {
-				k := Knobs{Mode: mode, GPUTotal: rtxPro6000, GPUFree: rtxPro6000 - gib, MaxRunningRequests: mrr, Spec: spec, Rollback: RollbackSnapshot}
+				k := Knobs{Mode: mode, GPUTotal: rtxPro6000, GPUFree: rtxPro6000 - gib, MaxRunningRequests: mrr, Spec: spec, Rollback: mamba.Snapshot}
 				p := mustPlan(t, m, k)
 				if got := sumSegments(p.Memory); got != rtxPro6000 {
 					t.Errorf("%s %s mrr=%d: segments sum to %d, not the GPU's %d", mode, spec, mrr, got, int64(rtxPro6000))

@@ -3,6 +3,8 @@ package planner
 import (
 	"fmt"
 	"math"
+
+	"ddflash/mamba"
 )
 
 // SGLang mode reproduces how SGLang sizes its pools for a hybrid model with
@@ -97,10 +99,7 @@ func sglangSlotsPerRequest(k Knobs) int {
 
 // planSGLang follows profile_max_num_token and handle_max_mamba_cache.
 func (p *Plan) planSGLang(m Models, k Knobs) {
-	free := k.GPUFree
-	if free == 0 {
-		free = k.GPUTotal
-	}
+	free := k.freeBeforeLoad()
 	preLoadFree := free - cudaContextBytes
 	p.MemFraction = k.MemFraction
 	if p.MemFraction == 0 {
@@ -167,7 +166,7 @@ func (p *Plan) planSGLang(m Models, k Knobs) {
 		{"KV cache", p.KVTokens * b.PerKVToken},
 		{"draft KV cache", draftKV},
 		{"GDN state slots", states},
-		{rollbackUse(RollbackSnapshot), snapshots},
+		{rollbackUse(mamba.Snapshot), snapshots},
 	}
-	p.Memory = append(p.Memory, Segment{"unassigned", k.GPUTotal - sumSegments(p.Memory)})
+	p.closeMemory(k.GPUTotal)
 }

@@ -4,14 +4,14 @@ import (
 	"fmt"
 	"strconv"
 
-	"ddflash/engine/config"
+	"ddflash/mamba"
 )
 
 // snapshotWarnBytes is where per-token snapshots become worth pointing out.
 const snapshotWarnBytes = 1 << 30
 
 // warnings says in plain words what limits the plan.
-func (p *Plan) warnings(t *config.Config) []string {
+func (p *Plan) warnings(maxPositions int) []string {
 	k := p.Settings
 	w := []string{} // an empty list, not null, in JSON
 	if p.shortfall != "" {
@@ -27,14 +27,13 @@ func (p *Plan) warnings(t *config.Config) []string {
 			FormatBytes(int64(p.RollbackRequests)*p.Bytes.RollbackPerRequest)))
 	}
 	snapshots := int64(p.RollbackRequests) * p.Bytes.RollbackPerRequest
-	if (k.Mode == ModeSGLang || k.Rollback == RollbackSnapshot) && snapshots >= snapshotWarnBytes {
-		r, _ := splitRank(Models{Target: &Target{Config: t}}, k.TP)
-		replay := int64(p.RollbackRequests) * rollbackBytes(RollbackReplay, r.state, k, p.DraftTokens)
+	if (k.Mode == ModeSGLang || k.Rollback == mamba.Snapshot) && snapshots >= snapshotWarnBytes {
+		replay := int64(p.RollbackRequests) * rollbackBytes(mamba.Replay, p.state, k, p.DraftTokens)
 		w = append(w, fmt.Sprintf("per-token state snapshots take %s (%s KV tokens); replaying from saved inputs (ddflash --rollback replay) needs %s",
 			FormatBytes(snapshots), FormatCount(snapshots/p.Bytes.PerKVToken), FormatBytes(replay)))
 	}
-	if k.Context > t.MaxPositions {
-		w = append(w, fmt.Sprintf("context %s is longer than the model's %s positions", FormatCount(int64(k.Context)), FormatCount(int64(t.MaxPositions))))
+	if k.Context > maxPositions {
+		w = append(w, fmt.Sprintf("context %s is longer than the model's %s positions", FormatCount(int64(k.Context)), FormatCount(int64(maxPositions))))
 	}
 	if k.SSMDtype != FP32 && p.DraftTokens > 0 {
 		w = append(w, fmt.Sprintf("%s recurrent state: speculative outputs can drift from fp32 decoding and acceptance can drop (the reference keeps fp32)", k.SSMDtype.Name))

@@ -21,13 +21,13 @@ type matmulKernels struct {
 	rows4 func(out []float32, outStride int, x []float32, m, k int, tile []float32)
 	// rows4BF16 is rows4 for one x row and bfloat16 weights, widened on the
 	// fly (decode streams each weight once, so widening into a buffer first
-	// would cost a second pass); nil when the kernels have no such path.
+	// would cost a second pass).
 	rows4BF16 func(out []float32, x []float32, k int, tile []uint16)
 	// widen converts BF16 or F16 weights to float32.
 	widen func(dst []float32, src []uint16, dt kernels.DType)
 }
 
-var portableKernels = matmulKernels{name: "portable", rows4: rows4Portable, widen: widenInto}
+var portableKernels = matmulKernels{name: "portable", rows4: rows4Portable, rows4BF16: rows4BF16Portable, widen: widenInto}
 
 // scratchPool recycles the float32 buffers that hold widened weight tiles.
 var scratchPool = sync.Pool{New: func() any { return new([]float32) }}
@@ -62,7 +62,7 @@ func (kern *matmulKernels) columns(out, x []float32, w *buffer, m, n, k, nLo, nH
 	}
 	for j := nLo; j < nHi; j += matmulTile {
 		rows := min(matmulTile, nHi-j)
-		if rows == matmulTile && m == 1 && w.dt == kernels.BF16 && kern.rows4BF16 != nil {
+		if rows == matmulTile && m == 1 && w.dt == kernels.BF16 {
 			kern.rows4BF16(out[j:j+matmulTile], x, k, w.u16[j*k:(j+matmulTile)*k])
 			continue
 		}
@@ -92,6 +92,18 @@ func rows4Portable(out []float32, outStride int, x []float32, m, k int, tile []f
 		o := out[i*outStride : i*outStride+4]
 		o[0], o[1], o[2], o[3] = d0, d1, d2, d3
 	}
+}
+
+func rows4BF16Portable(out []float32, x []float32, k int, tile []uint16) {
+	w0, w1, w2, w3 := tile[:k], tile[k:2*k], tile[2*k:3*k], tile[3*k:4*k]
+	var d0, d1, d2, d3 float32
+	for i, xi := range x[:k] {
+		d0 += xi * bf16ToF32(w0[i])
+		d1 += xi * bf16ToF32(w1[i])
+		d2 += xi * bf16ToF32(w2[i])
+		d3 += xi * bf16ToF32(w3[i])
+	}
+	out[0], out[1], out[2], out[3] = d0, d1, d2, d3
 }
 
 // dot4 returns the dot products of x with four rows, reading x once.

@@ -18,7 +18,29 @@ const defaultMinWork = 1 << 14
 type poolTask struct {
 	lo, hi int
 	fn     func(lo, hi int)
-	done   *sync.WaitGroup
+	call   *poolCall
+}
+
+// poolCall tracks one parallelFor: its outstanding ranges and the first
+// panic of a worker, which is re-raised on the calling goroutine.
+type poolCall struct {
+	done     sync.WaitGroup
+	mu       sync.Mutex
+	panicked any
+}
+
+func (c *poolCall) run(t poolTask) {
+	defer c.done.Done()
+	defer func() {
+		if r := recover(); r != nil {
+			c.mu.Lock()
+			if c.panicked == nil {
+				c.panicked = r
+			}
+			c.mu.Unlock()
+		}
+	}()
+	t.fn(t.lo, t.hi)
 }
 
 func newPool(threads, minWork int) *pool {
@@ -26,8 +48,7 @@ func newPool(threads, minWork int) *pool {
 	for range threads - 1 { // the calling goroutine is the last worker
 		go func() {
 			for t := range p.tasks {
-				t.fn(t.lo, t.hi)
-				t.done.Done()
+				t.call.run(t)
 			}
 		}()
 	}
@@ -51,11 +72,14 @@ func (p *pool) parallelFor(n, itemCost int, fn func(lo, hi int)) {
 		}
 		return
 	}
-	var done sync.WaitGroup
-	done.Add(parts - 1)
+	call := &poolCall{}
+	call.done.Add(parts)
 	for i := 1; i < parts; i++ {
-		p.tasks <- poolTask{lo: i * n / parts, hi: (i + 1) * n / parts, fn: fn, done: &done}
+		p.tasks <- poolTask{lo: i * n / parts, hi: (i + 1) * n / parts, fn: fn, call: call}
 	}
-	fn(0, n/parts)
-	done.Wait()
+	call.run(poolTask{lo: 0, hi: n / parts, fn: fn})
+	call.done.Wait()
+	if call.panicked != nil {
+		panic(call.panicked)
+	}
 }

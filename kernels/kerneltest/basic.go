@@ -2,6 +2,7 @@ package kerneltest
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
 
 	"ddflash/kernels"
@@ -17,7 +18,7 @@ func testBuffers(h *harness) {
 		if b.Len() != 7 || b.DType() != dt {
 			h.t.Errorf("Alloc(%v, 7) gave a %v buffer of %d", dt, b.DType(), b.Len())
 		}
-		h.expectEqual(describe("fresh %v buffer", dt), h.read(b, 7), make([]float32, 7))
+		h.expectEqual(fmt.Sprintf("fresh %v buffer", dt), h.read(b, 7), make([]float32, 7))
 	}
 
 	parent := h.alloc(kernels.F32, 20)
@@ -68,7 +69,7 @@ func testCopy(h *harness) {
 				want[dstOff+r*dstStride+c] = srcVals[srcOff+r*srcStride+c]
 			}
 		}
-		h.expectEqual(describe("%v Copy", dt), h.read(dst, dstLen), want)
+		h.expectEqual(fmt.Sprintf("%v Copy", dt), h.read(dst, dstLen), want)
 	}
 }
 
@@ -124,7 +125,7 @@ func testEmbedding(h *harness) {
 		}
 		out := h.alloc(kernels.F32, n*dim)
 		h.be.Embedding(out, table, h.i32(ids), n, dim)
-		h.expectClose(describe("Embedding %v", dt), h.read(out, n*dim), want, nil, tolerance{})
+		h.expectClose(fmt.Sprintf("Embedding %v", dt), h.read(out, n*dim), want, nil, tolerance{})
 	}
 }
 
@@ -152,7 +153,7 @@ func testMatMul(h *harness) {
 				}
 			}
 			got := h.read(outBuf, m*n+5)[5:]
-			h.expectClose(describe("MatMul %v m=%d n=%d k=%d", dt, m, n, k), got, want, scale, tolerance{1e-30, 2 * float64(k) * f32Unit})
+			h.expectClose(fmt.Sprintf("MatMul %v m=%d n=%d k=%d", dt, m, n, k), got, want, scale, tolerance{1e-30, 2 * float64(k) * f32Unit})
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package kerneltest
 
 import (
+	"fmt"
 	"math"
 
 	"ddflash/kernels"
@@ -31,7 +32,7 @@ func testRMSNorm(h *harness) {
 					want[r*dim+i] = float64(x[r*dim+i]) * inv * f
 				}
 			}
-			h.expectClose(describe("RMSNorm unitOffset=%v w %v", unitOffset, dt), h.read(xb, rows*dim), want, nil, normTol(dim))
+			h.expectClose(fmt.Sprintf("RMSNorm unitOffset=%v w %v", unitOffset, dt), h.read(xb, rows*dim), want, nil, normTol(dim))
 		}
 	}
 }

@@ -10,7 +10,6 @@ package kerneltest
 
 import (
 	"encoding/binary"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -268,16 +267,5 @@ func maxAbs(x []float64) float64 {
 	return m
 }
 
-// uniformScale returns n copies of s, for a normwise tolerance.
-func uniformScale(n int, s float64) []float64 {
-	out := make([]float64, n)
-	for i := range out {
-		out[i] = s
-	}
-	return out
-}
-
 // f32Unit is the unit roundoff of float32.
 const f32Unit = 1.0 / (1 << 24)
-
-func describe(format string, args ...any) string { return fmt.Sprintf(format, args...) }

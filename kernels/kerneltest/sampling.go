@@ -1,6 +1,7 @@
 package kerneltest
 
 import (
+	"fmt"
 	"math"
 	"sort"
 
@@ -37,7 +38,7 @@ func testLogSoftmax(h *harness) {
 				scale[r*c.n+i] = math.Abs(top) + math.Abs(want[r*c.n+i])
 			}
 		}
-		h.expectClose(describe("LogSoftmax rows=%d n=%d offset=%g", c.rows, c.n, c.offset), h.read(xb, len(x)), want, scale, tolerance{1e-6, 8 * f32Unit})
+		h.expectClose(fmt.Sprintf("LogSoftmax rows=%d n=%d offset=%g", c.rows, c.n, c.offset), h.read(xb, len(x)), want, scale, tolerance{1e-6, 8 * f32Unit})
 	}
 }
 
@@ -65,7 +66,7 @@ func testTopK(h *harness) {
 				wantIdx = append(wantIdx, float32(i))
 			}
 		}
-		h.expectEqual(describe("TopK k=%d values", k), h.read(vals, rows*k), wantVals)
-		h.expectEqual(describe("TopK k=%d indices", k), h.read(idx, rows*k), wantIdx)
+		h.expectEqual(fmt.Sprintf("TopK k=%d values", k), h.read(vals, rows*k), wantVals)
+		h.expectEqual(fmt.Sprintf("TopK k=%d indices", k), h.read(idx, rows*k), wantIdx)
 	}
 }

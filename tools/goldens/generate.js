@@ -275,6 +275,8 @@ function handPicked(chkTxt) {
     "https://example.com/path?query=1&x=y#frag", "user@example.com", "C:\\Windows\\System32", "/usr/local/bin",
     "func main() {\n\tfmt.Println(\"hello\")\n}\n", "def f(x):\n    return x ** 2\n", "#include <stdio.h>\nint main(void) { return 0; }\n",
     "SELECT id, name FROM users WHERE age > 21;", "<html><body><p>Hi</p></body></html>", "{\"a\": [1, 2, {\"b\": null}]}",
+    "a\u1ac1\u0316", "a\u0345\u1ac1\u0334", "\u{11935}\u{11930}", "\u{105c0}\u{105c1}", "x\u0897y", "\u{10d40}\u{10d41}",
+    "a" + "\u0301\u0316".repeat(40), "\u1100\u1161" + "\u0301".repeat(35), "\u0958\u0301",
     "naïve café résumé", "Straße", "ǅ ǈ ǋ", "İstanbul", "ﬁﬂ", "Ａｂｃ", "ｶﾀｶﾅ", "カタカナ", "ひらがな",
     chkTxt,
   ];

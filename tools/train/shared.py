@@ -26,7 +26,9 @@ import qwen36  # noqa: E402
 
 
 def setup_torch(seed):
-    torch.set_num_threads(2)
+    # One thread by default: on cores shared with other jobs, two OpenBLAS threads spin-wait
+    # on each other and a training step took 5-10x longer than with one.
+    torch.set_num_threads(int(os.environ.get("DDFLASH_TORCH_THREADS", "1")))
     # Strong GDN decays underflow into denormals, which make CPU float math several times slower.
     torch.set_flush_denormal(True)
     torch.manual_seed(seed)

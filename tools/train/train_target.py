@@ -109,7 +109,7 @@ def train(cfg, train_ids, held_out_ids, bytes_per_token, steps):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=1200)
     args = parser.parse_args()
     shared.setup_torch(SEED)
 

@@ -1,0 +1,59 @@
+package engine
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"ddflash/engine/testmodel"
+	"ddflash/kernels/cpu"
+	"ddflash/mamba"
+)
+
+// smallEngine loads the ~116M-parameter small preset in BF16 (the dtype of
+// real checkpoints) for step-time benchmarks.
+func smallEngine(b *testing.B) *Engine {
+	b.Helper()
+	p, err := testmodel.PresetByName("small")
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	if err := testmodel.Write(dir, testmodel.Options{Preset: p, Seed: 1, DType: "bf16"}); err != nil {
+		b.Fatal(err)
+	}
+	e, err := Load(cpu.New(0), dir, Options{Context: 1024, VerifyTokens: 65})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return e
+}
+
+// benchmarkVerify times one target forward over n speculative tokens after
+// a 128-token context (n = 1 is a plain decode step), rolled back each time.
+func benchmarkVerify(b *testing.B, n int) {
+	e := smallEngine(b)
+	s, err := e.newSequence()
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 1))
+	if _, _, err := e.prefill(s, randomTokens(rng, 128, 300), nil); err != nil {
+		b.Fatal(err)
+	}
+	spec, err := mamba.NewVerify(e.Model.b, e.Model.States.Shape(), mamba.Replay, n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tokens := randomTokens(rng, n, 300)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := e.forward(s, SeqInput{Tokens: tokens, Logits: AllRows, Spec: spec}, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkSmallDecodeStep(b *testing.B) { benchmarkVerify(b, 1) }
+func BenchmarkSmallVerify16(b *testing.B)   { benchmarkVerify(b, 16) }
+func BenchmarkSmallVerify33(b *testing.B)   { benchmarkVerify(b, 33) }
+func BenchmarkSmallVerify65(b *testing.B)   { benchmarkVerify(b, 65) }

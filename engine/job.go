@@ -1,0 +1,196 @@
+package engine
+
+import (
+	"fmt"
+	"time"
+
+	"ddflash/ddtree"
+	"ddflash/mamba"
+)
+
+// job is one request's decoding state machine. Each round, prepare says what
+// the request feeds the target next (a prompt chunk, one token, or a
+// speculative proposal), the caller runs the target over a batch of such
+// inputs, and complete consumes the request's share of the output. Generate
+// drives one job; the Scheduler batches many.
+//
+// In spec modes every emitted token is the target's own choice at its
+// position (argmax, or a sample of the target's distribution drawn at each
+// visited tree node), so greedy output equals autoregressive output and
+// sampled output has the target's distribution.
+type job struct {
+	e   *Engine
+	out *output
+	seq *sequence
+
+	prefilled int       // prompt tokens fed so far
+	last      int32     // newest token: the next input (autoregressive) or the anchor (spec)
+	features  []float32 // spec: drafter context of tokens committed since the last draft
+
+	sess   DraftSession
+	verify *mamba.Verify
+	tree   *ddtree.Tree // the proposal in flight
+	stats  *SpecStats
+
+	started, decodeStart, verifyStart time.Time
+	finished                          bool
+}
+
+func (e *Engine) newJob(r Request, onToken func(int32)) (*job, error) {
+	if err := e.CheckRequest(r); err != nil {
+		return nil, err
+	}
+	j := &job{e: e, out: newOutput(e, r, onToken), started: time.Now()}
+	if e.Spec.Mode != SpecAuto {
+		if e.Drafter == nil {
+			return nil, fmt.Errorf("spec mode %s needs a drafter (--draft)", e.Spec.Mode)
+		}
+		if need := e.Spec.VerifyTokens(e.Drafter.BlockSize()); need > e.opts.VerifyTokens {
+			return nil, fmt.Errorf("engine sized for %d verify tokens, spec mode %s needs %d", e.opts.VerifyTokens, e.Spec.Mode, need)
+		}
+	}
+	var err error
+	if j.seq, err = e.newSequence(); err != nil {
+		return nil, err
+	}
+	if e.Spec.Mode == SpecAuto {
+		return j, nil
+	}
+	j.stats = &SpecStats{Mode: e.Spec.Mode.String()}
+	if e.Spec.Mode == SpecTree {
+		j.stats.Budget = e.Spec.Budget
+	}
+	j.out.res.Stats.SpecStats = j.stats
+	if j.sess, err = e.Drafter.NewSession(); err != nil {
+		j.close()
+		return nil, err
+	}
+	if j.verify, err = mamba.NewVerify(e.Model.b, e.Model.States.Shape(), e.Spec.Rollback, e.Spec.VerifyTokens(e.Drafter.BlockSize())); err != nil {
+		j.close()
+		return nil, err
+	}
+	return j, nil
+}
+
+// close returns the job's KV pages, state slot and drafter context.
+func (j *job) close() {
+	if j.sess != nil {
+		j.sess.Close()
+	}
+	if j.verify != nil {
+		j.verify.Close()
+	}
+	if j.seq != nil {
+		j.e.release(j.seq)
+		j.seq = nil
+	}
+}
+
+func (j *job) done() bool { return j.finished }
+
+// taps are the layers whose hidden states the job needs from the target.
+func (j *job) taps() []int {
+	if j.sess == nil {
+		return nil
+	}
+	return j.e.Drafter.TapLayers()
+}
+
+// prepare returns the job's next target input, with KV pages reserved.
+func (j *job) prepare() (SeqInput, error) {
+	e, prompt := j.e, j.out.r.Prompt
+	in := SeqInput{Start: j.seq.len, KV: &j.seq.kv, Slot: j.seq.slot}
+	switch {
+	case j.prefilled < len(prompt):
+		end := min(j.prefilled+e.opts.PrefillChunk, len(prompt))
+		in.Tokens, in.Logits = prompt[j.prefilled:end], NoRows
+		if end == len(prompt) {
+			in.Logits = LastRow
+		}
+	case j.sess == nil:
+		in.Tokens, in.Logits = []int32{j.last}, LastRow
+	default:
+		td := time.Now()
+		draft, err := j.sess.Draft(j.features, j.last)
+		if err != nil {
+			return in, err
+		}
+		// Positions start..start+depth must stay inside the context.
+		j.tree = e.propose(j.last, draft, min(e.Drafter.BlockSize()-1, e.Context-1-j.seq.len))
+		j.verifyStart = time.Now()
+		j.stats.DraftMs += ms(j.verifyStart.Sub(td))
+		in.Tokens, in.Logits, in.Spec = j.tree.Tokens, AllRows, j.verify
+		if e.Spec.Mode == SpecTree {
+			in.Parents = j.tree.Parents
+		}
+	}
+	if err := e.Model.KV.Reserve(&j.seq.kv, j.seq.len+len(in.Tokens)); err != nil {
+		return in, err
+	}
+	return in, nil
+}
+
+// complete consumes the target's output for the input prepare returned.
+func (j *job) complete(out *SeqOutput) error {
+	e, prompt := j.e, j.out.r.Prompt
+	switch {
+	case j.prefilled < len(prompt):
+		n := min(e.opts.PrefillChunk, len(prompt)-j.prefilled)
+		j.prefilled += n
+		j.seq.len += n
+		j.features = append(j.features, e.features(out, j.taps(), nil, n)...)
+		if j.prefilled < len(prompt) {
+			return nil
+		}
+		j.out.res.Stats.PrefillMs = ms(time.Since(j.started))
+		j.decodeStart = time.Now()
+		j.last = j.out.sampler.Sample(out.Logits)
+		j.finished = j.out.emit(j.last, out.Logits)
+	case j.sess == nil:
+		j.seq.len++
+		j.last = j.out.sampler.Sample(out.Logits)
+		j.finished = j.out.emit(j.last, out.Logits)
+	default:
+		return j.completeVerify(out)
+	}
+	if j.finished {
+		j.finish()
+	}
+	return nil
+}
+
+// completeVerify walks the proposal with the target's tokens, commits the
+// accepted path and emits its tokens and the bonus.
+func (j *job) completeVerify(out *SeqOutput) error {
+	e, tree := j.e, j.tree
+	V := e.Model.Cfg.VocabSize
+	row := func(node int32) []float32 { return out.Logits[int(node)*V : int(node+1)*V] }
+	path, bonus := tree.Walk(func(node int32) int32 { return j.out.sampler.Sample(row(node)) })
+	if err := e.commit(j.seq, j.verify, path); err != nil {
+		return err
+	}
+	j.stats.VerifyMs += ms(time.Since(j.verifyStart))
+	j.stats.record(path, tree.Len()-1)
+	for i := 1; i <= len(path) && !j.finished; i++ {
+		tok := bonus
+		if i < len(path) {
+			tok = tree.Tokens[path[i]]
+		}
+		j.finished = j.out.emit(tok, row(path[i-1]))
+	}
+	j.features = e.features(out, j.taps(), path, 0)
+	j.last = bonus
+	if j.finished {
+		j.finish()
+	}
+	return nil
+}
+
+func (j *job) finish() {
+	if j.stats != nil {
+		j.stats.finish(j.e.Drafter.BlockSize())
+	}
+	j.out.finish(time.Since(j.decodeStart))
+}
+
+func (j *job) result() *Result { return j.out.res }
