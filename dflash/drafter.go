@@ -148,8 +148,9 @@ type Session struct {
 	cached int // committed tokens whose context K/V are in the cache
 }
 
-// NewSession starts an empty context.
-func (d *Drafter) NewSession() (engine.DraftSession, error) { return &Session{d: d}, nil }
+// NewSession starts an empty context; the drafter sees the prompt through
+// the target's features, not its tokens.
+func (d *Drafter) NewSession([]int32) (engine.DraftSession, error) { return &Session{d: d}, nil }
 
 // Close returns the session's cache pages.
 func (s *Session) Close() { s.d.kv.Truncate(&s.kv, 0) }

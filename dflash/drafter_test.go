@@ -61,7 +61,7 @@ func TestDraftCacheHoldsOnlyCommittedContext(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	// 40 rows of context: with window 24 the sliding layer's window matters.
 	all := randomFeatures(rng, 40*width)
-	inc, err := d.NewSession()
+	inc, err := d.NewSession(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestDraftCacheHoldsOnlyCommittedContext(t *testing.T) {
 			t.Fatal(err)
 		}
 		done += rows
-		fresh, err := d.NewSession()
+		fresh, err := d.NewSession(nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -152,7 +152,7 @@ func (e *Engine) Generate(ctx context.Context, r Request, onToken func(int32)) (
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		in, err := j.prepare()
+		in, err := j.prepare(e.opts.PrefillChunk)
 		if err != nil {
 			return nil, err
 		}

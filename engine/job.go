@@ -24,6 +24,7 @@ type job struct {
 	seq *sequence
 
 	prefilled int       // prompt tokens fed so far
+	chunk     int       // prompt tokens in the input being computed
 	last      int32     // newest token: the next input (autoregressive) or the anchor (spec)
 	features  []float32 // spec: drafter context of tokens committed since the last draft
 
@@ -61,7 +62,7 @@ func (e *Engine) newJob(r Request, onToken func(int32)) (*job, error) {
 		j.stats.Budget = e.Spec.Budget
 	}
 	j.out.res.Stats.SpecStats = j.stats
-	if j.sess, err = e.Drafter.NewSession(); err != nil {
+	if j.sess, err = e.Drafter.NewSession(r.Prompt); err != nil {
 		j.close()
 		return nil, err
 	}
@@ -96,13 +97,18 @@ func (j *job) taps() []int {
 	return j.e.Drafter.TapLayers()
 }
 
-// prepare returns the job's next target input, with KV pages reserved.
-func (j *job) prepare() (SeqInput, error) {
+// prefilling reports whether prompt tokens remain to be fed.
+func (j *job) prefilling() bool { return j.prefilled < len(j.out.r.Prompt) }
+
+// prepare returns the job's next target input, with KV pages reserved. A
+// prompt is fed at most maxChunk tokens at a time.
+func (j *job) prepare(maxChunk int) (SeqInput, error) {
 	e, prompt := j.e, j.out.r.Prompt
 	in := SeqInput{Start: j.seq.len, KV: &j.seq.kv, Slot: j.seq.slot}
 	switch {
 	case j.prefilled < len(prompt):
-		end := min(j.prefilled+e.opts.PrefillChunk, len(prompt))
+		end := min(j.prefilled+maxChunk, len(prompt))
+		j.chunk = end - j.prefilled
 		in.Tokens, in.Logits = prompt[j.prefilled:end], NoRows
 		if end == len(prompt) {
 			in.Logits = LastRow
@@ -135,7 +141,7 @@ func (j *job) complete(out *SeqOutput) error {
 	e, prompt := j.e, j.out.r.Prompt
 	switch {
 	case j.prefilled < len(prompt):
-		n := min(e.opts.PrefillChunk, len(prompt)-j.prefilled)
+		n := j.chunk
 		j.prefilled += n
 		j.seq.len += n
 		j.features = append(j.features, e.features(out, j.taps(), nil, n)...)

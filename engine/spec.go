@@ -22,7 +22,9 @@ type DraftSession interface {
 type Drafter interface {
 	TapLayers() []int
 	BlockSize() int
-	NewSession() (DraftSession, error)
+	// NewSession starts a request's drafting state; prompt is the request's
+	// prompt (drafters that look tokens up, such as n-gram ones, need it).
+	NewSession(prompt []int32) (DraftSession, error)
 }
 
 // SpecMode selects the decoding method.

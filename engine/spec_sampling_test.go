@@ -65,7 +65,7 @@ func TestSpecSamplingMatchesTarget(t *testing.T) {
 	exact := exactDistribution(t, ref, params, prompt, n)
 	oracle := greedyOracle(t, ref)
 	for _, c := range []specCase{{SpecAuto, 0, mamba.Replay}, {SpecLinear, 0, mamba.Replay}, {SpecTree, 6, mamba.Snapshot}} {
-		e := specEngineBlock(t, seed, c, prompt, oracle, 0.3, 256, 4)
+		e := specEngineBlock(t, seed, c, oracle, 0.3, 256, 4, Options{})
 		counts := map[string]int{}
 		var tau float64
 		for i := 0; i < samples; i++ {

@@ -15,7 +15,6 @@ import (
 // length occurs. Its logits put the proposal first and random tokens after
 // it, so trees get real alternatives.
 type oracleDrafter struct {
-	prompt []int32
 	next   func(context []int32) int32
 	block  int
 	vocab  int // logits row width
@@ -28,12 +27,13 @@ type oracleDrafter struct {
 
 func (o *oracleDrafter) TapLayers() []int { return o.taps }
 func (o *oracleDrafter) BlockSize() int   { return o.block }
-func (o *oracleDrafter) NewSession() (DraftSession, error) {
-	return &oracleSession{o: o}, nil
+func (o *oracleDrafter) NewSession(prompt []int32) (DraftSession, error) {
+	return &oracleSession{o: o, prompt: prompt}, nil
 }
 
 type oracleSession struct {
 	o        *oracleDrafter
+	prompt   []int32
 	ctx      []int32 // committed tokens
 	proposed []int32 // last round's anchor and drafts
 }
@@ -46,7 +46,7 @@ func (s *oracleSession) Draft(features []float32, anchor int32) ([]float32, erro
 	o := s.o
 	rows := len(features) / (len(o.taps) * o.hidden)
 	if s.proposed == nil {
-		s.ctx = append(s.ctx, o.prompt...)
+		s.ctx = append(s.ctx, s.prompt...)
 	} else {
 		s.ctx = append(s.ctx, s.proposed[:rows]...)
 	}
@@ -97,18 +97,21 @@ func greedyOracle(t testing.TB, ref *Engine) func([]int32) int32 {
 	}
 }
 
-// pathOracle knows the autoregressive answer: on that path the greedy
-// continuation is the next answer token. Off it (after a rejected draft)
-// any proposal will be rejected anyway.
-func pathOracle(prompt, answer []int32) func([]int32) int32 {
-	full := append(append([]int32{}, prompt...), answer...)
+// pathOracle knows the autoregressive answers (each a prompt followed by its
+// output): on such a path the continuation is the next answer token. Off
+// every path (after a rejected draft) any proposal is rejected anyway.
+func pathOracle(answers ...[]int32) func([]int32) int32 {
 	return func(seq []int32) int32 {
-		if len(seq) < len(full) && slices.Equal(seq, full[:len(seq)]) {
-			return full[len(seq)]
+		for _, full := range answers {
+			if len(seq) < len(full) && slices.Equal(seq, full[:len(seq)]) {
+				return full[len(seq)]
+			}
 		}
 		return 0
 	}
 }
+
+func concat(a, b []int32) []int32 { return append(append([]int32{}, a...), b...) }
 
 // specCase is one speculative configuration to compare with autoregressive decoding.
 type specCase struct {
@@ -133,16 +136,18 @@ func allSpecCases() []specCase {
 }
 
 // specEngine loads the tiny target of seed with an oracle drafter.
-func specEngine(t *testing.T, seed uint64, c specCase, prompt []int32, next func([]int32) int32, noise float64, ctxLen int) *Engine {
-	return specEngineBlock(t, seed, c, prompt, next, noise, ctxLen, 16)
+func specEngine(t *testing.T, seed uint64, c specCase, next func([]int32) int32, noise float64, ctxLen int) *Engine {
+	return specEngineBlock(t, seed, c, next, noise, ctxLen, 16, Options{})
 }
 
 // specEngineBlock is specEngine with a drafter block of the given size.
-func specEngineBlock(t *testing.T, seed uint64, c specCase, prompt []int32, next func([]int32) int32, noise float64, ctxLen, block int) *Engine {
-	e := newTestEngine(t, "tiny", seed, Options{Context: ctxLen, PageSize: 4, VerifyTokens: 65})
+// opts may ask for more sequences; context, page size and verify room are set here.
+func specEngineBlock(t *testing.T, seed uint64, c specCase, next func([]int32) int32, noise float64, ctxLen, block int, opts Options) *Engine {
+	opts.Context, opts.PageSize, opts.VerifyTokens = ctxLen, 4, 65
+	e := newTestEngine(t, "tiny", seed, opts)
 	e.Spec = SpecOptions{Mode: c.mode, Budget: c.budget, Rollback: c.rollback}
 	e.Drafter = &oracleDrafter{
-		prompt: prompt, next: next, block: block, vocab: e.Model.Cfg.VocabSize, valid: e.ValidVocab,
+		next: next, block: block, vocab: e.Model.Cfg.VocabSize, valid: e.ValidVocab,
 		hidden: e.Model.Cfg.HiddenSize, noise: noise, rng: rand.New(rand.NewPCG(seed, 99)), taps: []int{1, 3},
 	}
 	return e
@@ -191,7 +196,7 @@ func TestSpecGreedyIsLossless(t *testing.T) {
 				}
 			}
 			for _, c := range allSpecCases() {
-				e := specEngine(t, seed, c, j.prompt, pathOracle(j.prompt, want.Tokens), j.noise, ctxLen)
+				e := specEngine(t, seed, c, pathOracle(concat(j.prompt, want.Tokens)), j.noise, ctxLen)
 				if eos != nil {
 					e.EOS = eos
 				}
@@ -219,7 +224,7 @@ func TestChainTreeEqualsLinear(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := func(c specCase) *Result {
-		res, err := specEngine(t, 5, c, prompt, pathOracle(prompt, ar.Tokens), 0.3, 128).Generate(context.Background(), req, nil)
+		res, err := specEngine(t, 5, c, pathOracle(concat(prompt, ar.Tokens)), 0.3, 128).Generate(context.Background(), req, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -76,8 +76,9 @@ func (be *Backend) CausalConv(out, x, state, w, parents kernels.Buffer, T, chann
 					}
 					sum += wv[c*K+j] * in
 				}
-				o[t*channels+c] = silu(sum)
+				o[t*channels+c] = sum
 			}
+			be.kern.silu(o[t*channels+lo : t*channels+hi])
 		}
 	})
 }

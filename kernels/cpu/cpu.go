@@ -35,8 +35,8 @@ func (b *buffer) Len() int {
 
 // Backend runs every op on the calling goroutine plus a fixed worker pool.
 type Backend struct {
-	pool   *pool
-	matmul *matmulKernels
+	pool *pool
+	kern *kernelSet
 }
 
 var _ kernels.Backend = (*Backend)(nil)
@@ -44,7 +44,7 @@ var _ kernels.Backend = (*Backend)(nil)
 // New returns a CPU backend using threads workers (runtime.NumCPU() when threads <= 0).
 // It uses the AVX-512 kernels when the build and the CPU have them.
 func New(threads int) kernels.Backend {
-	kern, ok := simdMatMul()
+	kern, ok := simdKernels()
 	if !ok {
 		kern = portableKernels
 	}
@@ -52,11 +52,11 @@ func New(threads int) kernels.Backend {
 }
 
 // newBackend lets tests choose the kernels and force fine-grained splits.
-func newBackend(threads int, kern matmulKernels, minWork int) *Backend {
+func newBackend(threads int, kern kernelSet, minWork int) *Backend {
 	if threads <= 0 {
 		threads = runtime.NumCPU()
 	}
-	b := &Backend{pool: newPool(threads, minWork), matmul: &kern}
+	b := &Backend{pool: newPool(threads, minWork), kern: &kern}
 	// The workers only reference the pool, so an unreachable Backend can stop them.
 	runtime.AddCleanup(b, func(p *pool) { p.close() }, b.pool)
 	return b
@@ -64,7 +64,7 @@ func newBackend(threads int, kern matmulKernels, minWork int) *Backend {
 
 // Name reports the backend and its thread count.
 func (be *Backend) Name() string {
-	return fmt.Sprintf("cpu(%d threads, %s matmul)", be.pool.threads, be.matmul.name)
+	return fmt.Sprintf("cpu(%d threads, %s kernels)", be.pool.threads, be.kern.name)
 }
 
 // Alloc returns a zeroed buffer of n elements.

@@ -12,8 +12,8 @@ import (
 // every op however small, with the portable kernels, and with the SIMD ones
 // when this build and CPU have them.
 func TestConformance(t *testing.T) {
-	variants := []matmulKernels{portableKernels}
-	if simd, ok := simdMatMul(); ok {
+	variants := []kernelSet{portableKernels}
+	if simd, ok := simdKernels(); ok {
 		variants = append(variants, simd)
 	} else {
 		t.Log("no SIMD kernels in this build or on this CPU: testing the portable ones only")

@@ -82,8 +82,9 @@ func (be *Backend) GatedRMSNorm(out, x, z, w kernels.Buffer, rows, dim int, eps 
 			xr, zr, or := xv[r*dim:(r+1)*dim], zv[r*dim:(r+1)*dim], o[r*dim:(r+1)*dim]
 			inv := invRMS(xr, eps)
 			for i, v := range xr {
-				or[i] = v * inv * wv[i] * silu(zr[i])
+				or[i] = v * inv * wv[i]
 			}
+			be.kern.swiglu(or, zr, or)
 		}
 	})
 }
@@ -135,18 +136,16 @@ func (be *Backend) RoPE(x, positions kernels.Buffer, rows, heads, headDim, rotDi
 func (be *Backend) SwiGLU(out, gate, up kernels.Buffer, n int) {
 	o, g, u := f32s("SwiGLU out", out, n), f32s("SwiGLU gate", gate, n), f32s("SwiGLU up", up, n)
 	be.pool.parallelFor(n, 1, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			o[i] = silu(g[i]) * u[i]
-		}
+		be.kern.swiglu(o[lo:hi], g[lo:hi], u[lo:hi])
 	})
 }
 
 // MulSigmoid computes x = x·sigmoid(gate).
 func (be *Backend) MulSigmoid(x, gate kernels.Buffer, n int) {
 	xv, g := f32s("MulSigmoid x", x, n), f32s("MulSigmoid gate", gate, n)
-	for i := range xv {
-		xv[i] *= sigmoid(g[i])
-	}
+	be.pool.parallelFor(n, 1, func(lo, hi int) {
+		be.kern.mulSigmoid(xv[lo:hi], g[lo:hi])
+	})
 }
 
 // LogSoftmax replaces each row by its log-probabilities (log-sum-exp in float64).

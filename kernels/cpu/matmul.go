@@ -12,23 +12,6 @@ import (
 // verify block reads the weights once, like a single decode row.
 const matmulTile = 4
 
-// matmulKernels are MatMul's inner loops over one tile of weight rows. The
-// portable ones are always available; a SIMD build adds faster ones.
-type matmulKernels struct {
-	name string
-	// rows4 sets out[i*outStride+r] = x_i·w_r for the m rows x_i of x [m,k]
-	// and the four float32 rows w_r of tile [4,k].
-	rows4 func(out []float32, outStride int, x []float32, m, k int, tile []float32)
-	// rows4BF16 is rows4 for one x row and bfloat16 weights, widened on the
-	// fly (decode streams each weight once, so widening into a buffer first
-	// would cost a second pass).
-	rows4BF16 func(out []float32, x []float32, k int, tile []uint16)
-	// widen converts BF16 or F16 weights to float32.
-	widen func(dst []float32, src []uint16, dt kernels.DType)
-}
-
-var portableKernels = matmulKernels{name: "portable", rows4: rows4Portable, rows4BF16: rows4BF16Portable, widen: widenInto}
-
 // scratchPool recycles the float32 buffers that hold widened weight tiles.
 var scratchPool = sync.Pool{New: func() any { return new([]float32) }}
 
@@ -46,12 +29,12 @@ func (be *Backend) MatMul(out, x, w kernels.Buffer, m, n, k int) {
 	}
 	tiles := (n + matmulTile - 1) / matmulTile
 	be.pool.parallelFor(tiles, m*k*matmulTile, func(lo, hi int) {
-		be.matmul.columns(o, xv, wb, m, n, k, lo*matmulTile, min(n, hi*matmulTile))
+		be.kern.columns(o, xv, wb, m, n, k, lo*matmulTile, min(n, hi*matmulTile))
 	})
 }
 
 // columns computes output columns [nLo, nHi) of out [m,n].
-func (kern *matmulKernels) columns(out, x []float32, w *buffer, m, n, k, nLo, nHi int) {
+func (kern *kernelSet) columns(out, x []float32, w *buffer, m, n, k, nLo, nHi int) {
 	var scratch *[]float32
 	if w.dt != kernels.F32 {
 		scratch = scratchPool.Get().(*[]float32)

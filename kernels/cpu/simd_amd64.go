@@ -9,12 +9,20 @@ import (
 	"ddflash/kernels"
 )
 
-// simdMatMul returns the AVX-512 MatMul kernels when the CPU has AVX-512.
-func simdMatMul() (matmulKernels, bool) {
+// simdKernels returns the AVX-512 kernels when the CPU has AVX-512.
+func simdKernels() (kernelSet, bool) {
 	if !archsimd.X86.AVX512() {
-		return matmulKernels{}, false
+		return kernelSet{}, false
 	}
-	return matmulKernels{name: "avx512", rows4: rows4AVX512, rows4BF16: rows4BF16AVX512, widen: widenAVX512}, true
+	return kernelSet{
+		name:       "avx512",
+		rows4:      rows4AVX512,
+		rows4BF16:  rows4BF16AVX512,
+		widen:      widenAVX512,
+		swiglu:     swigluAVX512,
+		silu:       siluAVX512,
+		mulSigmoid: mulSigmoidAVX512,
+	}, true
 }
 
 // Notes on the Go compiler these kernels are shaped for:

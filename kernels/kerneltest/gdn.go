@@ -59,7 +59,7 @@ func refConv(state, x []float32, w []float64, parents []int32, T, channels, K in
 // same chain (which must give identical results), and as a random tree, with
 // F32 and BF16 kernels. Bound: (K+8)·u·Σ|w·x|.
 func testCausalConv(h *harness) {
-	const channels = 13
+	const channels = 37
 	for _, K := range []int{4, 2} {
 		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 			for _, T := range []int{1, 7} {

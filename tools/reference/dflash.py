@@ -9,6 +9,7 @@ full_attention layers are implemented (the layer type of the tiny drafter traine
 """
 
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -107,6 +108,18 @@ def draft_weight_shapes(cfg):
             p + "mlp.down_proj.weight": (hidden, inter),
         }
     return shapes
+
+
+def init_draft_weights(cfg, generator):
+    """Random weights with healthy activations: matrices N(0, 1/fan_in), norm weights near 1
+    (not exactly 1, so a golden catches a norm that is skipped or read as 1+w)."""
+    weights = {}
+    for name, shape in draft_weight_shapes(cfg).items():
+        if len(shape) == 1:
+            weights[name] = 1 + 0.1 * torch.randn(shape, generator=generator)
+        else:
+            weights[name] = torch.randn(shape, generator=generator) / math.sqrt(shape[1])
+    return weights
 
 
 def save_draft(directory, config, weights):

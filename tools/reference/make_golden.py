@@ -14,6 +14,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dflash  # noqa: E402
 import qwen36  # noqa: E402
 
 SEED = 20260
@@ -41,6 +42,48 @@ CONFIG = qwen36.TextConfig(
     rms_norm_eps=1e-6,
     tie_word_embeddings=False,
 )
+
+# A drafter for the golden target. Its head layout and RoPE theta differ from the target's so
+# that mixing the two configs shows; mask id 319 lies in the unused id range.
+DRAFT_CONFIG = dflash.DraftConfig(
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=32,
+    intermediate_size=96,
+    rms_norm_eps=1e-6,
+    rope_theta=10_000.0,
+    block_size=16,
+    mask_token_id=319,
+    target_layer_ids=(1, 4, 7),
+)
+DRAFT_ANCHORS = (12, 24)  # in the 40-token sequence
+
+
+def draft_golden(out_dir, target_cfg, target, ids, generator):
+    """Writes the drafter (draft/); returns its float64 logits for a block at each anchor and
+    how far a float32 run (target and drafter) lands from them."""
+    draft_dir = os.path.join(out_dir, "draft")
+    dflash.save_draft(
+        draft_dir,
+        dflash.draft_config_json(DRAFT_CONFIG, len(target_cfg.layer_types), target_cfg.vocab_size, 256),
+        dflash.init_draft_weights(DRAFT_CONFIG, generator),
+    )
+    cfg, draft = dflash.load_draft(draft_dir)
+    assert cfg == DRAFT_CONFIG, "draft config.json does not round-trip"
+    draft32 = {name: t.to(torch.float32) for name, t in draft.items()}
+    target32 = {name: t.to(torch.float32) for name, t in target.items()}
+    features = dflash.target_features(qwen36.forward(target_cfg, target, torch.tensor([ids]))[1], cfg.target_layer_ids)
+    features32 = dflash.target_features(qwen36.forward(target_cfg, target32, torch.tensor([ids]))[1], cfg.target_layer_ids)
+    blocks, float32_diff = [], 0.0
+    for anchor in DRAFT_ANCHORS:
+        anchor_id = torch.tensor([ids[anchor]])
+        logits = dflash.draft_block(cfg, draft, target["embed_tokens.weight"], target["lm_head.weight"], features[:, :anchor], anchor_id)
+        logits32 = dflash.draft_block(cfg, draft32, target32["embed_tokens.weight"], target32["lm_head.weight"], features32[:, :anchor], anchor_id)
+        float32_diff = max(float32_diff, (logits32.double() - logits).abs().max().item())
+        blocks.append({"anchor": anchor, "block_ids": [ids[anchor]] + [cfg.mask_token_id] * (cfg.block_size - 1), "logits": logits[0].tolist()})
+    return blocks, float32_diff
 
 
 def check_chunked_matches_recurrent(generator):
@@ -100,6 +143,7 @@ def main():
             float32_hidden_diff = max(float32_hidden_diff, max((a.double() - b).abs().max().item() for a, b in zip(hidden32, hidden)))
             records.append({"ids": ids, "logits": logits[0].tolist(), "hidden": [h[0].tolist() for h in hidden]})
             incremental_diff = max(incremental_diff, check_incremental_matches_full(cfg, weights, batch, logits, (len(ids) + 1) // 2))
+        draft_blocks, float32_draft_diff = draft_golden(out_dir, cfg, weights, sequences[-1], generator)
     assert model_rule_diff < 1e-10, f"chunked and recurrent model logits differ by {model_rule_diff}"
 
     golden = {
@@ -115,15 +159,24 @@ def main():
             "incremental_vs_full_logits_max_abs": incremental_diff,
             "float32_reference_logits_max_abs": float32_logits_diff,
             "float32_reference_hidden_max_abs": float32_hidden_diff,
+            "float32_reference_draft_logits_max_abs": float32_draft_diff,
         },
         "sequences": records,
+        "draft": {
+            "checkpoint": "draft/ (z-lab DFlash layout, BF16)",
+            "sequence": len(records) - 1,
+            "layout": "blocks[i].logits[row][vocab] for rows 1..block_size-1 of the block [ids[anchor], mask...] at "
+                      "positions anchor..anchor+15, context = target features of positions 0..anchor-1, all keys visible",
+            "blocks": draft_blocks,
+        },
     }
     with open(os.path.join(out_dir, "golden.json"), "w") as f:
         json.dump(golden, f, separators=(",", ":"))
         f.write("\n")
     print(f"wrote {out_dir}: delta rule chunked-vs-loop {rule_diff:.2e}, model {model_rule_diff:.2e}, "
           f"incremental {incremental_diff:.2e}, "
-          f"float32 vs float64: logits {float32_logits_diff:.2e}, hidden {float32_hidden_diff:.2e}")
+          f"float32 vs float64: logits {float32_logits_diff:.2e}, hidden {float32_hidden_diff:.2e}, "
+          f"draft logits {float32_draft_diff:.2e}")
 
 
 if __name__ == "__main__":

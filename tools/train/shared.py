@@ -73,3 +73,32 @@ def random_windows(ids, count, length, seed):
     generator = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, len(ids) - length, (count,), generator=generator)
     return ids[starts[:, None] + torch.arange(length)]
+
+
+# Projections that write into the residual stream.
+RESIDUAL_OUTPUTS = ("o_proj.weight", "out_proj.weight", "down_proj.weight")
+
+
+def trainable(weights, num_layers):
+    """Parameters from a reference init, with the residual-stream outputs scaled by
+    1/sqrt(2·layers) so the stream does not grow with depth."""
+    scale = 1 / math.sqrt(2 * num_layers)
+    return {name: torch.nn.Parameter(t * scale if name.endswith(RESIDUAL_OUTPUTS) else t) for name, t in weights.items()}
+
+
+def adamw(params, learning_rate, weight_decay):
+    """AdamW that decays matrices only (not norms, A_log, dt_bias)."""
+    decayed = [p for p in params.values() if p.dim() >= 2]
+    others = [p for p in params.values() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decayed, "weight_decay": weight_decay}, {"params": others, "weight_decay": 0.0}],
+        lr=learning_rate, betas=(0.9, 0.95),
+    )
+
+
+def cosine_learning_rate(step, steps, peak, warmup):
+    """Linear warm-up, then cosine decay to a tenth of the peak."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))

@@ -14,7 +14,6 @@ Usage: train_draft.py [--steps N]
 
 import argparse
 import json
-import math
 import os
 import time
 
@@ -53,20 +52,6 @@ def draft_config(mask_token_id):
         mask_token_id=mask_token_id,
         target_layer_ids=TAPS,
     )
-
-
-def initial_parameters(cfg, generator):
-    """Matrices N(0, 1/fan_in), residual-stream outputs scaled by 1/sqrt(2·layers), norms 1."""
-    params = {}
-    for name, shape in dflash.draft_weight_shapes(cfg).items():
-        if len(shape) == 1:
-            tensor = torch.ones(shape)
-        else:
-            tensor = torch.randn(shape, generator=generator) / math.sqrt(shape[1])
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
-                tensor /= math.sqrt(2 * cfg.num_layers)
-        params[name] = torch.nn.Parameter(tensor)
-    return params
 
 
 def training_data(target_cfg, target, train_ids):
@@ -109,13 +94,6 @@ def draft_loss(cfg, params, embed, lm_head, sequences, features, anchors, positi
     return loss, accepted
 
 
-def learning_rate(step, steps):
-    if step < WARMUP_STEPS:
-        return LEARNING_RATE * (step + 1) / WARMUP_STEPS
-    progress = (step - WARMUP_STEPS) / max(1, steps - WARMUP_STEPS)
-    return LEARNING_RATE * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3000)
@@ -132,20 +110,15 @@ def main():
 
     cfg = draft_config(tokenizer.special_ids[shared.MASK])
     generator = torch.Generator().manual_seed(SEED)
-    params = initial_parameters(cfg, generator)
-    decayed = [p for p in params.values() if p.dim() >= 2]
-    others = [p for p in params.values() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decayed, "weight_decay": WEIGHT_DECAY}, {"params": others, "weight_decay": 0.0}],
-        lr=LEARNING_RATE, betas=(0.9, 0.95),
-    )
+    params = shared.trainable(dflash.init_draft_weights(cfg, generator), cfg.num_layers)
+    optimizer = shared.adamw(params, LEARNING_RATE, WEIGHT_DECAY)
     embed, lm_head = target["embed_tokens.weight"], target["lm_head.weight"]
     position_weights = torch.exp(-torch.arange(cfg.block_size - 1) / POSITION_DECAY)
     anchor_range = torch.arange(PROMPT_TOKENS, SEQUENCE_TOKENS - cfg.block_size + 1)  # labels are all target tokens
     started = time.time()
     for step in range(args.steps):
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, args.steps)
+            group["lr"] = shared.cosine_learning_rate(step, args.steps, LEARNING_RATE, WARMUP_STEPS)
         rows = torch.randint(0, len(sequences), (BATCH,), generator=generator)
         anchors = anchor_range[torch.randperm(len(anchor_range), generator=generator)[:ANCHORS_PER_SEQUENCE]].sort().values
         loss, accepted = draft_loss(cfg, params, embed, lm_head, sequences[rows], features[rows], anchors, position_weights)

@@ -7,7 +7,6 @@ Usage: train_target.py [--steps N]
 
 import argparse
 import json
-import math
 import os
 import time
 
@@ -44,15 +43,6 @@ BATCH = 8
 LEARNING_RATE = 3e-3
 WARMUP_STEPS = 100
 WEIGHT_DECAY = 0.1
-RESIDUAL_OUTPUTS = ("o_proj.weight", "out_proj.weight", "down_proj.weight")
-
-
-def initial_parameters(cfg, generator):
-    """The reference's healthy random init, with the projections that write into the residual
-    stream scaled by 1/sqrt(2·layers) so the stream does not grow with depth."""
-    weights = qwen36.init_weights(cfg, generator)
-    scale = 1 / math.sqrt(2 * len(cfg.layer_types))
-    return {name: torch.nn.Parameter(t * scale if name.endswith(RESIDUAL_OUTPUTS) else t) for name, t in weights.items()}
 
 
 def language_model_loss(cfg, weights, windows):
@@ -71,27 +61,15 @@ def held_out_loss(cfg, weights, ids):
     return sum(loss.item() * n for loss, n in zip(losses, sizes)) / count
 
 
-def learning_rate(step, steps):
-    """Linear warm-up, then cosine decay to a tenth of the peak."""
-    if step < WARMUP_STEPS:
-        return LEARNING_RATE * (step + 1) / WARMUP_STEPS
-    progress = (step - WARMUP_STEPS) / max(1, steps - WARMUP_STEPS)
-    return LEARNING_RATE * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 def train(cfg, train_ids, held_out_ids, bytes_per_token, steps):
     generator = torch.Generator().manual_seed(SEED)
-    weights = initial_parameters(cfg, generator)
-    decayed = [p for p in weights.values() if p.dim() >= 2]
-    others = [p for p in weights.values() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decayed, "weight_decay": WEIGHT_DECAY}, {"params": others, "weight_decay": 0.0}],
-        lr=LEARNING_RATE, betas=(0.9, 0.95),
-    )
+    weights = shared.trainable(qwen36.init_weights(cfg, generator), len(cfg.layer_types))
+    optimizer = shared.adamw(weights, LEARNING_RATE, WEIGHT_DECAY)
     started = time.time()
     for step in range(steps):
+        learning_rate = shared.cosine_learning_rate(step, steps, LEARNING_RATE, WARMUP_STEPS)
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, steps)
+            group["lr"] = learning_rate
         starts = torch.randint(0, len(train_ids) - CONTEXT - 1, (BATCH,), generator=generator)
         windows = train_ids[starts[:, None] + torch.arange(CONTEXT + 1)]
         loss = language_model_loss(cfg, weights, windows)
@@ -100,7 +78,7 @@ def train(cfg, train_ids, held_out_ids, bytes_per_token, steps):
         torch.nn.utils.clip_grad_norm_(list(weights.values()), 1.0)
         optimizer.step()
         if step % 50 == 0 or step == steps - 1:
-            print(f"step {step} loss {loss.item():.3f} lr {learning_rate(step, steps):.2e} {time.time() - started:.0f}s", flush=True)
+            print(f"step {step} loss {loss.item():.3f} lr {learning_rate:.2e} {time.time() - started:.0f}s", flush=True)
         if (step + 1) % 500 == 0:
             held = held_out_loss(cfg, weights, held_out_ids)
             print(f"held-out loss {held:.3f} = {shared.bits_per_byte(held, bytes_per_token):.3f} bits/byte", flush=True)

@@ -1,0 +1,317 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// ErrQueueFull is returned by Submit when the wait queue is at its bound.
+var ErrQueueFull = errors.New("the server is at capacity: the request queue is full, retry later")
+
+// ErrShutdown fails requests still queued or running when the scheduler stops.
+var ErrShutdown = errors.New("the engine is shutting down")
+
+// SchedulerOptions bounds what the scheduler admits.
+type SchedulerOptions struct {
+	// MaxRunning caps requests decoding at once; 0 means one per GDN state slot.
+	MaxRunning int
+	// MaxQueue caps requests waiting for admission; 0 means 4×MaxRunning.
+	MaxQueue int
+	// StepPrefill caps prompt tokens fed per step over all requests, so a long
+	// prompt is prefilled in chunks between other requests' decode steps; 0
+	// means the engine's prefill chunk.
+	StepPrefill int
+}
+
+// Event is what one step produced for a request: one token, or several when
+// a speculative verify accepted drafts.
+type Event struct {
+	Tokens   []int32
+	Logprobs []StepLogprobs
+}
+
+// Stream is a submitted request: events as tokens are produced, then the result.
+type Stream struct {
+	events chan Event
+	done   chan struct{}
+	res    *Result
+	err    error
+}
+
+// Events delivers the request's tokens as they are produced; it is closed
+// when the request ends.
+func (s *Stream) Events() <-chan Event { return s.events }
+
+// Wait blocks until the request ends and returns its result.
+func (s *Stream) Wait() (*Result, error) {
+	<-s.done
+	return s.res, s.err
+}
+
+// SchedulerState is a snapshot of the scheduler's load and free resources.
+type SchedulerState struct {
+	Running, Queued       int
+	FreePages, TotalPages int
+	FreeSlots, TotalSlots int
+}
+
+// Scheduler batches requests: every step feeds each running request's next
+// input (a prompt chunk, a token, or a speculative proposal with its own
+// tree) to one target forward.
+//
+// KV policy: a request is admitted only when the pages for its whole worst
+// case (prompt + max tokens + one verify) are free beyond what running
+// requests may still claim, so a running request never runs out of KV; a
+// request that could never fit is rejected by Submit.
+type Scheduler struct {
+	e        *Engine
+	opts     SchedulerOptions
+	incoming chan *pending
+
+	mu      sync.Mutex
+	state   SchedulerState
+	waiting []*pending
+}
+
+type pending struct {
+	ctx    context.Context
+	req    Request
+	stream *Stream
+	job    *job
+	pages  int // worst-case KV pages reserved at admission
+	sent   int // tokens already delivered as events
+}
+
+// NewScheduler makes a scheduler over the engine; call Run to start it.
+func NewScheduler(e *Engine, opts SchedulerOptions) *Scheduler {
+	slots := e.Model.States.Slots()
+	if opts.MaxRunning <= 0 || opts.MaxRunning > slots {
+		opts.MaxRunning = slots
+	}
+	if opts.MaxQueue <= 0 {
+		opts.MaxQueue = 4 * opts.MaxRunning
+	}
+	if opts.StepPrefill <= 0 {
+		opts.StepPrefill = e.opts.PrefillChunk
+	}
+	s := &Scheduler{e: e, opts: opts, incoming: make(chan *pending, opts.MaxQueue)}
+	s.state.TotalPages, s.state.FreePages = e.Model.KV.Pages(), e.Model.KV.FreePages()
+	s.state.TotalSlots, s.state.FreeSlots = slots, e.Model.States.Free()
+	return s
+}
+
+// Options returns the scheduler's effective bounds.
+func (s *Scheduler) Options() SchedulerOptions { return s.opts }
+
+// State returns the latest snapshot of load and free resources.
+func (s *Scheduler) State() SchedulerState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state
+}
+
+// worstCasePages is the KV a request may need: its whole sequence plus the
+// tree nodes of one verify, which sit past the sequence until commit.
+func (s *Scheduler) worstCasePages(r Request) int {
+	e := s.e
+	verify := 0
+	if e.Spec.Mode != SpecAuto && e.Drafter != nil {
+		verify = e.Spec.VerifyTokens(e.Drafter.BlockSize())
+	}
+	tokens := min(len(r.Prompt)+r.MaxTokens, e.Context) + verify
+	ps := e.Model.KV.PageSize()
+	return (tokens + ps - 1) / ps
+}
+
+// Submit validates a request and queues it. ctx cancels it: queued or
+// running, its KV pages and state slot are freed at the next step.
+func (s *Scheduler) Submit(ctx context.Context, r Request) (*Stream, error) {
+	if err := s.e.CheckRequest(r); err != nil {
+		return nil, err
+	}
+	if need, total := s.worstCasePages(r), s.e.Model.KV.Pages(); need > total {
+		return nil, fmt.Errorf("%w: prompt plus max tokens needs %d KV pages, the cache has %d", ErrPromptTooLong, need, total)
+	}
+	p := &pending{ctx: ctx, req: r, stream: &Stream{events: make(chan Event, r.MaxTokens+1), done: make(chan struct{})}}
+	select {
+	case s.incoming <- p:
+		s.mu.Lock()
+		s.state.Queued++
+		s.mu.Unlock()
+		return p.stream, nil
+	default:
+		return nil, ErrQueueFull
+	}
+}
+
+// Run steps until ctx is done, then fails what is left with ErrShutdown.
+func (s *Scheduler) Run(ctx context.Context) {
+	var running []*pending
+	reserved := 0
+	defer func() {
+		for _, p := range append(append(running, s.waiting...), s.drain()...) {
+			s.end(p, ErrShutdown)
+		}
+		s.waiting = nil
+		s.publish(0)
+	}()
+	for {
+		if len(running) == 0 && len(s.waiting) == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case p := <-s.incoming:
+				s.waiting = append(s.waiting, p)
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		s.waiting = append(s.waiting, s.drain()...)
+		running, reserved = s.admit(running, reserved)
+		running, reserved = s.step(running, reserved)
+		s.publish(len(running))
+	}
+}
+
+// drain takes every request waiting in the channel.
+func (s *Scheduler) drain() []*pending {
+	var out []*pending
+	for {
+		select {
+		case p := <-s.incoming:
+			out = append(out, p)
+		default:
+			return out
+		}
+	}
+}
+
+// admit starts waiting requests, first come first served, while slots and
+// reservable KV pages last. Cancelled waiters are dropped.
+func (s *Scheduler) admit(running []*pending, reserved int) ([]*pending, int) {
+	kept := s.waiting[:0]
+	for i, p := range s.waiting {
+		if err := p.ctx.Err(); err != nil {
+			s.end(p, err)
+			continue
+		}
+		need := s.worstCasePages(p.req)
+		if len(running) >= s.opts.MaxRunning || reserved+need > s.e.Model.KV.Pages() {
+			kept = append(kept, s.waiting[i:]...)
+			break
+		}
+		j, err := s.e.newJob(p.req, nil)
+		if err != nil {
+			s.end(p, err)
+			continue
+		}
+		p.job, p.pages = j, need
+		reserved += need
+		running = append(running, p)
+	}
+	s.waiting = kept
+	return running, reserved
+}
+
+// step runs one batched forward over the running requests and delivers
+// their new tokens; finished, failed and cancelled requests leave.
+func (s *Scheduler) step(running []*pending, reserved int) ([]*pending, int) {
+	var batch []*pending
+	var inputs []SeqInput
+	var taps []int
+	budget := s.opts.StepPrefill
+	active := running[:0]
+	for _, p := range running {
+		if err := p.ctx.Err(); err != nil {
+			reserved -= s.end(p, err)
+			continue
+		}
+		active = append(active, p)
+		if p.job.prefilling() && budget == 0 {
+			continue // its next chunk waits for a later step
+		}
+		in, err := p.job.prepare(max(budget, 1))
+		if err != nil {
+			active = active[:len(active)-1]
+			reserved -= s.end(p, err)
+			continue
+		}
+		if p.job.prefilling() {
+			budget -= len(in.Tokens)
+		}
+		batch, inputs = append(batch, p), append(inputs, in)
+		if t := p.job.taps(); t != nil {
+			taps = t
+		}
+	}
+	running = active
+	if len(batch) == 0 {
+		return running, reserved
+	}
+	outs, err := s.e.Model.Forward(inputs, taps)
+	failed := map[*pending]error{}
+	for i, p := range batch {
+		if err == nil {
+			err := p.job.complete(&outs[i])
+			if err != nil {
+				failed[p] = err
+			}
+		} else {
+			failed[p] = fmt.Errorf("engine step: %w", err)
+		}
+	}
+	kept := running[:0]
+	for _, p := range running {
+		s.deliver(p)
+		switch {
+		case failed[p] != nil:
+			reserved -= s.end(p, failed[p])
+		case p.job.done():
+			reserved -= s.end(p, nil)
+		default:
+			kept = append(kept, p)
+		}
+	}
+	return kept, reserved
+}
+
+// deliver sends the tokens produced since the last delivery.
+func (s *Scheduler) deliver(p *pending) {
+	res := p.job.result()
+	if len(res.Tokens) == p.sent {
+		return
+	}
+	ev := Event{Tokens: res.Tokens[p.sent:]}
+	if len(res.Logprobs) > 0 {
+		ev.Logprobs = res.Logprobs[p.sent:]
+	}
+	p.sent = len(res.Tokens)
+	p.stream.events <- ev
+}
+
+// end finishes a request with err (nil on success), frees its resources at
+// once and returns the KV pages it had reserved.
+func (s *Scheduler) end(p *pending, err error) int {
+	if p.job != nil {
+		if err == nil {
+			p.stream.res = p.job.result()
+		}
+		p.job.close()
+	}
+	p.stream.err = err
+	close(p.stream.events)
+	close(p.stream.done)
+	return p.pages
+}
+
+func (s *Scheduler) publish(running int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.state.Running = running
+	s.state.Queued = len(s.waiting) + len(s.incoming)
+	s.state.FreePages = s.e.Model.KV.FreePages()
+	s.state.FreeSlots = s.e.Model.States.Free()
+}

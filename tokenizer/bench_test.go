@@ -1,0 +1,58 @@
+package tokenizer
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"os"
+	"testing"
+)
+
+var benchCorpus = flag.String("corpus", "", "JSON-lines file of strings for BenchmarkEncode (default: the golden texts); tools/goldens/bench.sh passes one")
+
+// BenchmarkEncode encodes every document of the corpus with the Qwen3
+// tokenizer, with a cold word cache, and reports throughput in MB/s.
+func BenchmarkEncode(b *testing.B) {
+	docs := benchDocs(b)
+	size := 0
+	for _, d := range docs {
+		size += len(d)
+	}
+	b.SetBytes(int64(size))
+	for b.Loop() {
+		b.StopTimer()
+		tok, err := parseQwen3(false)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		for _, d := range docs {
+			tok.Encode(d)
+		}
+	}
+}
+
+func benchDocs(b *testing.B) []string {
+	if *benchCorpus == "" {
+		return goldenTexts(b)
+	}
+	f, err := os.Open(*benchCorpus)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	var docs []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 256<<20)
+	for sc.Scan() {
+		var d string
+		if err := json.Unmarshal(sc.Bytes(), &d); err != nil {
+			b.Fatalf("%s: %v", *benchCorpus, err)
+		}
+		docs = append(docs, d)
+	}
+	if err := sc.Err(); err != nil {
+		b.Fatal(err)
+	}
+	return docs
+}
