@@ -87,34 +87,37 @@ type SpecStats struct {
 	VerifyMs              float64   `json:"verify_ms"`
 	Budget                int       `json:"budget,omitempty"`
 	TreeNodes             float64   `json:"tree_nodes,omitempty"` // mean proposed nodes per verify, root excluded
-	accepted              []int
-	produced, nodes       int
+	// Counters (as vLLM's spec-decode metrics count them): tokens proposed
+	// (tree nodes, root excluded), drafts accepted, and accepted per position.
+	DraftTokens         int   `json:"draft_tokens"`
+	AcceptedTokens      int   `json:"accepted_tokens"`
+	AcceptedPerPosition []int `json:"accepted_per_position"`
 }
 
 func (st *SpecStats) record(path []int32, treeNodes int) {
 	a := len(path) - 1
-	for len(st.accepted) < a {
-		st.accepted = append(st.accepted, 0)
+	for len(st.AcceptedPerPosition) < a {
+		st.AcceptedPerPosition = append(st.AcceptedPerPosition, 0)
 	}
 	for k := 0; k < a; k++ {
-		st.accepted[k]++
+		st.AcceptedPerPosition[k]++
 	}
 	st.VerifySteps++
-	st.produced += len(path)
-	st.nodes += treeNodes
+	st.AcceptedTokens += a
+	st.DraftTokens += treeNodes
 }
 
 func (st *SpecStats) finish(blockSize int) {
 	if st.VerifySteps == 0 {
 		return
 	}
-	st.AcceptanceLength = float64(st.produced) / float64(st.VerifySteps)
+	st.AcceptanceLength = 1 + float64(st.AcceptedTokens)/float64(st.VerifySteps)
 	st.PerPositionAcceptance = make([]float64, blockSize-1)
-	for k, n := range st.accepted {
+	for k, n := range st.AcceptedPerPosition {
 		st.PerPositionAcceptance[k] = float64(n) / float64(st.VerifySteps)
 	}
 	if st.Budget > 0 {
-		st.TreeNodes = float64(st.nodes) / float64(st.VerifySteps)
+		st.TreeNodes = float64(st.DraftTokens) / float64(st.VerifySteps)
 	}
 }
 

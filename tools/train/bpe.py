@@ -41,8 +41,8 @@ CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}
 
 
 def pre_tokenize(text):
-    """NFC, then the Split regex (behaviour Isolated: every match is its own piece), then each
-    piece's UTF-8 bytes as byte symbols."""
+    """NFC, then the Split regex (behaviour Isolated: every match is its own piece; the regex
+    matches every character), then each piece's UTF-8 bytes as byte symbols."""
     return ["".join(BYTE_TO_CHAR[b] for b in piece.encode()) for piece in _SPLIT.findall(unicodedata.normalize("NFC", text))]
 
 
@@ -64,6 +64,7 @@ class Tokenizer:
         self.vocab = {c: i for i, c in enumerate(BYTE_TO_CHAR.values())}
         for a, b in self.merges:
             self.vocab[a + b] = len(self.vocab)
+        assert len(self.vocab) == 256 + len(self.merges), "two merges produce the same token"
         self.special_ids = {tok: len(self.vocab) + i for i, tok in enumerate(special_tokens)}
         self.id_to_token = {i: t for t, i in self.vocab.items()} | {i: t for t, i in self.special_ids.items()}
         self._rank = {m: r for r, m in enumerate(self.merges)}
