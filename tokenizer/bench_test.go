@@ -1,8 +1,6 @@
 package tokenizer
 
 import (
-	"bufio"
-	"encoding/json"
 	"flag"
 	"os"
 	"testing"
@@ -41,18 +39,5 @@ func benchDocs(b *testing.B) []string {
 		b.Fatal(err)
 	}
 	defer f.Close()
-	var docs []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 256<<20)
-	for sc.Scan() {
-		var d string
-		if err := json.Unmarshal(sc.Bytes(), &d); err != nil {
-			b.Fatalf("%s: %v", *benchCorpus, err)
-		}
-		docs = append(docs, d)
-	}
-	if err := sc.Err(); err != nil {
-		b.Fatal(err)
-	}
-	return docs
+	return readJSONLines[string](b, *benchCorpus, f)
 }

