@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"ddflash/engine/config"
 	"ddflash/kernels"
 	"ddflash/mamba"
+	"ddflash/tokenizer"
 )
 
 // Options sizes an engine's caches.
@@ -30,8 +32,10 @@ type Engine struct {
 	// ValidVocab is the number of real token ids; logits beyond are padding.
 	ValidVocab int
 	// EOS lists the token ids that end generation.
-	EOS     []int32
-	Context int
+	EOS []int32
+	// Tokenizer is the checkpoint's tokenizer, nil when it ships none.
+	Tokenizer *tokenizer.Dir
+	Context   int
 	// Drafter and Spec enable speculative decoding (Spec.Mode != SpecAuto).
 	Drafter Drafter
 	Spec    SpecOptions
@@ -48,11 +52,16 @@ func Load(b kernels.Backend, dir string, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	valid, eos, err := vocabInfo(dir, cfg)
+	tok, valid, eos, err := loadTokenizer(dir, cfg)
 	if err != nil {
 		return nil, err
 	}
-	return New(b, cfg, w, valid, eos, opts)
+	e, err := New(b, cfg, w, valid, eos, opts)
+	if err != nil {
+		return nil, err
+	}
+	e.Tokenizer = tok
+	return e, nil
 }
 
 // New builds an engine from loaded weights.
@@ -208,22 +217,13 @@ func (o *output) finish(decode time.Duration) *Result {
 // end-of-sequence token, max tokens, or a sequence that fills the context.
 func (e *Engine) finished(r Request, out []int32) string {
 	last := out[len(out)-1]
-	if !r.IgnoreEOS && e.isEOS(last) {
+	if !r.IgnoreEOS && slices.Contains(e.EOS, last) {
 		return FinishStop
 	}
 	if len(out) >= r.MaxTokens || len(r.Prompt)+len(out) >= e.Context {
 		return FinishLength
 	}
 	return ""
-}
-
-func (e *Engine) isEOS(t int32) bool {
-	for _, id := range e.EOS {
-		if id == t {
-			return true
-		}
-	}
-	return false
 }
 
 // sequence is one request's cache state.

@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"ddflash/ddtree"
 	"ddflash/engine/config"
@@ -166,7 +167,7 @@ func (m *Model) Forward(seqs []SeqInput, taps []int) ([]SeqOutput, error) {
 		b.RMSNorm(s.h, s.x, lw.PostNorm, rows, H, eps, true)
 		m.mlp(&lw, rows)
 		b.Add(s.x, s.x, s.mix, rows*H)
-		if contains(taps, l) {
+		if slices.Contains(taps, l) {
 			t, err := b.Alloc(kernels.F32, rows*H)
 			if err != nil {
 				return nil, fmt.Errorf("engine: hidden-state tap: %w", err)
@@ -355,15 +356,6 @@ func (m *Model) CommitKV(kv *SeqKV, start int, path []int32) error {
 // rowsOf is the view of rows r0..r0+n of a [*, width] buffer.
 func rowsOf(b kernels.Backend, buf kernels.Buffer, r0, n, width int) kernels.Buffer {
 	return b.Slice(buf, r0*width, n*width)
-}
-
-func contains(list []int, v int) bool {
-	for _, x := range list {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // stepMeta is the index data of one step, uploaded once and shared by layers.

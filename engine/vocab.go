@@ -1,50 +1,38 @@
 package engine
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"ddflash/engine/config"
+	"ddflash/tokenizer"
 )
 
-// vocabInfo returns the number of real token ids (the tokenizer's size; the
-// embedding may have padding rows beyond it) and the end-of-sequence ids.
-func vocabInfo(dir string, cfg *config.Config) (int, []int32, error) {
-	eos := make([]int32, 0, len(cfg.EOSTokenIDs))
+// loadTokenizer loads the checkpoint's tokenizer when it has one (nil
+// otherwise) and returns the number of real token ids (the embedding may have
+// padding rows beyond them) and the end-of-sequence ids: config.json's
+// eos_token_id list plus tokenizer_config.json's eos_token.
+func loadTokenizer(dir string, cfg *config.Config) (*tokenizer.Dir, int, []int32, error) {
+	eos := make([]int32, 0, len(cfg.EOSTokenIDs)+1)
 	for _, id := range cfg.EOSTokenIDs {
 		eos = append(eos, int32(id))
 	}
-	data, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
-	if errors.Is(err, fs.ErrNotExist) {
-		return cfg.VocabSize, eos, nil
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); errors.Is(err, fs.ErrNotExist) {
+		return nil, cfg.VocabSize, eos, nil
 	}
+	tok, err := tokenizer.LoadDir(dir)
 	if err != nil {
-		return 0, nil, err
+		return nil, 0, nil, err
 	}
-	var tj struct {
-		Model struct {
-			Vocab map[string]int `json:"vocab"`
-		} `json:"model"`
-		AddedTokens []struct {
-			ID int `json:"id"`
-		} `json:"added_tokens"`
+	if n := tok.VocabSize(); n > cfg.VocabSize {
+		return nil, 0, nil, fmt.Errorf("%s: tokenizer.json has %d ids but the model's vocab_size is %d", dir, n, cfg.VocabSize)
 	}
-	if err := json.Unmarshal(data, &tj); err != nil {
-		return 0, nil, fmt.Errorf("%s: %w", filepath.Join(dir, "tokenizer.json"), err)
+	if tok.EOS.ID >= 0 && !slices.Contains(eos, tok.EOS.ID) {
+		eos = append(eos, tok.EOS.ID)
 	}
-	n := 0
-	for _, id := range tj.Model.Vocab {
-		n = max(n, id+1)
-	}
-	for _, t := range tj.AddedTokens {
-		n = max(n, t.ID+1)
-	}
-	if n == 0 || n > cfg.VocabSize {
-		return 0, nil, fmt.Errorf("tokenizer.json has %d ids but the model's vocab_size is %d", n, cfg.VocabSize)
-	}
-	return n, eos, nil
+	return tok, tok.VocabSize(), eos, nil
 }

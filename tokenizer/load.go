@@ -14,8 +14,8 @@ import (
 )
 
 // maxTokenID bounds ids read from a file so that a corrupt one cannot ask
-// for a huge table.
-const maxTokenID = 1 << 24
+// for a huge table; the largest vocabularies in use have about 260,000.
+const maxTokenID = 1 << 22
 
 // tokenizerJSON is the part of HF's tokenizer.json that ddflash reads.
 type tokenizerJSON struct {
@@ -300,10 +300,16 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 		return nil, nil
 	}
 	var pairs [][2]string
-	if err := json.Unmarshal(raw, &pairs); err == nil {
+	var lists [][]string
+	if err := json.Unmarshal(raw, &lists); err == nil {
+		for i, l := range lists {
+			if len(l) != 2 {
+				return nil, fmt.Errorf("merge %d has %d tokens, want 2", i, len(l))
+			}
+			pairs = append(pairs, [2]string{l[0], l[1]})
+		}
 		return pairs, nil
 	}
-	pairs = nil
 	var lines []string
 	if err := json.Unmarshal(raw, &lines); err != nil {
 		return nil, errors.New("merges must be a list of [left, right] pairs or of \"left right\" strings")

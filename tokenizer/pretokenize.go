@@ -36,10 +36,11 @@ type preTokenizeStep struct {
 // preTokenizer runs its steps over a normalized text.
 type preTokenizer []preTokenizeStep
 
-// appendPieces appends the pre-tokens of s to dst; buf is scratch space.
-func (p preTokenizer) appendPieces(dst, buf []string, s string) (pieces, scratch []string) {
-	cur := append(buf[:0], s)
-	next := dst
+// split returns the pre-tokens of s. The steps alternate between two
+// buffers, which are passed in and handed back for the next call to reuse.
+func (p preTokenizer) split(bufA, bufB []string, s string) (pieces, spare []string) {
+	cur := append(bufA[:0], s)
+	next := bufB
 	for _, step := range p {
 		next = next[:0]
 		for _, piece := range cur {

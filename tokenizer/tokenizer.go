@@ -83,7 +83,7 @@ func (t *Tokenizer) EncodeWith(text string, opts EncodeOptions) []int32 {
 				ids = append(ids, seg.id)
 				continue
 			}
-			sc.pieces, sc.spare = t.preTokenizer.appendPieces(sc.pieces, sc.spare, seg.text)
+			sc.pieces, sc.spare = t.preTokenizer.split(sc.spare, sc.pieces, seg.text)
 			for _, piece := range sc.pieces {
 				ids = t.model.appendWord(ids, piece, &sc.bpe)
 			}
@@ -93,7 +93,7 @@ func (t *Tokenizer) EncodeWith(text string, opts EncodeOptions) []int32 {
 }
 
 func (t *Tokenizer) normalize(s string) string {
-	if isASCII(s) {
+	if len(t.normalizers) == 0 || isASCII(s) {
 		return s // every normalization form leaves ASCII unchanged
 	}
 	for _, f := range t.normalizers {

@@ -136,6 +136,7 @@ func TestUnsupportedConfigurationsNameTheProblem(t *testing.T) {
 		{set("model.merges", []any{"a zz"}), `merge 0 ("a" "zz") uses a token that is not in the vocab`},
 		{set("model.merges", []any{"a b c"}), "is not two tokens"},
 		{set("model.merges", 5), "merges must be a list"},
+		{set("model.merges", []any{[]any{"a", "b", "c"}}), "merge 0 has 3 tokens"},
 		{set("model.vocab", map[string]any{}), "vocab is empty"},
 		{set("model.vocab", map[string]any{"a": -1}), "outside"},
 		{set("truncation", map[string]any{"max_length": 8}), "truncation and padding are not supported"},
@@ -170,6 +171,12 @@ func TestDecodeRejectsUnknownIDs(t *testing.T) {
 	end, ok := tok.TokenID("<|end|>")
 	if !ok || !tok.IsSpecial(end) {
 		t.Fatalf("<|end|> is not a special token: %d %v", end, ok)
+	}
+	if s, ok := tok.Token(end); s != "<|end|>" || !ok {
+		t.Errorf("Token(%d) = %q, %v", end, s, ok)
+	}
+	if _, ok := tok.Token(-1); ok {
+		t.Error("Token(-1) found a token")
 	}
 	for skip, want := range map[bool]string{false: "ab<|end|>", true: "ab"} {
 		if got, err := tok.Decode(append(tok.Encode("ab"), end), skip); err != nil || got != want {

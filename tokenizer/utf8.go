@@ -27,10 +27,10 @@ func appendLossy(dst, src []byte, final bool) (out []byte, consumed int) {
 }
 
 // invalidPrefix measures the ill-formed sequence at the start of s: the
-// longest prefix of a well-formed sequence (at least one byte).
-// complete is false when that prefix runs to the end of s, so more bytes
-// could still complete it.
-func invalidPrefix(s []byte) (n int, complete bool) {
+// longest prefix of a well-formed sequence (at least one byte). It reports
+// false when that prefix runs to the end of s, so more bytes could still
+// complete it.
+func invalidPrefix(s []byte) (int, bool) {
 	lo, hi := byte(0x80), byte(0xBF) // the range of the second byte
 	var need int                     // continuation bytes after the lead byte
 	switch b := s[0]; {

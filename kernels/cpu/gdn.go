@@ -69,10 +69,10 @@ func (a *gdnArgs) outRow(t, h int) []float32 {
 	return a.out[vo : vo+a.shape.ValueDim]
 }
 
-// deltaStep applies one token to the state S [kd, vd] of one head in place:
-// S = exp(g)·S; S += k ⊗ beta·(v − Sᵀk); out = Sᵀq (out may be nil).
-// delta is vd elements of scratch.
-func deltaStep(S, q, k, v []float32, g, beta float32, out, delta []float32) {
+// deltaStepPortable applies one token to the state S [kd, vd] of one head
+// in place: S = exp(g)·S; S += k ⊗ beta·(v − Sᵀk); out = Sᵀq (out may be
+// nil). delta is vd elements of scratch.
+func deltaStepPortable(S, q, k, v []float32, g, beta float32, out, delta []float32) {
 	vd := len(v)
 	decay := float32(math.Exp(float64(g)))
 	// delta = beta·(v − decay·S_oldᵀk)
@@ -130,7 +130,7 @@ func (be *Backend) GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeSta
 				copy(S, headOf(st, 0)) // a no-op when stateOut is state
 				for t := range T {
 					qt, kt, vt, gt, bt := a.token(t, h)
-					deltaStep(S, qt, kt, vt, gt, bt, a.outRow(t, h), delta)
+					be.kern.deltaStep(S, qt, kt, vt, gt, bt, a.outRow(t, h), delta)
 					if nodes != nil {
 						copy(headOf(nodes, t), S)
 					}
@@ -145,7 +145,7 @@ func (be *Backend) GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeSta
 					copy(S, headOf(nodes, int(p)))
 				}
 				qt, kt, vt, gt, bt := a.token(t, h)
-				deltaStep(S, qt, kt, vt, gt, bt, a.outRow(t, h), delta)
+				be.kern.deltaStep(S, qt, kt, vt, gt, bt, a.outRow(t, h), delta)
 			}
 		}
 	})

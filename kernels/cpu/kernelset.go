@@ -23,6 +23,8 @@ type kernelSet struct {
 	silu func(x []float32)
 	// mulSigmoid sets x[i] *= sigmoid(gate[i]).
 	mulSigmoid func(x, gate []float32)
+	// deltaStep applies one token to one head's GDN state (see deltaStepPortable).
+	deltaStep func(S, q, k, v []float32, g, beta float32, out, delta []float32)
 }
 
 var portableKernels = kernelSet{
@@ -33,6 +35,7 @@ var portableKernels = kernelSet{
 	swiglu:     swigluPortable,
 	silu:       siluPortable,
 	mulSigmoid: mulSigmoidPortable,
+	deltaStep:  deltaStepPortable,
 }
 
 func swigluPortable(out, gate, up []float32) {

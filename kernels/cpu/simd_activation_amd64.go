@@ -37,7 +37,7 @@ func sigmoid16(x archsimd.Float32x16) archsimd.Float32x16 {
 }
 
 // map16 sets out[i] = f(a[i], b[i]) 16 lanes at a time, the tail through
-// zero-filled partial loads, then clears the upper vector state.
+// zero-filled partial vectors, then clears the upper vector state.
 func map16(out, a, b []float32, f func(a, b archsimd.Float32x16) archsimd.Float32x16) {
 	a, b = a[:len(out)], b[:len(out)]
 	l := 0
@@ -45,7 +45,7 @@ func map16(out, a, b []float32, f func(a, b archsimd.Float32x16) archsimd.Float3
 		f(archsimd.LoadFloat32x16Slice(a[l:]), archsimd.LoadFloat32x16Slice(b[l:])).StoreSlice(out[l:])
 	}
 	if l < len(out) {
-		f(archsimd.LoadFloat32x16SlicePart(a[l:]), archsimd.LoadFloat32x16SlicePart(b[l:])).StoreSlicePart(out[l:])
+		storePart(f(loadPart(a[l:]), loadPart(b[l:])), out[l:])
 	}
 	archsimd.ClearAVXUpperBits()
 }

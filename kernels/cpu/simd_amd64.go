@@ -22,6 +22,7 @@ func simdKernels() (kernelSet, bool) {
 		swiglu:     swigluAVX512,
 		silu:       siluAVX512,
 		mulSigmoid: mulSigmoidAVX512,
+		deltaStep:  deltaStepAVX512,
 	}, true
 }
 
@@ -36,6 +37,9 @@ func simdKernels() (kernelSet, bool) {
 //     not emit: each kernel keeps sums and tails in vector registers
 //     (zero-filled partial loads, vector stores) and clears the upper
 //     bits before it returns to scalar Go code.
+//   - partial vectors go through a zeroed array on the stack: archsimd's
+//     SlicePart helpers convert a short slice to a 16-element array
+//     pointer, which checkptr (go test -race) rejects at an allocation's end.
 
 // f32x16 loads the 16 floats at element l of the row starting at p.
 func f32x16(p unsafe.Pointer, l int) archsimd.Float32x16 {
@@ -98,36 +102,28 @@ func dot4x2(p0, p1, p2, p3, q0, q1 unsafe.Pointer, n int) (a0, a1, a2, a3, b0, b
 	return
 }
 
-// dot4x1 is dot4x2 for one x row, with two chains per weight row to hide
-// the FMA latency.
+// dot4x1 is dot4x2 for one x row. It keeps one chain per output, like
+// dot4x2, so that a row's result does not depend on how many rows the
+// call has: a verify block reproduces decode bit for bit.
 //
 //go:noinline
 func dot4x1(p0, p1, p2, p3, q unsafe.Pointer, n int) (a0, a1, a2, a3 archsimd.Float32x16) {
-	var b0, b1, b2, b3 archsimd.Float32x16
-	l := 0
-	for ; l+32 <= n; l += 32 {
-		u, t := f32x16(q, l), f32x16(q, l+16)
-		a0, b0 = f32x16(p0, l).MulAdd(u, a0), f32x16(p0, l+16).MulAdd(t, b0)
-		a1, b1 = f32x16(p1, l).MulAdd(u, a1), f32x16(p1, l+16).MulAdd(t, b1)
-		a2, b2 = f32x16(p2, l).MulAdd(u, a2), f32x16(p2, l+16).MulAdd(t, b2)
-		a3, b3 = f32x16(p3, l).MulAdd(u, a3), f32x16(p3, l+16).MulAdd(t, b3)
-	}
-	if l < n {
+	for l := 0; l < n; l += 16 {
 		u := f32x16(q, l)
 		a0, a1, a2, a3 = f32x16(p0, l).MulAdd(u, a0), f32x16(p1, l).MulAdd(u, a1), f32x16(p2, l).MulAdd(u, a2), f32x16(p3, l).MulAdd(u, a3)
 	}
-	return a0.Add(b0), a1.Add(b1), a2.Add(b2), a3.Add(b3)
+	return
 }
 
 // storeSums adds the k%16 tail (xTail against w[r][k16:]) to the four
 // accumulators and stores their sums to out[0:4].
 func storeSums(out, xTail []float32, w *[4][]float32, k16 int, a0, a1, a2, a3 archsimd.Float32x16) {
 	if len(xTail) > 0 {
-		u := archsimd.LoadFloat32x16SlicePart(xTail)
-		a0 = archsimd.LoadFloat32x16SlicePart(w[0][k16:]).MulAdd(u, a0)
-		a1 = archsimd.LoadFloat32x16SlicePart(w[1][k16:]).MulAdd(u, a1)
-		a2 = archsimd.LoadFloat32x16SlicePart(w[2][k16:]).MulAdd(u, a2)
-		a3 = archsimd.LoadFloat32x16SlicePart(w[3][k16:]).MulAdd(u, a3)
+		u := loadPart(xTail)
+		a0 = loadPart(w[0][k16:]).MulAdd(u, a0)
+		a1 = loadPart(w[1][k16:]).MulAdd(u, a1)
+		a2 = loadPart(w[2][k16:]).MulAdd(u, a2)
+		a3 = loadPart(w[3][k16:]).MulAdd(u, a3)
 	}
 	sum4(a0, a1, a2, a3).StoreSlice(out[:4])
 }
@@ -148,34 +144,26 @@ func rows4BF16AVX512(out []float32, x []float32, k int, tile []uint16) {
 	k16 := k &^ 15
 	a0, a1, a2, a3 := dot4x1BF16(rowPtr(w[0], k), rowPtr(w[1], k), rowPtr(w[2], k), rowPtr(w[3], k), rowPtr(x, k), k16)
 	if k16 < k {
-		u := archsimd.LoadFloat32x16SlicePart(x[k16:])
-		a0 = widenBF16(archsimd.LoadUint16x16SlicePart(w[0][k16:])).MulAdd(u, a0)
-		a1 = widenBF16(archsimd.LoadUint16x16SlicePart(w[1][k16:])).MulAdd(u, a1)
-		a2 = widenBF16(archsimd.LoadUint16x16SlicePart(w[2][k16:])).MulAdd(u, a2)
-		a3 = widenBF16(archsimd.LoadUint16x16SlicePart(w[3][k16:])).MulAdd(u, a3)
+		u := loadPart(x[k16:])
+		a0 = loadPartBF16(w[0][k16:]).MulAdd(u, a0)
+		a1 = loadPartBF16(w[1][k16:]).MulAdd(u, a1)
+		a2 = loadPartBF16(w[2][k16:]).MulAdd(u, a2)
+		a3 = loadPartBF16(w[3][k16:]).MulAdd(u, a3)
 	}
 	sum4(a0, a1, a2, a3).StoreSlice(out[:4])
 	archsimd.ClearAVXUpperBits()
 }
 
-// dot4x1BF16 is dot4x1 with bfloat16 weight rows.
+// dot4x1BF16 is dot4x1 with bfloat16 weight rows; widening is exact, so
+// it matches dot4x1 on the widened rows bit for bit.
 //
 //go:noinline
 func dot4x1BF16(p0, p1, p2, p3, q unsafe.Pointer, n int) (a0, a1, a2, a3 archsimd.Float32x16) {
-	var b0, b1, b2, b3 archsimd.Float32x16
-	l := 0
-	for ; l+32 <= n; l += 32 {
-		u, t := f32x16(q, l), f32x16(q, l+16)
-		a0, b0 = bf16x16(p0, l).MulAdd(u, a0), bf16x16(p0, l+16).MulAdd(t, b0)
-		a1, b1 = bf16x16(p1, l).MulAdd(u, a1), bf16x16(p1, l+16).MulAdd(t, b1)
-		a2, b2 = bf16x16(p2, l).MulAdd(u, a2), bf16x16(p2, l+16).MulAdd(t, b2)
-		a3, b3 = bf16x16(p3, l).MulAdd(u, a3), bf16x16(p3, l+16).MulAdd(t, b3)
-	}
-	if l < n {
+	for l := 0; l < n; l += 16 {
 		u := f32x16(q, l)
 		a0, a1, a2, a3 = bf16x16(p0, l).MulAdd(u, a0), bf16x16(p1, l).MulAdd(u, a1), bf16x16(p2, l).MulAdd(u, a2), bf16x16(p3, l).MulAdd(u, a3)
 	}
-	return a0.Add(b0), a1.Add(b1), a2.Add(b2), a3.Add(b3)
+	return
 }
 
 // widenAVX512 widens bfloat16 weights 16 at a time; F16 takes the portable path.
@@ -190,7 +178,28 @@ func widenAVX512(dst []float32, src []uint16, dt kernels.DType) {
 		widenBF16(archsimd.LoadUint16x16Slice(src[l:])).StoreSlice(dst[l:])
 	}
 	if l < len(dst) {
-		widenBF16(archsimd.LoadUint16x16SlicePart(src[l:])).StoreSlicePart(dst[l:])
+		storePart(loadPartBF16(src[l:]), dst[l:])
 	}
 	archsimd.ClearAVXUpperBits()
+}
+
+// loadPart loads len(s) < 16 floats, zero-filling the other lanes.
+func loadPart(s []float32) archsimd.Float32x16 {
+	var buf [16]float32
+	copy(buf[:], s)
+	return archsimd.LoadFloat32x16(&buf)
+}
+
+// loadPartBF16 loads len(s) < 16 bfloat16s widened, zero-filling the other lanes.
+func loadPartBF16(s []uint16) archsimd.Float32x16 {
+	var buf [16]uint16
+	copy(buf[:], s)
+	return widenBF16(archsimd.LoadUint16x16(&buf))
+}
+
+// storePart stores the first len(s) < 16 lanes of x.
+func storePart(x archsimd.Float32x16, s []float32) {
+	var buf [16]float32
+	x.Store(&buf)
+	copy(s, buf[:])
 }

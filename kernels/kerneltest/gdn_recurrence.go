@@ -7,8 +7,9 @@ import (
 	"ddflash/kernels"
 )
 
-// gdnShape has heads that are not powers of two and odd head sizes.
-var gdnShape = kernels.GDNShape{KeyHeads: 2, ValueHeads: 6, KeyDim: 12, ValueDim: 10}
+// gdnShape has heads that are not powers of two and head sizes that are
+// not multiples of 16 (a SIMD backend sees full and partial vectors).
+var gdnShape = kernels.GDNShape{KeyHeads: 2, ValueHeads: 6, KeyDim: 12, ValueDim: 20}
 
 // gdnInputs are one GDN call's inputs, shaped as the model produces them.
 type gdnInputs struct {

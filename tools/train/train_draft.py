@@ -96,7 +96,7 @@ def draft_loss(cfg, params, embed, lm_head, sequences, features, anchors, positi
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=2000)
     args = parser.parse_args()
     shared.setup_torch(SEED)
 

@@ -1,0 +1,140 @@
+package bench
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Mode is one decoding method of a sweep: auto (autoregressive, the
+// baseline), linear (the DFlash chain) or bN (a DDTree with N nodes).
+type Mode struct {
+	Name   string // as on the command line and in file names: auto, linear, b15
+	Kind   string // auto, linear or ddtree
+	Budget int    // DDTree nodes per verify; 0 otherwise
+}
+
+// ParseMode reads auto, linear or bN (N ≥ 1).
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "auto", "linear":
+		return Mode{Name: s, Kind: s}, nil
+	}
+	if rest, ok := strings.CutPrefix(s, "b"); ok {
+		if n, err := strconv.Atoi(rest); err == nil && n >= 1 && rest == strconv.Itoa(n) {
+			return Mode{Name: s, Kind: "ddtree", Budget: n}, nil
+		}
+	}
+	return Mode{}, fmt.Errorf("mode %q: want auto, linear or bN for a DDTree of N nodes (b8, b15, ...)", s)
+}
+
+// ParseModes reads a comma-separated list of modes. The baseline (auto) is
+// moved first so that every other mode's speedup can be computed as soon as
+// its runs finish.
+func ParseModes(s string) ([]Mode, error) {
+	var modes []Mode
+	for _, f := range splitList(s) {
+		m, err := ParseMode(f)
+		if err != nil {
+			return nil, err
+		}
+		if slices.ContainsFunc(modes, func(o Mode) bool { return o.Name == m.Name }) {
+			return nil, fmt.Errorf("mode %s is listed twice", m.Name)
+		}
+		modes = append(modes, m)
+	}
+	if len(modes) == 0 {
+		return nil, fmt.Errorf("no modes given: list some, e.g. --modes auto,linear,b15")
+	}
+	slices.SortStableFunc(modes, func(a, b Mode) int {
+		return boolInt(b.Kind == "auto") - boolInt(a.Kind == "auto")
+	})
+	return modes, nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// ParseInts reads a comma-separated list of distinct positive integers.
+func ParseInts(flag, s string) ([]int, error) {
+	var out []int
+	for _, f := range splitList(s) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("--%s: %q is not a positive integer", flag, f)
+		}
+		if slices.Contains(out, n) {
+			return nil, fmt.Errorf("--%s: %d is listed twice", flag, n)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--%s: give at least one value", flag)
+	}
+	return out, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// ConfigName names a configuration's files: tp1-auto, tp1-b15, ...
+func ConfigName(tp int, m Mode) string { return fmt.Sprintf("tp%d-%s", tp, m.Name) }
+
+// RunKey identifies one run inside a configuration: a workload at one
+// output length and concurrency.
+type RunKey struct {
+	Workload    string `json:"workload"`
+	MaxTokens   int    `json:"max_tokens"`
+	Concurrency int    `json:"concurrency"`
+}
+
+func (k RunKey) String() string {
+	return fmt.Sprintf("%s-%dtok-c%d", k.Workload, k.MaxTokens, k.Concurrency)
+}
+
+// Plan is a sweep: the Cartesian product of its axes. Each (TP, mode) pair is
+// a configuration with one result file; each (max tokens, workload,
+// concurrency) triple is a run inside it.
+type Plan struct {
+	TP          []int
+	Modes       []Mode
+	Workloads   []*Workload
+	MaxTokens   []int
+	Concurrency []int
+	Repeats     int // measured passes over each run's requests
+	Warmup      int // unmeasured requests before each run
+}
+
+// Runs lists every configuration's runs in the order they execute.
+func (p *Plan) Runs() []RunKey {
+	var keys []RunKey
+	for _, mt := range p.MaxTokens {
+		for _, w := range p.Workloads {
+			for _, c := range p.Concurrency {
+				keys = append(keys, RunKey{Workload: w.Name, MaxTokens: mt, Concurrency: c})
+			}
+		}
+	}
+	return keys
+}
+
+// Workload finds a workload of the plan by name.
+func (p *Plan) Workload(name string) *Workload {
+	i := slices.IndexFunc(p.Workloads, func(w *Workload) bool { return w.Name == name })
+	if i < 0 {
+		return nil
+	}
+	return p.Workloads[i]
+}

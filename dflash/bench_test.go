@@ -1,0 +1,94 @@
+package dflash
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"ddflash/engine"
+	"ddflash/engine/testmodel"
+	"ddflash/kernels/cpu"
+)
+
+// benchModes are the decoding modes compared in one run.
+var benchModes = []engine.SpecOptions{
+	{Mode: engine.SpecAuto},
+	{Mode: engine.SpecLinear},
+	{Mode: engine.SpecTree, Budget: 8},
+	{Mode: engine.SpecTree, Budget: 16},
+	{Mode: engine.SpecTree, Budget: 32},
+	{Mode: engine.SpecTree, Budget: 64},
+}
+
+func modeName(s engine.SpecOptions) string {
+	if s.Mode == engine.SpecTree {
+		return fmt.Sprintf("b%d", s.Budget)
+	}
+	return s.Mode.String()
+}
+
+// benchmarkPair generates greedily with each mode on one target/drafter pair
+// and reports decode tok/s and the acceptance length τ, so the modes are
+// compared as ratios within one run.
+func benchmarkPair(b *testing.B, target, draft string, prompt []int32, maxTokens int) {
+	for _, spec := range benchModes {
+		b.Run(modeName(spec), func(b *testing.B) {
+			be := cpu.New(0)
+			verify, err := VerifyTokens(draft, spec)
+			if err != nil {
+				b.Fatal(err)
+			}
+			e, err := engine.Load(be, target, engine.Options{Context: len(prompt) + maxTokens + 1, VerifyTokens: verify})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if spec.Mode != engine.SpecAuto {
+				if err := Attach(e, be, draft, spec); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var tokens int
+			var decodeMs, tau float64
+			b.ResetTimer()
+			for range b.N {
+				res, err := e.Generate(context.Background(), engine.Request{Prompt: prompt, MaxTokens: maxTokens, IgnoreEOS: true}, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				tokens += res.Stats.OutputTokens - 1
+				decodeMs += res.Stats.DecodeMs
+				if res.Stats.SpecStats != nil {
+					tau += res.Stats.AcceptanceLength / float64(b.N)
+				}
+			}
+			b.ReportMetric(float64(tokens)/(decodeMs/1000), "tok/s")
+			if spec.Mode != engine.SpecAuto {
+				b.ReportMetric(tau, "tau")
+			}
+		})
+	}
+}
+
+// BenchmarkSpecSmallRandom runs the ~116M-parameter small preset with a
+// random drafter: τ stays near 1, so this measures what speculation costs
+// when drafts are never accepted (verify width, drafting, rollback).
+func BenchmarkSpecSmallRandom(b *testing.B) {
+	p, err := testmodel.PresetByName("small")
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	if err := testmodel.Write(dir+"/target", testmodel.Options{Preset: p, Seed: 1, DType: "bf16"}); err != nil {
+		b.Fatal(err)
+	}
+	if err := testmodel.WriteDrafter(dir+"/draft", testmodel.DraftOptions{Target: p, Seed: 1, DType: "bf16"}); err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	prompt := make([]int32, 64)
+	for i := range prompt {
+		prompt[i] = int32(rng.IntN(300))
+	}
+	benchmarkPair(b, dir+"/target", dir+"/draft", prompt, 32)
+}

@@ -1,0 +1,137 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"ddflash/engine"
+)
+
+// apiError is an error answered in OpenAI's shape:
+// {"error":{"message","type","param","code"}}. Code is a string, as in
+// OpenAI's API (the official clients decode it as one).
+type apiError struct {
+	Status  int     `json:"-"`
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+func (e *apiError) Error() string { return e.Message }
+
+// Error types, as OpenAI, vLLM and llama.cpp name them.
+const (
+	invalidRequest = "invalid_request_error"
+	authError      = "authentication_error"
+	notFound       = "not_found_error"
+	rateLimit      = "rate_limit_error"
+	serverError    = "server_error"
+	unavailable    = "unavailable_error"
+)
+
+func newError(status int, typ, code, param, format string, args ...any) *apiError {
+	e := &apiError{Status: status, Type: typ, Message: fmt.Sprintf(format, args...)}
+	if code != "" {
+		e.Code = &code
+	}
+	if param != "" {
+		e.Param = &param
+	}
+	return e
+}
+
+// badRequest is a 400 about one request field (param may be empty).
+func badRequest(param, format string, args ...any) *apiError {
+	return newError(http.StatusBadRequest, invalidRequest, "", param, format, args...)
+}
+
+// writeError answers err; anything not already an apiError is a 500.
+func writeError(w http.ResponseWriter, err error) {
+	e := asAPIError(err)
+	writeJSON(w, e.Status, struct {
+		Error *apiError `json:"error"`
+	}{e})
+}
+
+func asAPIError(err error) *apiError {
+	var e *apiError
+	if errors.As(err, &e) {
+		return e
+	}
+	return newError(http.StatusInternalServerError, serverError, "", "", "internal error: %v", err)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v) // a client that went away cannot be told anything
+}
+
+// submitError maps what Scheduler.Submit refuses to HTTP answers.
+func submitError(err error) *apiError {
+	switch {
+	case errors.Is(err, engine.ErrQueueFull):
+		return newError(http.StatusTooManyRequests, rateLimit, "queue_full", "", "%v", err)
+	case errors.Is(err, engine.ErrPromptTooLong):
+		return newError(http.StatusBadRequest, invalidRequest, "context_length_exceeded", "", "%v", err)
+	case errors.Is(err, engine.ErrShutdown):
+		return newError(http.StatusServiceUnavailable, unavailable, "", "", "%v", err)
+	}
+	// The rest are CheckRequest's validation errors: ids outside the
+	// vocabulary, sampling parameters out of range.
+	return badRequest("", "%v", err)
+}
+
+// decodeError explains why a request body could not be read into v.
+func decodeError(err error) *apiError {
+	var (
+		tooBig  *http.MaxBytesError
+		syntax  *json.SyntaxError
+		typeErr *json.UnmarshalTypeError
+		field   *apiError
+	)
+	switch {
+	case errors.As(err, &tooBig):
+		return newError(http.StatusRequestEntityTooLarge, invalidRequest, "body_too_large", "",
+			"the request body is over the server's limit of %d bytes", tooBig.Limit)
+	case errors.As(err, &field):
+		return field
+	case errors.As(err, &syntax):
+		return badRequest("", "the request body is not valid JSON: %v (at byte %d)", syntax, syntax.Offset)
+	case errors.As(err, &typeErr):
+		if typeErr.Field == "" {
+			return badRequest("", "the request body must be a JSON object, not %s", typeErr.Value)
+		}
+		return badRequest(typeErr.Field, "%s: got %s, want %s", typeErr.Field, typeErr.Value, jsonKind(typeErr.Type.String()))
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return badRequest(name, "unknown or unsupported field %q: remove it", name)
+	}
+	return badRequest("", "the request body is not valid JSON: %v", err)
+}
+
+// jsonKind names a Go type the way a client thinks of JSON values.
+func jsonKind(goType string) string {
+	goType = strings.TrimPrefix(goType, "*")
+	switch {
+	case strings.HasPrefix(goType, "int"), strings.HasPrefix(goType, "uint"):
+		return "an integer in range"
+	case strings.HasPrefix(goType, "float"):
+		return "a number"
+	case goType == "string":
+		return "a string"
+	case goType == "bool":
+		return "true or false"
+	case strings.HasPrefix(goType, "[]"):
+		return "an array"
+	case strings.HasPrefix(goType, "map["):
+		return "an object"
+	}
+	return "an object"
+}
