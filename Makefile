@@ -1,10 +1,14 @@
 # ddflash build and test entry points. `make run` and `make test` do all set-up.
 GO ?= go
 export GOFLAGS ?= -trimpath
+# The CPU backend's AVX-512 kernels need Go's SIMD experiment; they check the
+# CPU at run time and fall back to the portable kernels, which test-portable
+# keeps covered.
+export GOEXPERIMENT ?= simd
 # go-nvml's vendored nvml.h marks many functions deprecated; keep cgo builds quiet.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build run test deps vet fmt-check bench
+.PHONY: all build run test test-portable deps vet fmt-check bench
 
 all: build
 
@@ -19,8 +23,12 @@ deps:
 run: build
 	bash scripts/run.sh
 
-test: deps build vet fmt-check
+test: deps build vet fmt-check test-portable
 	$(GO) test -timeout 20m ./...
+
+# The kernels once more without the SIMD experiment: the portable twins.
+test-portable:
+	GOEXPERIMENT= $(GO) test -timeout 10m ./kernels/... ./engine/
 
 vet:
 	$(GO) vet ./...

@@ -38,6 +38,8 @@ type Drafter struct {
 	kv         *engine.KVCache // context K/V of committed tokens, per draft layer
 	allVisible kernels.Buffer  // I32 block mask of ones: non-causal layers
 	attn       kernels.AttnShape
+	invFreq    kernels.Buffer // RoPE inverse frequencies (plain or YaRN)
+	ropeScale  float32
 }
 
 // Options sizes the drafter's context cache: room for Sequences sessions
@@ -57,9 +59,6 @@ func LoadDrafter(b kernels.Backend, dir string, target *engine.Model, opts Optio
 	}
 	if err := cfg.CheckTarget(target.Cfg); err != nil {
 		return nil, fmt.Errorf("drafter %s: %w", dir, err)
-	}
-	if cfg.YaRN != nil {
-		return nil, fmt.Errorf("drafter %s: YaRN rope scaling is not supported yet", dir)
 	}
 	ckpt, err := safetensors.Open(dir)
 	if err != nil {
@@ -91,6 +90,11 @@ func LoadDrafter(b kernels.Backend, dir string, target *engine.Model, opts Optio
 	if err := b.UploadI32(d.allVisible, 0, ones); err != nil {
 		return nil, err
 	}
+	freq, scale := cfg.RopeFrequencies()
+	if d.invFreq, err = engine.UploadRopeFrequencies(b, freq); err != nil {
+		return nil, err
+	}
+	d.ropeScale = scale
 	d.attn = kernels.AttnShape{
 		NumHeads: cfg.NumHeads, NumKVHeads: cfg.NumKVHeads, HeadDim: cfg.HeadDim,
 		PageSize: opts.PageSize, Scale: float32(1 / math.Sqrt(float64(cfg.HeadDim))),
@@ -216,7 +220,7 @@ func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 		b.WriteKV(kc, vc, k, v, blockSlotsBuf, Q, kvDim)
 		b.MatMul(q, u, lw.QProj, Q, qDim, H)
 		b.RMSNorm(q, q, lw.QNorm, Q*c.NumHeads, c.HeadDim, eps, false)
-		b.RoPE(q, blockPosBuf, Q, c.NumHeads, c.HeadDim, c.HeadDim, c.RopeTheta)
+		b.RoPE(q, blockPosBuf, d.invFreq, Q, c.NumHeads, c.HeadDim, c.HeadDim, d.ropeScale)
 		seq := kernels.AttnSeq{QueryLen: Q, Prefix: start, Pages: pagesBuf}
 		if !c.LayerCausal(i) {
 			seq.Mask = d.allVisible
@@ -258,7 +262,7 @@ func (d *Drafter) keysValues(lw *layerWeights, k, v, src, pos kernels.Buffer, ro
 	b.MatMul(k, src, lw.KProj, rows, kvDim, c.HiddenSize)
 	b.MatMul(v, src, lw.VProj, rows, kvDim, c.HiddenSize)
 	b.RMSNorm(k, k, lw.KNorm, rows*c.NumKVHeads, c.HeadDim, float32(c.RMSNormEps), false)
-	b.RoPE(k, pos, rows, c.NumKVHeads, c.HeadDim, c.HeadDim, c.RopeTheta)
+	b.RoPE(k, pos, d.invFreq, rows, c.NumKVHeads, c.HeadDim, c.HeadDim, d.ropeScale)
 }
 
 func positions(start, n int) []int32 {

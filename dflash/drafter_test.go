@@ -15,6 +15,11 @@ import (
 
 // tinyPair writes a random tiny target and a matching drafter and loads both.
 func tinyPair(t *testing.T, seed uint64, spec engine.SpecOptions) *engine.Engine {
+	return tinyPairWith(t, seed, spec, testmodel.DraftOptions{Window: 24})
+}
+
+// tinyPairWith is tinyPair with drafter options (target and seed are set here).
+func tinyPairWith(t *testing.T, seed uint64, spec engine.SpecOptions, draft testmodel.DraftOptions) *engine.Engine {
 	t.Helper()
 	p, err := testmodel.PresetByName("tiny")
 	if err != nil {
@@ -24,7 +29,8 @@ func tinyPair(t *testing.T, seed uint64, spec engine.SpecOptions) *engine.Engine
 	if err := testmodel.Write(dir+"/target", testmodel.Options{Preset: p, Seed: seed}); err != nil {
 		t.Fatal(err)
 	}
-	if err := testmodel.WriteDrafter(dir+"/draft", testmodel.DraftOptions{Target: p, Seed: seed, Window: 24}); err != nil {
+	draft.Target, draft.Seed = p, seed
+	if err := testmodel.WriteDrafter(dir+"/draft", draft); err != nil {
 		t.Fatal(err)
 	}
 	b := cpu.New(2)
@@ -113,7 +119,9 @@ func TestRealDrafterIsLossless(t *testing.T) {
 			{Mode: engine.SpecTree, Budget: 4, Rollback: mamba.Snapshot},
 			{Mode: engine.SpecTree, Budget: 32},
 		} {
-			got, err := tinyPair(t, seed, spec).Generate(context.Background(), req, nil)
+			// Every other run uses a YaRN-scaled drafter.
+			draft := testmodel.DraftOptions{Window: 24, YaRN: float64(2 * (seed % 2))}
+			got, err := tinyPairWith(t, seed, spec, draft).Generate(context.Background(), req, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

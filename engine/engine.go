@@ -89,10 +89,13 @@ func New(b kernels.Backend, cfg *config.Config, w *Weights, validVocab int, eos 
 		kv.Close()
 		return nil, err
 	}
-	return &Engine{
-		Model: NewModel(b, cfg, w, kv, states), ValidVocab: validVocab, EOS: eos,
-		Context: opts.Context, opts: opts,
-	}, nil
+	m, err := NewModel(b, cfg, w, kv, states)
+	if err != nil {
+		kv.Close()
+		states.Close()
+		return nil, err
+	}
+	return &Engine{Model: m, ValidVocab: validVocab, EOS: eos, Context: opts.Context, opts: opts}, nil
 }
 
 // Request is one generation.

@@ -70,12 +70,13 @@ type Model struct {
 	layerSlot []int // per layer: its index among layers of the same kind
 	attn      kernels.AttnShape
 	gdn       kernels.GDNShape
+	invFreq   kernels.Buffer // RoPE inverse frequencies, F32 [rotary dim / 2]
 	s         scratch
 }
 
 // NewModel wires weights and caches together. kv must have one layer per
 // full-attention layer and states one per GDN layer.
-func NewModel(b kernels.Backend, cfg *config.Config, w *Weights, kv *KVCache, states *mamba.Pool) *Model {
+func NewModel(b kernels.Backend, cfg *config.Config, w *Weights, kv *KVCache, states *mamba.Pool) (*Model, error) {
 	m := &Model{Cfg: cfg, W: w, KV: kv, States: states, b: b}
 	var nFull, nLinear int
 	for _, kind := range cfg.Layers {
@@ -92,7 +93,32 @@ func NewModel(b kernels.Backend, cfg *config.Config, w *Weights, kv *KVCache, st
 		PageSize: kv.PageSize(), Scale: float32(1 / math.Sqrt(float64(cfg.HeadDim))),
 	}
 	m.gdn = StateShape(cfg).GDN
-	return m
+	var err error
+	m.invFreq, err = UploadRopeFrequencies(b, RopeFrequencies(cfg.RopeTheta, cfg.RotaryDim()))
+	return m, err
+}
+
+// RopeFrequencies are plain RoPE's inverse frequencies theta^(-2i/rotDim),
+// rounded to F32 as the reference computes them.
+func RopeFrequencies(theta float64, rotDim int) []float32 {
+	f := make([]float32, rotDim/2)
+	for i := range f {
+		f[i] = float32(math.Pow(theta, -2*float64(i)/float64(rotDim)))
+	}
+	return f
+}
+
+// UploadRopeFrequencies puts inverse frequencies on the backend.
+func UploadRopeFrequencies(b kernels.Backend, f []float32) (kernels.Buffer, error) {
+	buf, err := b.Alloc(kernels.F32, len(f))
+	if err != nil {
+		return nil, fmt.Errorf("engine: RoPE frequencies: %w", err)
+	}
+	if err := b.UploadF32(buf, 0, f); err != nil {
+		b.Free(buf)
+		return nil, fmt.Errorf("engine: RoPE frequencies: %w", err)
+	}
+	return buf, nil
 }
 
 // StateShape is the GDN state geometry of a config, for sizing a mamba.Pool.
@@ -197,8 +223,8 @@ func (m *Model) attention(lw *LayerWeights, idx int, seqs []SeqInput, meta *step
 	b.MatMul(s.v, s.h, lw.VProj, rows, kvDim, H)
 	b.RMSNorm(s.q, s.q, lw.QNorm, rows*cfg.NumHeads, hd, eps, true)
 	b.RMSNorm(s.k, s.k, lw.KNorm, rows*cfg.NumKVHeads, hd, eps, true)
-	b.RoPE(s.q, meta.pos, rows, cfg.NumHeads, hd, cfg.RotaryDim(), cfg.RopeTheta)
-	b.RoPE(s.k, meta.pos, rows, cfg.NumKVHeads, hd, cfg.RotaryDim(), cfg.RopeTheta)
+	b.RoPE(s.q, meta.pos, m.invFreq, rows, cfg.NumHeads, hd, cfg.RotaryDim(), 1)
+	b.RoPE(s.k, meta.pos, m.invFreq, rows, cfg.NumKVHeads, hd, cfg.RotaryDim(), 1)
 	kc, vc := m.KV.Layer(idx)
 	b.WriteKV(kc, vc, s.k, s.v, meta.slots, rows, kvDim)
 	b.Attention(s.attn, s.q, kc, vc, m.attn, meta.attnSeqs)

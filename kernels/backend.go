@@ -64,7 +64,8 @@ type Buffer interface {
 // Prefix+j of its own block when Mask is nil and j <= i (causal), or when
 // Mask is set and Mask[i*QueryLen+j] != 0 (tree or block masks).
 // Window > 0 additionally hides keys whose logical position p has
-// (Prefix+i) - p >= Window (sliding-window attention; for causal blocks only).
+// (Prefix+i) - p >= Window (sliding-window attention), with or without a
+// Mask. A query row that sees no key gets zeros.
 type AttnSeq struct {
 	QueryStart, QueryLen int
 	Prefix               int
@@ -138,10 +139,12 @@ type Backend interface {
 	L2Norm(x Buffer, rows, dim int, eps, scale float32)
 
 	// RoPE rotates the first rotDim dims of each head in place, NeoX style:
-	// for i < rotDim/2, with a = pos·theta^(-2i/rotDim), the pair (i, i+rotDim/2)
-	// becomes (x_i·cos a − x_{i+h}·sin a, x_{i+h}·cos a + x_i·sin a).
-	// x is [rows, heads, headDim]; positions is I32 [rows].
-	RoPE(x, positions Buffer, rows, heads, headDim, rotDim int, theta float64)
+	// for i < rotDim/2, with a = pos·invFreq[i], the pair (i, i+rotDim/2)
+	// becomes (x_i·c − x_{i+h}·s, x_{i+h}·c + x_i·s) where c = scale·cos a and
+	// s = scale·sin a. x is [rows, heads, headDim]; positions is I32 [rows];
+	// invFreq is F32 [rotDim/2] (theta^(-2i/rotDim) for plain RoPE; scaled
+	// variants such as YaRN change the frequencies and the scale).
+	RoPE(x, positions, invFreq Buffer, rows, heads, headDim, rotDim int, scale float32)
 
 	// SwiGLU computes out = silu(gate)·up over n elements.
 	SwiGLU(out, gate, up Buffer, n int)
@@ -149,7 +152,7 @@ type Backend interface {
 	MulSigmoid(x, gate Buffer, n int)
 
 	// WriteKV stores n rows of k and v ([n, kvDim], F32) into the caches at
-	// the physical slots given by the I32 buffer slots [n]. Caches are [slots, kvDim].
+	// the physical slots given by the I32 buffer slots [n]. Caches are F32 [slots, kvDim].
 	WriteKV(kCache, vCache, k, v, slots Buffer, n, kvDim int)
 	// Attention computes out [rows, NumHeads*HeadDim] from q [rows, NumHeads*HeadDim]
 	// over the paged caches ([slots, NumKVHeads*HeadDim]); softmax in F32.
@@ -168,6 +171,7 @@ type Backend interface {
 	// ConvCommit sets state to the last K-1 inputs of the chain ending at row
 	// node of x (following parents, or the preceding rows when parents is nil),
 	// filling from the old state where the chain is shorter than K-1.
+	// node = -1 leaves the state unchanged.
 	ConvCommit(state, x, parents Buffer, node, channels, K int)
 
 	// GDNGates computes per row and value head g = -exp(aLog)·softplus(a+dtBias)
@@ -187,7 +191,7 @@ type Backend interface {
 	// GDNChunked computes the same as a chain GDNRecurrence without nodeStates
 	// (outputs and final state), using the chunked WY form with the given chunk
 	// length: the fast path for prefill. Results agree with the token loop to
-	// F32 rounding.
+	// F32 rounding. out may be nil.
 	GDNChunked(out, q, k, v, g, beta, state, stateOut Buffer, T, chunk int, shape GDNShape)
 
 	// LogSoftmax replaces each of rows rows of n logits by its log-probabilities. In place.

@@ -13,10 +13,11 @@ import (
 type DraftOptions struct {
 	Target    Preset // the target the drafter conditions on
 	Seed      uint64
-	DType     string // "f32" or "bf16"; empty means f32
-	Layers    int    // draft layers; 0 means 2 (the last full attention, the others sliding)
-	BlockSize int    // query block; 0 means 16 as in the real drafters
-	Window    int    // sliding window of the sliding layers; 0 means 3/4 of the target context
+	DType     string  // "f32" or "bf16"; empty means f32
+	Layers    int     // draft layers; 0 means 2 (the last full attention, the others sliding)
+	BlockSize int     // query block; 0 means 16 as in the real drafters
+	Window    int     // sliding window of the sliding layers; 0 means 3/4 of the target context
+	YaRN      float64 // > 1 adds YaRN rope_scaling with this factor over a quarter of the context
 }
 
 // WriteDrafter writes a random DFlash drafter for the target preset in the
@@ -82,6 +83,11 @@ func WriteDrafter(dir string, opt DraftOptions) error {
 		"sliding_window":          window,
 		"dflash_config":           map[string]any{"mask_token_id": p.VocabSize - 1, "target_layer_ids": taps},
 		"dtype":                   dt.config,
+	}
+	if opt.YaRN > 1 {
+		cfg["rope_scaling"] = map[string]any{
+			"rope_type": "yarn", "factor": opt.YaRN, "original_max_position_embeddings": p.MaxPositions / 4,
+		}
 	}
 	data, err := marshalJSON(cfg)
 	if err != nil {

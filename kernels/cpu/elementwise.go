@@ -107,19 +107,19 @@ func (be *Backend) L2Norm(x kernels.Buffer, rows, dim int, eps, scale float32) {
 
 // RoPE rotates the first rotDim dims of every head, NeoX style, in place.
 // Angles are computed in float64 so that large positions stay exact.
-func (be *Backend) RoPE(x, positions kernels.Buffer, rows, heads, headDim, rotDim int, theta float64) {
+func (be *Backend) RoPE(x, positions, invFreq kernels.Buffer, rows, heads, headDim, rotDim int, scale float32) {
 	if rotDim%2 != 0 || rotDim > headDim {
 		panic(fmt.Sprintf("cpu: RoPE rotDim %d must be even and at most headDim %d", rotDim, headDim))
 	}
 	xv := f32s("RoPE x", x, rows*heads*headDim)
 	pos := i32s("RoPE positions", positions, rows)
 	half := rotDim / 2
+	freq := f32s("RoPE invFreq", invFreq, half)
 	cos, sin := make([]float32, half), make([]float32, half)
 	for r := range rows {
 		for i := range half {
-			a := float64(pos[r]) * math.Pow(theta, -2*float64(i)/float64(rotDim))
-			s, c := math.Sincos(a)
-			cos[i], sin[i] = float32(c), float32(s)
+			s, c := math.Sincos(float64(pos[r]) * float64(freq[i]))
+			cos[i], sin[i] = float32(c)*scale, float32(s)*scale
 		}
 		for h := range heads {
 			d := xv[(r*heads+h)*headDim:]

@@ -75,26 +75,46 @@ func testL2Norm(h *harness) {
 	h.expectClose("L2Norm", h.read(xb, rows*dim+2), want, nil, normTol(dim))
 }
 
-// testRoPE rotates the first rotDim of headDim dims with NeoX pairing.
-// Bound: an angle computed in float32 is off by about 4u·pos, which moves
-// each output by at most that times |x_i|+|x_{i+h}|.
+// testRoPE rotates the first rotDim of headDim dims with NeoX pairing, at
+// plain theta frequencies and a unit scale, then at random frequencies with
+// a YaRN-style scale. Bound: an angle computed in float32 is off by about
+// 4u·pos, which moves each output by at most that times |x_i|+|x_{i+h}|.
 func testRoPE(h *harness) {
 	const rows, heads, headDim, rotDim, theta = 4, 3, 14, 6, 10000.0
+	half := rotDim / 2
+	plain := make([]float32, half)
+	for i := range plain {
+		plain[i] = float32(math.Pow(theta, -2*float64(i)/rotDim))
+	}
+	random := make([]float32, half)
+	for i := range random {
+		random[i] = float32(h.rng.Float64())
+	}
+	for _, c := range []struct {
+		freq  []float32
+		scale float32
+	}{{plain, 1}, {random, 1.1386}} {
+		checkRoPE(h, c.freq, c.scale, rows, heads, headDim, rotDim)
+	}
+}
+
+func checkRoPE(h *harness, freq []float32, ropeScale float32, rows, heads, headDim, rotDim int) {
 	x := h.normal(rows*heads*headDim, 1)
 	pos := []int32{0, 1, 777, int32(h.rng.IntN(4096))}
 	xb := h.f32(x)
-	h.be.RoPE(xb, h.i32(pos), rows, heads, headDim, rotDim, theta)
+	h.be.RoPE(xb, h.i32(pos), h.f32(freq), rows, heads, headDim, rotDim, ropeScale)
 	want, scale := widen(x), make([]float64, len(x))
 	half := rotDim / 2
 	for r := range rows {
 		for hd := range heads {
 			base := (r*heads + hd) * headDim
 			for i := range half {
-				a := float64(pos[r]) * math.Pow(theta, -2*float64(i)/rotDim)
+				a := float64(pos[r]) * float64(freq[i])
+				c, sn := float64(ropeScale)*math.Cos(a), float64(ropeScale)*math.Sin(a)
 				x1, x2 := float64(x[base+i]), float64(x[base+i+half])
-				want[base+i] = x1*math.Cos(a) - x2*math.Sin(a)
-				want[base+i+half] = x2*math.Cos(a) + x1*math.Sin(a)
-				s := (math.Abs(x1) + math.Abs(x2)) * (1 + float64(pos[r]))
+				want[base+i] = x1*c - x2*sn
+				want[base+i+half] = x2*c + x1*sn
+				s := (math.Abs(x1) + math.Abs(x2)) * (1 + float64(pos[r])) * float64(ropeScale)
 				scale[base+i], scale[base+i+half] = s, s
 			}
 		}

@@ -1,0 +1,190 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+
+	"ddflash/engine"
+	"ddflash/mamba"
+	"ddflash/tokenizer"
+)
+
+// Prompter turns a conversation into prompt tokens and output tokens back
+// into text (for the next turn).
+type Prompter interface {
+	Prompt(msgs []Message, thinking bool) ([]int32, error)
+	Text(tokens []int32) (string, error)
+}
+
+// ChatPrompter renders the checkpoint's chat template and encodes it.
+type ChatPrompter struct{ Dir *tokenizer.Dir }
+
+// Prompt renders msgs with the generation prompt and encodes the text.
+func (c ChatPrompter) Prompt(msgs []Message, thinking bool) ([]int32, error) {
+	if c.Dir.ChatTemplate == nil {
+		return nil, errors.New("the model has no chat template (chat_template.jinja or tokenizer_config.json's chat_template); bench workloads are chats")
+	}
+	raw, err := json.Marshal(msgs)
+	if err != nil {
+		return nil, err
+	}
+	text, err := c.Dir.ChatTemplate.Render(tokenizer.ChatRequest{Messages: raw, AddGenerationPrompt: true, EnableThinking: &thinking})
+	if err != nil {
+		return nil, err
+	}
+	return c.Dir.Encode(text), nil
+}
+
+// Text decodes output tokens without special tokens.
+func (c ChatPrompter) Text(tokens []int32) (string, error) { return c.Dir.Decode(tokens, true) }
+
+// InProcess runs configurations on a loaded engine. The engine must be
+// sized (sequences, verify tokens) for the largest configuration of the
+// sweep and have the drafter attached when any mode speculates; Open
+// switches the engine's spec mode while no request is in flight.
+type InProcess struct {
+	Engine   *engine.Engine
+	Prompter Prompter
+	Rollback mamba.Strategy
+	Threads  int    // 0: all cores
+	Device   string // the backend's name, for the record
+}
+
+// Info implements Backend.
+func (p *InProcess) Info() BackendInfo { return BackendInfo{Kind: "in-process"} }
+
+// Validate implements Backend.
+func (p *InProcess) Validate(plan *Plan) error {
+	for _, tp := range plan.TP {
+		if tp != 1 {
+			return fmt.Errorf("--tp %d: tensor parallelism is not implemented yet; this build runs --tp 1 only", tp)
+		}
+	}
+	for _, m := range plan.Modes {
+		if m.Kind != "auto" && p.Engine.Drafter == nil {
+			return fmt.Errorf("mode %s speculates and needs a drafter: give --draft DIR, or --modes auto", m.Name)
+		}
+	}
+	return nil
+}
+
+func (p *InProcess) spec(m Mode) engine.SpecOptions {
+	mode := map[string]engine.SpecMode{"auto": engine.SpecAuto, "linear": engine.SpecLinear, "ddtree": engine.SpecTree}[m.Kind]
+	return engine.SpecOptions{Mode: mode, Budget: m.Budget, Rollback: p.Rollback}
+}
+
+// Knobs implements Backend.
+func (p *InProcess) Knobs(tp int, m Mode) Knobs {
+	k := Knobs{
+		TP: tp, Mode: m.Name, Spec: m.Kind, Budget: m.Budget, Context: p.Engine.Context,
+		MaxRunning: p.Engine.Model.States.Slots(), Threads: p.Threads, Device: p.Device,
+	}
+	if k.Threads <= 0 {
+		k.Threads = runtime.NumCPU()
+	}
+	if m.Kind != "auto" {
+		k.Rollback = p.Rollback.String()
+		k.BlockSize = p.Engine.Drafter.BlockSize()
+	}
+	if m.Kind == "linear" {
+		k.Budget = k.BlockSize - 1
+	}
+	return k
+}
+
+// Open implements Backend: it sets the engine's spec mode and starts a scheduler.
+func (p *InProcess) Open(tp int, m Mode) (Target, error) {
+	if err := p.Validate(&Plan{TP: []int{tp}, Modes: []Mode{m}}); err != nil {
+		return nil, err
+	}
+	p.Engine.Spec = p.spec(m)
+	ctx, cancel := context.WithCancel(context.Background())
+	t := &engineTarget{p: p, sched: engine.NewScheduler(p.Engine, engine.SchedulerOptions{}), stop: cancel, done: make(chan struct{})}
+	if m.Kind != "auto" {
+		t.counts = &SpecCounter{}
+	}
+	go func() { t.sched.Run(ctx); close(t.done) }()
+	return t, nil
+}
+
+type engineTarget struct {
+	p     *InProcess
+	sched *engine.Scheduler
+	stop  context.CancelFunc
+	done  chan struct{}
+
+	mu     sync.Mutex
+	counts *SpecCounter // nil in auto mode
+}
+
+func (t *engineTarget) Close() error {
+	t.stop()
+	<-t.done
+	return nil
+}
+
+func (t *engineTarget) Generate(ctx context.Context, r Request) (*Response, error) {
+	prompt, err := t.p.Prompter.Prompt(r.Messages, r.EnableThinking)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	st, err := t.sched.Submit(ctx, engine.Request{
+		Prompt: prompt, MaxTokens: r.MaxTokens, IgnoreEOS: r.IgnoreEOS,
+		Sampling: engine.SamplingParams{Temperature: r.Temperature, TopP: 1, Seed: r.Seed},
+	})
+	if err != nil {
+		return nil, err
+	}
+	var chunks []Chunk
+	for ev := range st.Events() {
+		chunks = append(chunks, Chunk{At: time.Since(start), Tokens: len(ev.Tokens)})
+	}
+	res, err := st.Wait()
+	if err != nil {
+		return nil, err
+	}
+	resp := &Response{
+		Chunks: chunks, E2E: time.Since(start), Tokens: res.Tokens, PromptTokens: res.Stats.PromptTokens,
+		OutputTokens: len(res.Tokens), Finish: res.FinishReason,
+	}
+	if resp.Text, err = t.p.Prompter.Text(res.Tokens); err != nil {
+		return nil, err
+	}
+	if s := res.Stats.SpecStats; s != nil {
+		resp.Spec = &SpecStat{AcceptanceLength: s.AcceptanceLength, VerifySteps: s.VerifySteps}
+		t.count(s)
+	}
+	return resp, nil
+}
+
+func (t *engineTarget) count(s *engine.SpecStats) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := t.counts
+	c.Drafts += int64(s.VerifySteps)
+	c.DraftTokens += int64(s.DraftTokens)
+	c.AcceptedTokens += int64(s.AcceptedTokens)
+	for len(c.AcceptedPerPosition) < len(s.AcceptedPerPosition) {
+		c.AcceptedPerPosition = append(c.AcceptedPerPosition, 0)
+	}
+	for i, n := range s.AcceptedPerPosition {
+		c.AcceptedPerPosition[i] += int64(n)
+	}
+}
+
+func (t *engineTarget) SpecCounters(context.Context) (*SpecCounter, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.counts == nil {
+		return nil, nil
+	}
+	c := *t.counts
+	c.AcceptedPerPosition = append([]int64(nil), c.AcceptedPerPosition...)
+	return &c, nil
+}

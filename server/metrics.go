@@ -1,0 +1,179 @@
+package server
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"ddflash/engine"
+)
+
+// metrics are the server's Prometheus series. Names follow vLLM's so that
+// existing dashboards and `vllm bench serve` read them unchanged; ddflash:
+// series add what speculation over a tree needs. Every series carries the
+// served model's name as model_name, as vLLM's do.
+type metrics struct {
+	reg *prometheus.Registry
+
+	promptTokens, generationTokens prometheus.Counter
+	finished                       *prometheus.CounterVec // finished_reason
+	ttft, itl, tpot, e2e           prometheus.Histogram
+
+	// Speculative decoding, counted as vLLM counts them: a draft is one
+	// verify step, draft tokens are the proposed tokens (tree nodes, root
+	// excluded), and per position means tree depth.
+	drafts, draftTokens, accepted prometheus.Counter
+	acceptedPerPos                *prometheus.CounterVec // position
+	acceptLength                  prometheus.Histogram
+}
+
+// latencyBuckets span 1 ms to about 17 minutes.
+var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 21)
+
+func newMetrics(modelName string, state func() (engine.SchedulerState, engine.SpecOptions, bool)) *metrics {
+	reg := prometheus.NewRegistry()
+	r := prometheus.WrapRegistererWith(prometheus.Labels{"model_name": modelName}, reg)
+	f := factory{r}
+	m := &metrics{
+		reg:              reg,
+		promptTokens:     f.counter("vllm:prompt_tokens_total", "Prompt tokens of finished requests."),
+		generationTokens: f.counter("vllm:generation_tokens_total", "Generated tokens."),
+		finished: f.counterVec("vllm:request_success_total", "Requests ended, by finish reason (stop, length, abort).",
+			"finished_reason"),
+		ttft:        f.histogram("vllm:time_to_first_token_seconds", "Time from request arrival to its first token.", latencyBuckets),
+		itl:         f.histogram("vllm:inter_token_latency_seconds", "Time between a request's outputs; one output holds every token a verify step accepted.", latencyBuckets),
+		tpot:        f.histogram("vllm:request_time_per_output_token_seconds", "Per request: (latency - time to first token) / (output tokens - 1).", latencyBuckets),
+		e2e:         f.histogram("vllm:e2e_request_latency_seconds", "Time from request arrival to its end.", latencyBuckets),
+		drafts:      f.counter("vllm:spec_decode_num_drafts_total", "Speculative verify steps."),
+		draftTokens: f.counter("vllm:spec_decode_num_draft_tokens_total", "Tokens proposed for verification (tree nodes, root excluded)."),
+		accepted:    f.counter("vllm:spec_decode_num_accepted_tokens_total", "Proposed tokens the target accepted."),
+		acceptedPerPos: f.counterVec("vllm:spec_decode_num_accepted_tokens_per_pos_total",
+			"Verify steps that accepted a token at this position (tree depth - 1).", "position"),
+		acceptLength: f.histogram("ddflash:spec_decode_acceptance_length",
+			"Tokens committed per verify step: accepted drafts plus the bonus token. _sum/_count over an interval is the mean acceptance length.",
+			prometheus.LinearBuckets(1, 1, 16)),
+	}
+	gauge := func(name, help string, v func(engine.SchedulerState, engine.SpecOptions) float64) {
+		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
+			st, spec, ok := state()
+			if !ok {
+				return 0
+			}
+			return v(st, spec)
+		}))
+	}
+	gauge("vllm:num_requests_running", "Requests decoding.", func(s engine.SchedulerState, _ engine.SpecOptions) float64 {
+		return float64(s.Running)
+	})
+	gauge("vllm:num_requests_waiting", "Requests queued for admission.", func(s engine.SchedulerState, _ engine.SpecOptions) float64 {
+		return float64(s.Queued)
+	})
+	gauge("vllm:kv_cache_usage_perc", "Share of KV cache pages in use (1 = all).", func(s engine.SchedulerState, _ engine.SpecOptions) float64 {
+		return usage(s.FreePages, s.TotalPages)
+	})
+	gauge("ddflash:state_slot_usage_perc", "Share of GDN state slots in use (1 = all).", func(s engine.SchedulerState, _ engine.SpecOptions) float64 {
+		return usage(s.FreeSlots, s.TotalSlots)
+	})
+	gauge("ddflash:spec_decode_tree_budget", "DDTree nodes verified per step (root excluded); 0 unless --spec ddtree.", func(_ engine.SchedulerState, spec engine.SpecOptions) float64 {
+		if spec.Mode != engine.SpecTree {
+			return 0
+		}
+		return float64(spec.Budget)
+	})
+	return m
+}
+
+func usage(free, total int) float64 {
+	if total == 0 {
+		return 0
+	}
+	return float64(total-free) / float64(total)
+}
+
+// factory registers metrics on one registerer.
+type factory struct{ r prometheus.Registerer }
+
+func (f factory) counter(name, help string) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	f.r.MustRegister(c)
+	return c
+}
+
+func (f factory) counterVec(name, help, label string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{label})
+	f.r.MustRegister(c)
+	return c
+}
+
+func (f factory) histogram(name, help string, buckets []float64) prometheus.Histogram {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets})
+	f.r.MustRegister(h)
+	return h
+}
+
+// specPositions makes every position series exist from the start, as vLLM
+// does, so that a dashboard sees zeros rather than gaps.
+func (m *metrics) specPositions(depth int) {
+	for i := 0; i < depth; i++ {
+		m.acceptedPerPos.WithLabelValues(strconv.Itoa(i))
+	}
+}
+
+// requestTimer records one request's latencies as its outputs arrive.
+type requestTimer struct {
+	m                  *metrics
+	start, first, last time.Time
+	outputs            int
+}
+
+func (m *metrics) startRequest() *requestTimer { return &requestTimer{m: m, start: time.Now()} }
+
+// output notes that a step delivered tokens to the request.
+func (t *requestTimer) output() {
+	now := time.Now()
+	if t.outputs == 0 {
+		t.first = now
+		t.m.ttft.Observe(now.Sub(t.start).Seconds())
+	} else {
+		t.m.itl.Observe(now.Sub(t.last).Seconds())
+	}
+	t.last = now
+	t.outputs++
+}
+
+// end records a request that finished (reason stop or length) or was
+// aborted, with its token counts and, when it ran to its end inside the
+// engine, its speculation statistics.
+func (t *requestTimer) end(reason string, promptTokens, outputTokens int, spec *engine.SpecStats) {
+	m := t.m
+	now := time.Now()
+	m.finished.WithLabelValues(reason).Inc()
+	m.promptTokens.Add(float64(promptTokens))
+	m.generationTokens.Add(float64(outputTokens))
+	m.e2e.Observe(now.Sub(t.start).Seconds())
+	if outputTokens > 1 && t.outputs > 0 {
+		m.tpot.Observe(now.Sub(t.first).Seconds() / float64(outputTokens-1))
+	}
+	if spec == nil {
+		return
+	}
+	m.drafts.Add(float64(spec.VerifySteps))
+	m.draftTokens.Add(float64(spec.DraftTokens))
+	m.accepted.Add(float64(spec.AcceptedTokens))
+	// AcceptedPerPosition[k] counts the steps that accepted more than k
+	// drafts, so the steps that accepted exactly k are the difference.
+	atLeast := append([]int{spec.VerifySteps}, spec.AcceptedPerPosition...)
+	for k := range atLeast {
+		exactly := atLeast[k]
+		if k+1 < len(atLeast) {
+			exactly -= atLeast[k+1]
+		}
+		for range exactly {
+			m.acceptLength.Observe(float64(k + 1))
+		}
+	}
+	for pos, n := range spec.AcceptedPerPosition {
+		m.acceptedPerPos.WithLabelValues(strconv.Itoa(pos)).Add(float64(n))
+	}
+}

@@ -1,0 +1,191 @@
+// Package server is ddflash's OpenAI-compatible HTTP server: completions
+// and chat completions (with SSE streaming), models, tokenize/detokenize,
+// health and Prometheus metrics, over the engine's continuous-batching
+// scheduler.
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"ddflash/engine"
+	"ddflash/tokenizer"
+)
+
+// DefaultMaxBodyBytes bounds request bodies: room for a full context of
+// token ids written as JSON.
+const DefaultMaxBodyBytes = 16 << 20
+
+// Options configure a server.
+type Options struct {
+	ModelName    string // the served model name; requests naming another get 404
+	APIKey       string // when set, every endpoint but /health needs "Authorization: Bearer KEY"
+	MaxBodyBytes int64  // 0 means DefaultMaxBodyBytes
+	Logger       *slog.Logger
+}
+
+// Model is what the server serves once loaded.
+type Model struct {
+	Engine    *engine.Engine
+	Scheduler *engine.Scheduler
+	Tokenizer *tokenizer.Dir
+	Root      string // where the model came from, reported by /v1/models
+}
+
+// Server answers the HTTP API. It answers from the moment it is created:
+// until Run attaches a model, /health and the model endpoints say 503.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	model   atomic.Pointer[Model]
+	metrics *metrics
+	routes  map[string]route // by path
+	created int64
+}
+
+// New makes a server that is still loading.
+func New(opts Options) *Server {
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Server{opts: opts, log: opts.Logger, created: time.Now().Unix()}
+	s.metrics = newMetrics(opts.ModelName, s.schedulerState)
+	s.routes = map[string]route{
+		"/health":              {http.MethodGet, s.health},
+		"/metrics":             {http.MethodGet, promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}).ServeHTTP},
+		"/v1/models":           {http.MethodGet, s.needsModel(s.listModels)},
+		"/v1/completions":      {http.MethodPost, s.needsModel(s.completions)},
+		"/v1/chat/completions": {http.MethodPost, s.needsModel(s.chatCompletions)},
+		"/tokenize":            {http.MethodPost, s.needsModel(s.tokenize)},
+		"/detokenize":          {http.MethodPost, s.needsModel(s.detokenize)},
+	}
+	return s
+}
+
+// Run serves m: it runs m's scheduler until ctx is done, and the server
+// answers requests with it meanwhile. /health says 503 again after Run returns.
+func (s *Server) Run(ctx context.Context, m *Model) {
+	s.attach(m)
+	defer s.model.Store(nil)
+	m.Scheduler.Run(ctx)
+}
+
+func (s *Server) attach(m *Model) {
+	if m.Engine.Drafter != nil && m.Engine.Spec.Mode != engine.SpecAuto {
+		s.metrics.specPositions(m.Engine.Drafter.BlockSize() - 1)
+	}
+	s.model.Store(m)
+}
+
+func (s *Server) schedulerState() (engine.SchedulerState, engine.SpecOptions, bool) {
+	m := s.model.Load()
+	if m == nil {
+		return engine.SchedulerState{}, engine.SpecOptions{}, false
+	}
+	return m.Scheduler.State(), m.Engine.Spec, true
+}
+
+type route struct {
+	method  string
+	handler http.HandlerFunc
+}
+
+// ServeHTTP routes a request after the API key and body-size checks.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.log.Error("handler panic", "path", r.URL.Path, "panic", v)
+			writeError(w, fmt.Errorf("panic: %v", v))
+		}
+	}()
+	if r.URL.Path != "/health" && !s.authorized(r) {
+		writeError(w, newError(http.StatusUnauthorized, invalidRequest, "invalid_api_key", "",
+			"missing or wrong API key: send the header \"Authorization: Bearer KEY\""))
+		return
+	}
+	rt, ok := s.routes[r.URL.Path]
+	switch {
+	case !ok:
+		writeError(w, newError(http.StatusNotFound, notFound, "not_found", "", "no route %s %s", r.Method, r.URL.Path))
+	case r.Method != rt.method:
+		w.Header().Set("Allow", rt.method)
+		writeError(w, newError(http.StatusMethodNotAllowed, invalidRequest, "method_not_allowed", "",
+			"%s takes %s, not %s", r.URL.Path, rt.method, r.Method))
+	default:
+		r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
+		rt.handler(w, r)
+	}
+}
+
+// authorized compares the bearer token in constant time (of digests, so
+// that not even the key's length leaks).
+func (s *Server) authorized(r *http.Request) bool {
+	if s.opts.APIKey == "" {
+		return true
+	}
+	given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	want, got := sha256.Sum256([]byte(s.opts.APIKey)), sha256.Sum256([]byte(given))
+	return ok && subtle.ConstantTimeCompare(want[:], got[:]) == 1
+}
+
+var errLoading = newError(http.StatusServiceUnavailable, unavailable, "", "", "Loading model: retry when /health answers 200")
+
+// modelHandler is a handler that needs the loaded model.
+type modelHandler func(w http.ResponseWriter, r *http.Request, m *Model)
+
+func (s *Server) needsModel(h modelHandler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		m := s.model.Load()
+		if m == nil {
+			writeError(w, errLoading)
+			return
+		}
+		h(w, r, m)
+	}
+}
+
+// health is 200 while a model is served and 503 before (loading) and after.
+func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
+	if s.model.Load() == nil {
+		writeError(w, errLoading)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+type modelCard struct {
+	ID          string  `json:"id"`
+	Object      string  `json:"object"`
+	Created     int64   `json:"created"`
+	OwnedBy     string  `json:"owned_by"`
+	Root        string  `json:"root"`
+	Parent      *string `json:"parent"`
+	MaxModelLen int     `json:"max_model_len"`
+}
+
+func (s *Server) listModels(w http.ResponseWriter, _ *http.Request, m *Model) {
+	card := modelCard{ID: s.opts.ModelName, Object: "model", Created: s.created, OwnedBy: "ddflash",
+		Root: m.Root, MaxModelLen: m.Engine.Context}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []modelCard{card}})
+}
+
+// checkModel accepts the served model's name, or none.
+func (s *Server) checkModel(name string) error {
+	if name != "" && name != s.opts.ModelName {
+		return newError(http.StatusNotFound, notFound, "model_not_found", "model",
+			"the model %q does not exist: this server serves %q", name, s.opts.ModelName)
+	}
+	return nil
+}
