@@ -81,9 +81,9 @@ type completionLogprobs struct {
 	TextOffset    []int                `json:"text_offset"`
 }
 
-func (completionAPI) idPrefix() string      { return "cmpl-" }
-func (completionAPI) object(bool) string    { return "text_completion" }
-func (completionAPI) opening() any          { return nil }
+func (completionAPI) idPrefix() string   { return "cmpl-" }
+func (completionAPI) object(bool) string { return "text_completion" }
+func (completionAPI) opening() any       { return nil }
 func (a completionAPI) choice(d delta, res outcome, _ bool) any {
 	c := completionChoice{Text: d.text, FinishReason: nonEmpty(res.finish), StopReason: nonEmpty(res.stopReason)}
 	if len(d.tokens) > 0 && d.tokens[0].lp != nil {

@@ -70,10 +70,10 @@ func newMetrics(modelName string, state func() (engine.SchedulerState, engine.Sp
 		return float64(s.Queued)
 	})
 	gauge("vllm:kv_cache_usage_perc", "Share of KV cache pages in use (1 = all).", func(s engine.SchedulerState, _ engine.SpecOptions) float64 {
-		return usage(s.FreePages, s.TotalPages)
+		return usedShare(s.FreePages, s.TotalPages)
 	})
 	gauge("ddflash:state_slot_usage_perc", "Share of GDN state slots in use (1 = all).", func(s engine.SchedulerState, _ engine.SpecOptions) float64 {
-		return usage(s.FreeSlots, s.TotalSlots)
+		return usedShare(s.FreeSlots, s.TotalSlots)
 	})
 	gauge("ddflash:spec_decode_tree_budget", "DDTree nodes verified per step (root excluded); 0 unless --spec ddtree.", func(_ engine.SchedulerState, spec engine.SpecOptions) float64 {
 		if spec.Mode != engine.SpecTree {
@@ -84,7 +84,7 @@ func newMetrics(modelName string, state func() (engine.SchedulerState, engine.Sp
 	return m
 }
 
-func usage(free, total int) float64 {
+func usedShare(free, total int) float64 {
 	if total == 0 {
 		return 0
 	}

@@ -48,7 +48,7 @@ type samplingFields struct {
 	N             *int64         `json:"n"`
 	Stream        bool           `json:"stream"`
 	StreamOptions *streamOptions `json:"stream_options"`
-	User          string         `json:"user"`      // accepted; OpenAI uses it for abuse monitoring
+	User          string         `json:"user"`       // accepted; OpenAI uses it for abuse monitoring
 	IgnoreEOS     bool           `json:"ignore_eos"` // extension (vLLM, SGLang)
 
 	// OpenAI fields this server accepts only at their neutral values, so

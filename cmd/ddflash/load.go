@@ -9,6 +9,7 @@ import (
 	"ddflash/kernels"
 	"ddflash/kernels/cpu"
 	"ddflash/mamba"
+	"ddflash/models"
 )
 
 // modelFlags are the flags every command that runs the model shares.
@@ -18,14 +19,31 @@ type modelFlags struct {
 }
 
 func (m *modelFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&m.model, "model", "", "target model directory (Hugging Face layout)")
-	fs.StringVar(&m.draft, "draft", "", "DFlash drafter directory (z-lab layout), for --spec linear|ddtree")
+	fs.StringVar(&m.model, "model", "", "target model directory (Hugging Face layout; default: the embedded default model)")
+	fs.StringVar(&m.draft, "draft", "", "DFlash drafter directory (z-lab layout), for --spec linear|ddtree (default with the default model: its drafter)")
 	fs.StringVar(&m.spec, "spec", "auto", "decoding: auto (autoregressive), linear (DFlash chain) or ddtree")
 	fs.IntVar(&m.budget, "budget", 15, "DDTree node budget B (non-root nodes per verify)")
 	fs.StringVar(&m.rollback, "rollback", "replay", "GDN state rollback after partial acceptance: replay or snapshot")
 	fs.IntVar(&m.context, "context", 0, "context length (default: the model's)")
 	fs.IntVar(&m.threads, "threads", 0, "CPU threads (default: all cores)")
 	fs.StringVar(&m.device, "device", "cpu", "compute backend: cpu")
+}
+
+// resolveDefault points --model (and --draft) at the embedded default pair
+// when no model is given.
+func (m *modelFlags) resolveDefault() error {
+	if m.model != "" {
+		return nil
+	}
+	target, draft, err := models.DefaultPair()
+	if err != nil {
+		return err
+	}
+	m.model = target
+	if m.draft == "" {
+		m.draft = draft
+	}
+	return nil
 }
 
 // specOptions parses the speculative-decoding flags.
@@ -57,8 +75,8 @@ func (m *modelFlags) backend() (kernels.Backend, error) {
 // load builds the engine (and drafter) the flags describe, with room for
 // sequences requests in flight.
 func (m *modelFlags) load(sequences int) (*engine.Engine, error) {
-	if m.model == "" {
-		return nil, fmt.Errorf("--model is required")
+	if err := m.resolveDefault(); err != nil {
+		return nil, err
 	}
 	spec, err := m.specOptions()
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"math"
 	"runtime"
 
+	"ddflash/internal/half"
 	"ddflash/kernels"
 )
 
@@ -177,11 +178,11 @@ func (be *Backend) DownloadF32(b kernels.Buffer, off int, dst []float32) error {
 		copy(dst, buf.f32[off:])
 	case kernels.BF16:
 		for i, h := range buf.u16[off : off+len(dst)] {
-			dst[i] = bf16ToF32(h)
+			dst[i] = half.BF16ToFloat32(h)
 		}
 	case kernels.F16:
 		for i, h := range buf.u16[off : off+len(dst)] {
-			dst[i] = f16ToF32(h)
+			dst[i] = half.F16ToFloat32(h)
 		}
 	default:
 		for i, v := range buf.i32[off : off+len(dst)] {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 
+	"ddflash/internal/half"
 	"ddflash/kernels"
 )
 
@@ -81,10 +82,10 @@ func rows4BF16Portable(out []float32, x []float32, k int, tile []uint16) {
 	w0, w1, w2, w3 := tile[:k], tile[k:2*k], tile[2*k:3*k], tile[3*k:4*k]
 	var d0, d1, d2, d3 float32
 	for i, xi := range x[:k] {
-		d0 += xi * bf16ToF32(w0[i])
-		d1 += xi * bf16ToF32(w1[i])
-		d2 += xi * bf16ToF32(w2[i])
-		d3 += xi * bf16ToF32(w3[i])
+		d0 += xi * half.BF16ToFloat32(w0[i])
+		d1 += xi * half.BF16ToFloat32(w1[i])
+		d2 += xi * half.BF16ToFloat32(w2[i])
+		d3 += xi * half.BF16ToFloat32(w3[i])
 	}
 	out[0], out[1], out[2], out[3] = d0, d1, d2, d3
 }

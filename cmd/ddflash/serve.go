@@ -1,0 +1,237 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"ddflash/engine"
+	"ddflash/engine/gpu"
+	"ddflash/engine/planner"
+	"ddflash/server"
+	"ddflash/tokenizer"
+)
+
+func init() {
+	register("serve", "serve an OpenAI-compatible API (completions, chat, streaming, metrics)", runServe)
+}
+
+func runServe(args []string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return serve(ctx, args, nil)
+}
+
+// serveConfig is serve's flags: the model's and the server's own.
+type serveConfig struct {
+	model                       modelFlags
+	addr, apiKey, name, memSize string
+	maxRunning, maxQueue, chunk int
+	maxBody                     int64
+}
+
+func (c *serveConfig) register(fs *flag.FlagSet) {
+	c.model.register(fs)
+	fs.StringVar(&c.addr, "addr", "127.0.0.1:8000", "listen address (loopback by default; elsewhere, set --api-key)")
+	fs.StringVar(&c.apiKey, "api-key", os.Getenv("DDFLASH_API_KEY"), "require \"Authorization: Bearer KEY\" on every endpoint but /health (default: $DDFLASH_API_KEY)")
+	fs.StringVar(&c.name, "served-model-name", "", "model name in the API (default: the --model directory's name)")
+	fs.IntVar(&c.maxRunning, "max-running-requests", 16, "requests decoding at once; the memory plan may lower it")
+	fs.IntVar(&c.maxQueue, "max-queue", 0, "requests waiting for admission before 429 answers (default: 4 × running)")
+	fs.IntVar(&c.chunk, "chunked-prefill-size", 0, "prompt tokens prefilled per step over all requests (default: the engine's prefill chunk, 512)")
+	fs.Int64Var(&c.maxBody, "max-body-bytes", server.DefaultMaxBodyBytes, "largest request body")
+	fs.StringVar(&c.memSize, "gpu-mem", "", "memory to plan the caches in, e.g. 64GiB (default: this host's memory)")
+}
+
+// serve runs `ddflash serve` until ctx ends. ready, if set, is told the
+// address once the server listens (before the model is loaded).
+func serve(ctx context.Context, args []string, ready func(addr string)) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var c serveConfig
+	c.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q: flags only", fs.Arg(0))
+	}
+	if c.name == "" {
+		c.name = filepath.Base(filepath.Clean(c.model.model))
+		if c.model.model == "" {
+			c.name = "ddflash-default"
+		}
+	}
+	if err := c.model.resolveDefault(); err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	running, err := c.plan(log)
+	if err != nil {
+		return err
+	}
+
+	ln, err := net.Listen("tcp", c.addr)
+	if err != nil {
+		return err
+	}
+	if host, _, _ := net.SplitHostPort(ln.Addr().String()); c.apiKey == "" && !net.ParseIP(host).IsLoopback() {
+		log.Warn("listening beyond loopback without --api-key: anyone who can reach this address can use the model", "addr", ln.Addr())
+	}
+	srv := server.New(server.Options{ModelName: c.name, APIKey: c.apiKey, MaxBodyBytes: c.maxBody, Logger: log})
+	httpSrv := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- httpSrv.Serve(ln) }()
+	log.Info("listening; /health answers 503 until the model is loaded", "addr", "http://"+ln.Addr().String())
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+
+	model, err := c.load(running)
+	if err != nil {
+		_ = httpSrv.Close()
+		return err
+	}
+	runCtx, stopEngine := context.WithCancel(context.Background())
+	engineDone := make(chan struct{})
+	go func() { srv.Run(runCtx, model); close(engineDone) }()
+	opts := model.Scheduler.Options()
+	log.Info("serving", "model", c.name, "spec", model.Engine.Spec.Mode, "max_running_requests", opts.MaxRunning,
+		"max_queue", opts.MaxQueue, "context", model.Engine.Context)
+
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+	}
+	log.Info("shutting down")
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = httpSrv.Shutdown(shutdownCtx) // lets running requests finish, for a while
+	stopEngine()
+	<-engineDone
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// plan checks that the settings fit the memory (the host's, on the CPU
+// backend) and returns how many requests may run at once: the least of
+// --max-running-requests, what the KV cache holds at full context, and the
+// state slots.
+func (c *serveConfig) plan(log *slog.Logger) (int, error) {
+	m := &c.model
+	spec, err := m.specOptions()
+	if err != nil {
+		return 0, err
+	}
+	s := &planSetup{modelRef: m.model, draftRef: m.draft}
+	if s.models.Target, err = planner.LoadTarget(m.model); err != nil {
+		return 0, err
+	}
+	if spec.Mode != engine.SpecAuto {
+		if s.models.Drafter, err = planner.LoadDrafter(m.draft); err != nil {
+			return 0, err
+		}
+	}
+	if s.device, err = c.memory(); err != nil {
+		return 0, err
+	}
+	k := &s.knobs
+	k.GPUTotal, k.GPUFree = s.device.Total, s.device.Free
+	k.MaxRunningRequests, k.Context, k.Rollback = c.maxRunning, m.context, spec.Rollback
+	if k.Context <= 0 || k.Context > s.models.Target.Config.MaxPositions {
+		k.Context = s.models.Target.Config.MaxPositions
+	}
+	// The engine keeps KV, conv and recurrent state in f32 on every backend.
+	k.KVDtype, k.SSMDtype, k.ConvDtype = planner.FP32, planner.FP32, planner.FP32
+	if k.Spec, err = planner.ParseSpec(m.spec); err != nil {
+		return 0, err
+	}
+	if spec.Mode == engine.SpecTree {
+		k.Budget = spec.Budget
+	}
+	p, err := planner.Compute(s.models, *k)
+	if err != nil {
+		return 0, err
+	}
+	writePlan(os.Stderr, s, p)
+	if err := p.Fits(); err != nil {
+		return 0, err
+	}
+	if p.MaxRunning.Effective < c.maxRunning {
+		log.Warn("the memory plan lowers --max-running-requests", "requested", c.maxRunning, "effective", p.MaxRunning.Effective)
+	}
+	return p.MaxRunning.Effective, nil
+}
+
+// memory is what the caches are planned in: --gpu-mem, or this host's
+// memory (total, and available now).
+func (c *serveConfig) memory() (gpu.Device, error) {
+	if c.memSize != "" {
+		total, err := gpu.ParseSize(c.memSize)
+		if err != nil {
+			return gpu.Device{}, fmt.Errorf("--gpu-mem: %w", err)
+		}
+		return gpu.Device{Name: "--gpu-mem", Total: total}, nil
+	}
+	total, avail, err := hostMemory()
+	if err != nil {
+		return gpu.Device{}, fmt.Errorf("cannot read this host's memory (%w): give --gpu-mem SIZE", err)
+	}
+	return gpu.Device{Name: "host memory", Total: total, Free: avail}, nil
+}
+
+// hostMemory reads MemTotal and MemAvailable from /proc/meminfo.
+func hostMemory() (total, avail int64, err error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text()) // "MemTotal:  16318480 kB"
+		if len(fields) != 3 || fields[2] != "kB" {
+			continue
+		}
+		kb, err := strconv.ParseInt(fields[1], 10, 64)
+		if err != nil {
+			continue
+		}
+		switch fields[0] {
+		case "MemTotal:":
+			total = kb << 10
+		case "MemAvailable:":
+			avail = kb << 10
+		}
+	}
+	if total == 0 || avail == 0 || avail > total {
+		return 0, 0, errors.New("/proc/meminfo lacks MemTotal or MemAvailable")
+	}
+	return total, avail, sc.Err()
+}
+
+// load builds the engine, its scheduler and the tokenizer.
+func (c *serveConfig) load(running int) (*server.Model, error) {
+	e, err := c.model.load(running)
+	if err != nil {
+		return nil, err
+	}
+	tok, err := tokenizer.LoadDir(c.model.model)
+	if err != nil {
+		return nil, fmt.Errorf("serving text needs the model's tokenizer: %w", err)
+	}
+	sched := engine.NewScheduler(e, engine.SchedulerOptions{MaxRunning: running, MaxQueue: c.maxQueue, StepPrefill: c.chunk})
+	return &server.Model{Engine: e, Scheduler: sched, Tokenizer: tok, Root: c.model.model}, nil
+}
