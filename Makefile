@@ -12,8 +12,9 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 all: build
 
+# The commit goes into every benchmark record (this workplace builds with -buildvcs=false).
 build:
-	$(GO) build -o bin/ddflash ./cmd/ddflash
+	$(GO) build -ldflags "-X ddflash/bench.Commit=$$(git rev-parse HEAD 2>/dev/null)" -o bin/ddflash ./cmd/ddflash
 
 # deps installs what the tests need on a fresh machine (system packages, npm
 # oracles, Go modules). Each step is idempotent.

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -11,21 +12,21 @@ import (
 	"runtime"
 	"runtime/debug"
 	"sort"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sync/errgroup"
 )
 
-// Version is the release name, set at build time with
-// -ldflags "-X ddflash/bench.Version=v1.2.3"; builds without it report the
-// module version from the build info.
-var Version = ""
+// Version and Commit name the build. Set them with -ldflags
+// "-X ddflash/bench.Version=v1.2.3 -X ddflash/bench.Commit=$(git rev-parse HEAD)";
+// otherwise they come from the build info (the module version, and the VCS
+// stamp of a build from a git checkout unless -buildvcs=false).
+var Version, Commit = "", ""
 
 // ReadBinary describes the running executable: version, VCS commit (Go
 // stamps it into builds from a git checkout) and the file's own hash.
 func ReadBinary() (Binary, error) {
-	b := Binary{Version: Version, GoVersion: runtime.Version()}
+	b := Binary{Version: Version, Commit: Commit, GoVersion: runtime.Version()}
 	if info, ok := debug.ReadBuildInfo(); ok {
 		if b.Version == "" {
 			b.Version = info.Main.Version
@@ -33,7 +34,7 @@ func ReadBinary() (Binary, error) {
 		for _, s := range info.Settings {
 			switch s.Key {
 			case "vcs.revision":
-				b.Commit = s.Value
+				b.Commit = cmp.Or(b.Commit, s.Value)
 			case "vcs.time":
 				b.CommitTime = s.Value
 			case "vcs.modified":
@@ -53,7 +54,7 @@ func ReadBinary() (Binary, error) {
 
 // ReadHost describes this machine; gpus come from NVML when present.
 func ReadHost(gpus GPUReader) Host {
-	h := Host{OS: runtime.GOOS, Arch: runtime.GOARCH, Cores: runtime.NumCPU(), CPU: cpuModel(), MemoryMiB: memTotalMiB()}
+	h := Host{OS: runtime.GOOS, Arch: runtime.GOARCH, Cores: runtime.NumCPU(), CPU: cpuModel()}
 	h.Hostname, _ = os.Hostname()
 	info, err := gpus.Info()
 	if err != nil {
@@ -78,21 +79,6 @@ func cpuModel() string {
 		}
 	}
 	return ""
-}
-
-// memTotalMiB is /proc/meminfo's MemTotal; 0 where there is none.
-func memTotalMiB() int64 {
-	data, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			return kb / 1024
-		}
-	}
-	return 0
 }
 
 // HashCheckpoint hashes every regular file of a model directory (not

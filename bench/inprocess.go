@@ -58,12 +58,16 @@ type InProcess struct {
 // Info implements Backend.
 func (p *InProcess) Info() BackendInfo { return BackendInfo{Kind: "in-process"} }
 
-// Validate implements Backend.
+// Validate implements Backend. Before the engine is loaded (Engine nil) it
+// checks what it can, so that a bad plan fails before a long load.
 func (p *InProcess) Validate(plan *Plan) error {
 	for _, tp := range plan.TP {
 		if tp != 1 {
 			return fmt.Errorf("--tp %d: tensor parallelism is not implemented yet; this build runs --tp 1 only", tp)
 		}
+	}
+	if p.Engine == nil {
+		return nil
 	}
 	for _, m := range plan.Modes {
 		if m.Kind != "auto" && p.Engine.Drafter == nil {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,6 +25,10 @@ type OpenAI struct {
 	model  string
 	apiKey string
 	client *http.Client
+	// noTokenIDs is set once the server rejected vLLM's return_token_ids
+	// extension (strict servers refuse unknown fields); requests then go
+	// without it and token counts per chunk are estimated.
+	noTokenIDs atomic.Bool
 }
 
 // NewOpenAI connects to url (with or without /v1). An empty model asks the
@@ -134,22 +139,17 @@ type chatChunk struct {
 
 // Generate implements Target.
 func (o *OpenAI) Generate(ctx context.Context, r Request) (*Response, error) {
-	body, err := json.Marshal(map[string]any{
-		"model": o.model, "messages": r.Messages, "max_tokens": r.MaxTokens,
-		"temperature": r.Temperature, "seed": r.Seed, "ignore_eos": r.IgnoreEOS,
-		"stream": true, "stream_options": map[string]any{"include_usage": true},
-		"chat_template_kwargs": map[string]any{"enable_thinking": r.EnableThinking},
-		"return_token_ids":     true,
-	})
-	if err != nil {
-		return nil, err
+	tokenIDs := !o.noTokenIDs.Load()
+	resp, start, err := o.post(ctx, r, tokenIDs)
+	if err == nil && resp.StatusCode == http.StatusBadRequest && tokenIDs {
+		rejected := httpError(resp)
+		resp.Body.Close()
+		if !strings.Contains(rejected.Error(), "return_token_ids") {
+			return nil, rejected
+		}
+		o.noTokenIDs.Store(true)
+		resp, start, err = o.post(ctx, r, false)
 	}
-	req, err := o.newRequest(ctx, http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	resp, err := o.client.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -158,6 +158,30 @@ func (o *OpenAI) Generate(ctx context.Context, r Request) (*Response, error) {
 		return nil, httpError(resp)
 	}
 	return readStream(resp.Body, start)
+}
+
+// post sends a streaming chat completion request; start is when.
+func (o *OpenAI) post(ctx context.Context, r Request, tokenIDs bool) (resp *http.Response, start time.Time, err error) {
+	fields := map[string]any{
+		"model": o.model, "messages": r.Messages, "max_tokens": r.MaxTokens,
+		"temperature": r.Temperature, "seed": r.Seed, "ignore_eos": r.IgnoreEOS,
+		"stream": true, "stream_options": map[string]any{"include_usage": true},
+		"chat_template_kwargs": map[string]any{"enable_thinking": r.EnableThinking},
+	}
+	if tokenIDs {
+		fields["return_token_ids"] = true
+	}
+	body, err := json.Marshal(fields)
+	if err != nil {
+		return nil, start, err
+	}
+	req, err := o.newRequest(ctx, http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return nil, start, err
+	}
+	start = time.Now()
+	resp, err = o.client.Do(req)
+	return resp, start, err
 }
 
 // readStream reads a server-sent event stream of chat completion chunks.

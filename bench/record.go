@@ -13,24 +13,30 @@ import (
 
 // Schema versions the record files. A reader refuses other versions.
 const (
-	ResultSchema  = "ddflash.bench.result/v1"
-	FailureSchema = "ddflash.bench.failure/v1"
-	SweepSchema   = "ddflash.bench.sweep/v1"
+	ResultSchema   = "ddflash.bench.result/v1"
+	FailureSchema  = "ddflash.bench.failure/v1"
+	ManifestSchema = "ddflash.bench.sweep/v1"
 )
 
 // Record is one configuration's result file (tp1-b15.json). It is rewritten
 // after every run, so Runs grows until Complete. SHA256 covers the canonical
 // encoding of everything else.
 type Record struct {
-	Schema   string    `json:"schema"`
-	Config   string    `json:"config"`
-	Setup    Setup     `json:"setup"`
-	Argv     []string  `json:"argv"`
+	Head
 	Created  time.Time `json:"created"`
 	Updated  time.Time `json:"updated"`
 	Runs     []Run     `json:"runs"`
 	Complete bool      `json:"complete"`
 	SHA256   string    `json:"sha256"`
+}
+
+// Head starts every configuration file: what it is, for which setup, and
+// the command line that wrote it.
+type Head struct {
+	Schema string   `json:"schema"`
+	Config string   `json:"config"`
+	Setup  Setup    `json:"setup"`
+	Argv   []string `json:"argv"`
 }
 
 // Setup is what makes results comparable: resuming a configuration needs
@@ -58,15 +64,14 @@ type Binary struct {
 
 // Host is the machine that measured.
 type Host struct {
-	Hostname  string    `json:"hostname"`
-	OS        string    `json:"os"`
-	Arch      string    `json:"arch"`
-	CPU       string    `json:"cpu"`
-	Cores     int       `json:"cores"`
-	MemoryMiB int64     `json:"memory_mib"`
-	GPUs      []GPUInfo `json:"gpus"`
-	Driver    string    `json:"gpu_driver"`
-	GPUNote   string    `json:"gpu_note"` // why there is no GPU data, when there is none
+	Hostname string    `json:"hostname"`
+	OS       string    `json:"os"`
+	Arch     string    `json:"arch"`
+	CPU      string    `json:"cpu"`
+	Cores    int       `json:"cores"`
+	GPUs     []GPUInfo `json:"gpus"`
+	Driver   string    `json:"gpu_driver"`
+	GPUNote  string    `json:"gpu_note"` // why there is no GPU data, when there is none
 }
 
 // GPUInfo is a GPU's fixed description.
@@ -220,10 +225,7 @@ type TraceFile struct {
 // Failure is a configuration's failure file (tp1-b8.failure.json): the runs
 // that could not be measured, and why. Failed runs never enter a Record.
 type Failure struct {
-	Schema   string       `json:"schema"`
-	Config   string       `json:"config"`
-	Setup    Setup        `json:"setup"`
-	Argv     []string     `json:"argv"`
+	Head
 	Updated  time.Time    `json:"updated"`
 	Failures []RunFailure `json:"failures"`
 	SHA256   string       `json:"sha256"`
@@ -239,9 +241,9 @@ type RunFailure struct {
 	Failed    int       `json:"failed"`
 }
 
-// Sweep is the results directory's manifest (sweep.json): the configurations
+// Manifest is the results directory's sweep.json: the configurations
 // the sweep asked for, so that verify notices one that left no file at all.
-type Sweep struct {
+type Manifest struct {
 	Schema  string    `json:"schema"`
 	Created time.Time `json:"created"`
 	Argv    []string  `json:"argv"`
@@ -250,18 +252,18 @@ type Sweep struct {
 	SHA256  string    `json:"sha256"`
 }
 
-// sealed is a file with a self-checksum.
+// sealed is a file with a schema name and a self-checksum.
 type sealed interface {
-	schema() string
+	schema() (want, got string)
 	sum() *string
 }
 
-func (r *Record) schema() string  { return ResultSchema }
-func (r *Record) sum() *string    { return &r.SHA256 }
-func (f *Failure) schema() string { return FailureSchema }
-func (f *Failure) sum() *string   { return &f.SHA256 }
-func (s *Sweep) schema() string   { return SweepSchema }
-func (s *Sweep) sum() *string     { return &s.SHA256 }
+func (r *Record) schema() (string, string)   { return ResultSchema, r.Schema }
+func (r *Record) sum() *string               { return &r.SHA256 }
+func (f *Failure) schema() (string, string)  { return FailureSchema, f.Schema }
+func (f *Failure) sum() *string              { return &f.SHA256 }
+func (s *Manifest) schema() (string, string) { return ManifestSchema, s.Schema }
+func (s *Manifest) sum() *string             { return &s.SHA256 }
 
 // checksum is the sha256 of v's canonical JSON with its own sum cleared.
 func checksum(v sealed) (string, error) {
@@ -300,26 +302,23 @@ func readSealed(path string, v sealed) error {
 	if err != nil {
 		return err
 	}
+	want, _ := v.schema()
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("not a valid %s file (truncated or damaged?): %v", v.schema(), err)
+		return fmt.Errorf("not a valid %s file (truncated or damaged?): %v", want, err)
 	}
 	if dec.More() {
-		return fmt.Errorf("not a valid %s file: data after the JSON object", v.schema())
+		return fmt.Errorf("not a valid %s file: data after the JSON object", want)
 	}
-	var head struct {
-		Schema string `json:"schema"`
+	if _, got := v.schema(); got != want {
+		return fmt.Errorf("schema %q: want %q", got, want)
 	}
-	_ = json.Unmarshal(data, &head) // it decoded above, so it decodes here
-	if head.Schema != v.schema() {
-		return fmt.Errorf("schema %q: want %q", head.Schema, v.schema())
-	}
-	want, err := checksum(v)
+	sum, err := checksum(v)
 	if err != nil {
 		return err
 	}
-	if *v.sum() != want {
+	if *v.sum() != sum {
 		return errChecksum
 	}
 	return nil

@@ -105,9 +105,9 @@ func (s Store) ReadRecord(config string) (*Record, error) {
 	return &r, nil
 }
 
-// ReadSweep reads the manifest; nil when there is none.
-func (s Store) ReadSweep() (*Sweep, error) {
-	var sw Sweep
+// ReadManifest reads the manifest; nil when there is none.
+func (s Store) ReadManifest() (*Manifest, error) {
+	var sw Manifest
 	path := filepath.Join(s.Dir, sweepFile)
 	err := readSealed(path, &sw)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -119,8 +119,8 @@ func (s Store) ReadSweep() (*Sweep, error) {
 	return &sw, nil
 }
 
-// WriteSweep saves the manifest.
-func (s Store) WriteSweep(sw *Sweep) error {
+// WriteManifest saves the manifest.
+func (s Store) WriteManifest(sw *Manifest) error {
 	return s.writeSealed(filepath.Join(s.Dir, sweepFile), sw)
 }
 
@@ -137,8 +137,8 @@ func (s Store) RemoveTemps() error {
 	})
 }
 
-// Entries lists the files the store owns, other than temporaries: result
-// and failure files by configuration, and whether the manifest exists.
+// Entries lists the configurations that have a result file and those that
+// have a failure file.
 func (s Store) Entries() (results, failures []string, err error) {
 	ents, err := os.ReadDir(s.Dir)
 	if err != nil {
@@ -159,19 +159,19 @@ func (s Store) Entries() (results, failures []string, err error) {
 
 // TraceRequest is one request of a run, as the trace file keeps it.
 type TraceRequest struct {
-	Pass         int       `json:"pass"`
-	Conversation int       `json:"conversation"`
-	Turn         int       `json:"turn"`
-	StartMs      float64   `json:"start_ms"` // since the pass started
-	TTFTMs       float64   `json:"ttft_ms"`
-	E2EMs        float64   `json:"e2e_ms"`
+	Pass         int          `json:"pass"`
+	Conversation int          `json:"conversation"`
+	Turn         int          `json:"turn"`
+	StartMs      float64      `json:"start_ms"` // since the pass started
+	TTFTMs       float64      `json:"ttft_ms"`
+	E2EMs        float64      `json:"e2e_ms"`
 	Chunks       []TraceChunk `json:"chunks"`
-	PromptTokens int       `json:"prompt_tokens"`
-	OutputTokens int       `json:"output_tokens"`
-	Finish       string    `json:"finish_reason"`
-	Tokens       []int32   `json:"tokens"`
-	Text         string    `json:"text"`
-	Spec         *SpecStat `json:"spec"`
+	PromptTokens int          `json:"prompt_tokens"`
+	OutputTokens int          `json:"output_tokens"`
+	Finish       string       `json:"finish_reason"`
+	Tokens       []int32      `json:"tokens"`
+	Text         string       `json:"text"`
+	Spec         *SpecStat    `json:"spec"`
 }
 
 // TraceChunk is one streamed chunk: when it arrived and how many tokens it held.

@@ -10,16 +10,13 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"math"
+	"maps"
 	"os"
 	"reflect"
 	"slices"
-	"sort"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -76,7 +73,6 @@ func Sweep(ctx context.Context, o Options) (*Summary, error) {
 type sweeper struct {
 	o         Options
 	base      Setup              // the setup shared by every configuration
-	created   time.Time          // of the sweep
 	records   map[string]*Record // by configuration, as on disk
 	baselines map[int]*Record    // the auto record per TP degree
 	progress  *progress
@@ -85,7 +81,7 @@ type sweeper struct {
 
 func now() time.Time { return time.Now().UTC() }
 
-// configs lists the plan's configurations with their modes.
+// configs names the plan's configurations.
 func (s *sweeper) configs() []string {
 	var names []string
 	for _, tp := range s.o.Plan.TP {
@@ -106,7 +102,7 @@ func (s *sweeper) prepare() error {
 	if err := st.RemoveTemps(); err != nil {
 		return err
 	}
-	sw, err := st.ReadSweep()
+	sw, err := st.ReadManifest()
 	if err != nil {
 		return fmt.Errorf("%w; move the directory aside and start again, or choose another --out", err)
 	}
@@ -117,19 +113,18 @@ func (s *sweeper) prepare() error {
 	if !s.o.Resume && (sw != nil || len(results)+len(failures) > 0) {
 		return fmt.Errorf("%s already holds a sweep: pass --resume to continue it, or choose another --out", st.Dir)
 	}
-	want := &Sweep{Schema: SweepSchema, Created: now(), Argv: s.o.Argv, Configs: s.configs(), Plan: plan.Runs()}
-	if sw != nil {
-		if !slices.Equal(sw.Configs, want.Configs) || !slices.Equal(sw.Plan, want.Plan) {
-			return fmt.Errorf("%s holds a different sweep (started as: %s); resume it with the same modes, TP degrees, workloads, lengths and concurrency, or choose another --out",
-				st.Dir, strings.Join(sw.Argv, " "))
-		}
-		want = sw
-	} else if err := st.WriteSweep(want); err != nil {
-		return err
+	want := &Manifest{Schema: ManifestSchema, Created: now(), Argv: s.o.Argv, Configs: s.configs(), Plan: plan.Runs()}
+	if sw != nil && (!slices.Equal(sw.Configs, want.Configs) || !slices.Equal(sw.Plan, want.Plan)) {
+		return fmt.Errorf("%s holds a different sweep (started as: %s); resume it with the same modes, TP degrees, workloads, lengths and concurrency, or choose another --out",
+			st.Dir, strings.Join(sw.Argv, " "))
 	}
-	s.created = want.Created
 	if s.base, err = s.baseSetup(); err != nil {
 		return err
+	}
+	if sw == nil {
+		if err := st.WriteManifest(want); err != nil {
+			return err
+		}
 	}
 	total, runs := 0.0, 0
 	for _, tp := range plan.TP {
@@ -229,19 +224,9 @@ func diffJSON(path string, a, b any, out *[]string) {
 		}
 		return
 	}
-	keys := map[string]bool{}
-	for k := range am {
-		keys[k] = true
-	}
-	for k := range bm {
-		keys[k] = true
-	}
-	sorted := make([]string, 0, len(keys))
-	for k := range keys {
-		sorted = append(sorted, k)
-	}
-	sort.Strings(sorted)
-	for _, k := range sorted {
+	keys := maps.Clone(am)
+	maps.Copy(keys, bm)
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
 		diffJSON(path+"."+k, am[k], bm[k], out)
 	}
 }
@@ -279,7 +264,7 @@ func (s *sweeper) config(ctx context.Context, tp int, m Mode) error {
 		return nil
 	}
 	setup := s.setup(tp, m)
-	fail := &Failure{Schema: FailureSchema, Config: name, Setup: setup, Argv: s.o.Argv}
+	fail := &Failure{Head: Head{Schema: FailureSchema, Config: name, Setup: setup, Argv: s.o.Argv}}
 	target, err := s.o.Backend.Open(tp, m)
 	if err != nil {
 		for _, key := range todo {
@@ -310,7 +295,7 @@ func (s *sweeper) config(ctx context.Context, tp int, m Mode) error {
 			return err
 		}
 		if rec == nil {
-			rec = &Record{Schema: ResultSchema, Config: name, Setup: setup, Created: now()}
+			rec = &Record{Head: Head{Schema: ResultSchema, Config: name, Setup: setup}, Created: now()}
 		}
 		if err := s.save(rec, tp, m, run); err != nil {
 			return err
@@ -360,168 +345,4 @@ func (s *sweeper) save(rec *Record, tp int, m Mode, run *measuredRun) error {
 	rec.Complete = len(rec.Runs) == len(order)
 	s.records[rec.Config] = rec
 	return s.o.Store.WriteRecord(rec)
-}
-
-// measuredRun is a valid run with its trace, not yet written.
-type measuredRun struct {
-	Run
-	trace []TraceRequest
-}
-
-// run measures one run. A run that cannot be measured returns a failure;
-// err is set only when the sweep must stop (interrupted).
-func (s *sweeper) run(ctx context.Context, t Target, key RunKey) (*measuredRun, *RunFailure, error) {
-	plan := s.o.Plan
-	convs := plan.Workload(key.Workload).passConversations(key.Concurrency)
-	requested := plan.Repeats * s.requests(key)
-	failure := func(err error, completed, failed int) *RunFailure {
-		return &RunFailure{RunKey: key, At: now(), Error: err.Error(), Requested: requested, Completed: completed, Failed: failed}
-	}
-	for range plan.Warmup {
-		if _, err := s.generate(ctx, t, []Message{{Role: "user", Content: convs[0][0]}}, key.MaxTokens); err != nil {
-			if ctx.Err() != nil {
-				return nil, nil, interrupted(ctx)
-			}
-			return nil, failure(fmt.Errorf("warmup request: %w", err), 0, 0), nil
-		}
-		s.progress.add(float64(key.MaxTokens))
-	}
-	before, err := t.SpecCounters(ctx)
-	if err != nil {
-		return nil, failure(fmt.Errorf("read spec-decode counters: %w", err), 0, 0), nil
-	}
-	run := &measuredRun{Run: Run{RunKey: key, EnableThinking: s.o.Thinking, Started: now(), Requested: requested}}
-	var tel Telemetry
-	tel.Before, tel.Note = telemetry(s.o.GPUs)
-	var passes []pass
-	var firstErr error
-	for p := range plan.Repeats {
-		ps, nfailed, err := s.pass(ctx, t, convs, key)
-		if ctx.Err() != nil {
-			return nil, nil, interrupted(ctx)
-		}
-		run.Failed += nfailed
-		run.Completed += len(ps.reqs)
-		if err != nil && firstErr == nil {
-			firstErr = err
-		}
-		if ps.specAfter, err = t.SpecCounters(ctx); err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("read spec-decode counters: %w", err)
-		}
-		for i := range ps.reqs {
-			ps.reqs[i].pass = p
-		}
-		passes = append(passes, ps)
-	}
-	tel.After, _ = telemetry(s.o.GPUs)
-	if firstErr != nil || run.Completed != requested {
-		if firstErr == nil {
-			firstErr = errors.New("requests went missing")
-		}
-		return nil, failure(fmt.Errorf("%d of %d requests completed, %d failed; first error: %w", run.Completed, requested, run.Failed, firstErr), run.Completed, run.Failed), nil
-	}
-	run.Metrics, run.Samples = computeMetrics(passes, before)
-	if tput := run.Metrics.OutputThroughput; !(tput > 0) || math.IsInf(tput, 0) {
-		return nil, failure(fmt.Errorf("output throughput %v tok/s: nothing was generated", tput), run.Completed, 0), nil
-	}
-	var all []measured
-	for _, p := range passes {
-		all = append(all, p.reqs...)
-		run.DurationS += p.wall.Seconds()
-	}
-	run.TokenCounts = "exact"
-	for _, m := range all {
-		run.InputTokens += m.resp.PromptTokens
-		run.OutputTokens += m.resp.OutputTokens
-		if m.resp.Chunks[0].Tokens == 0 {
-			run.TokenCounts = "estimated"
-		}
-		run.trace = append(run.trace, traceRequest(m))
-	}
-	run.OutputsSHA256 = outputsHash(all)
-	run.Telemetry = tel
-	return run, nil, nil
-}
-
-func interrupted(ctx context.Context) error {
-	return fmt.Errorf("interrupted (%v): the run in progress was dropped, finished runs are saved; continue with --resume", context.Cause(ctx))
-}
-
-func traceRequest(m measured) TraceRequest {
-	r := m.resp
-	t := TraceRequest{
-		Pass: m.pass, Conversation: m.conversation, Turn: m.turn, StartMs: millis(m.start),
-		TTFTMs: millis(m.ttft()), E2EMs: millis(r.E2E), PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens,
-		Finish: r.Finish, Tokens: r.Tokens, Text: r.Text, Spec: r.Spec,
-	}
-	for _, c := range r.Chunks {
-		t.Chunks = append(t.Chunks, TraceChunk{Ms: millis(c.At), Tokens: c.Tokens})
-	}
-	return t
-}
-
-// pass sends every conversation once, at most concurrency at a time, each
-// conversation's turns in order. It returns the successful requests in
-// order, the number that failed or were never sent after a failed turn, and
-// the first error.
-func (s *sweeper) pass(ctx context.Context, t Target, convs [][]string, key RunKey) (pass, int, error) {
-	var (
-		mu       sync.Mutex
-		reqs     []measured
-		failed   int
-		firstErr error
-		wg       sync.WaitGroup
-	)
-	slots := make(chan struct{}, key.Concurrency)
-	start := time.Now()
-	for ci, conv := range convs {
-		slots <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			var msgs []Message
-			for turn, text := range conv {
-				msgs = append(msgs, Message{Role: "user", Content: text})
-				sent := time.Since(start)
-				resp, err := s.generate(ctx, t, msgs, key.MaxTokens)
-				s.progress.add(float64(key.MaxTokens))
-				mu.Lock()
-				if err != nil {
-					failed += len(conv) - turn
-					if firstErr == nil {
-						firstErr = err
-					}
-					mu.Unlock()
-					return
-				}
-				reqs = append(reqs, measured{conversation: ci, turn: turn, start: sent, resp: resp})
-				mu.Unlock()
-				msgs = append(msgs, Message{Role: "assistant", Content: resp.Text})
-			}
-		})
-	}
-	wg.Wait()
-	slices.SortFunc(reqs, func(a, b measured) int {
-		return cmp.Or(cmp.Compare(a.conversation, b.conversation), cmp.Compare(a.turn, b.turn))
-	})
-	return pass{wall: time.Since(start), reqs: reqs}, failed, firstErr
-}
-
-// generate sends one request and rejects an empty answer.
-func (s *sweeper) generate(ctx context.Context, t Target, msgs []Message, maxTokens int) (*Response, error) {
-	if s.o.RequestTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.o.RequestTimeout)
-		defer cancel()
-	}
-	resp, err := t.Generate(ctx, Request{
-		Messages: msgs, MaxTokens: maxTokens, Temperature: s.o.Temperature, Seed: s.o.Seed,
-		IgnoreEOS: s.o.IgnoreEOS, EnableThinking: s.o.Thinking,
-	})
-	if err != nil {
-		return nil, err
-	}
-	if len(resp.Chunks) == 0 || resp.OutputTokens == 0 {
-		return nil, errors.New("empty completion: the server answered but streamed no tokens")
-	}
-	return resp, nil
 }

@@ -108,12 +108,27 @@ func decodeError(err error) *apiError {
 		if typeErr.Field == "" {
 			return badRequest("", "the request body must be a JSON object, not %s", typeErr.Value)
 		}
-		return badRequest(typeErr.Field, "%s: got %s, want %s", typeErr.Field, typeErr.Value, jsonKind(typeErr.Type.String()))
+		field := jsonPath(typeErr.Field)
+		return badRequest(field, "%s: got %s, want %s", field, typeErr.Value, jsonKind(typeErr.Type.String()))
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
 		return badRequest(name, "unknown or unsupported field %q: remove it", name)
 	}
 	return badRequest("", "the request body is not valid JSON: %v", err)
+}
+
+// jsonPath drops the names of embedded Go structs from a decoder's field
+// path ("samplingFields.max_tokens"): request fields are snake_case, the
+// embedded types camelCase.
+func jsonPath(goPath string) string {
+	parts := strings.Split(goPath, ".")
+	kept := parts[:0]
+	for _, p := range parts {
+		if strings.ToLower(p) == p {
+			kept = append(kept, p)
+		}
+	}
+	return strings.Join(kept, ".")
 }
 
 // jsonKind names a Go type the way a client thinks of JSON values.

@@ -1,0 +1,91 @@
+package bench
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestParseModes(t *testing.T) {
+	modes, err := ParseModes("b15, linear,auto,b8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, m := range modes {
+		names = append(names, m.Name)
+	}
+	if want := []string{"auto", "b15", "linear", "b8"}; !slices.Equal(names, want) {
+		t.Errorf("order %v, want the baseline first then as given: %v", names, want)
+	}
+	if modes[1] != (Mode{Name: "b15", Kind: "ddtree", Budget: 15}) {
+		t.Errorf("b15 = %+v", modes[1])
+	}
+	for _, bad := range []string{"", "b0", "b", "b-3", "b08", "tree", "auto,auto"} {
+		if _, err := ParseModes(bad); err == nil {
+			t.Errorf("ParseModes(%q) accepted", bad)
+		}
+	}
+}
+
+func TestParseInts(t *testing.T) {
+	if v, err := ParseInts("tp", "1, 2,8"); err != nil || !slices.Equal(v, []int{1, 2, 8}) {
+		t.Errorf("ParseInts = %v, %v", v, err)
+	}
+	for _, bad := range []string{"", "0", "-1", "x", "1,1"} {
+		if _, err := ParseInts("tp", bad); err == nil || !strings.Contains(err.Error(), "--tp") {
+			t.Errorf("ParseInts(%q): error %v, want one naming --tp", bad, err)
+		}
+	}
+}
+
+func TestLoadWorkloadsFromJSONL(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "mt-bench.jsonl")
+	data := `{"turns": ["Compose a travel blog post.", "Rewrite it in limericks."]}
+
+{"turns": ["What is 2+2?"], "category": "math"}
+{"turns": ["third"]}
+`
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ws, err := LoadWorkloads("fibonacci,"+path, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := ws[1]
+	if w.Name != "mt_bench" || len(w.Conversations) != 2 || w.Turns() != 3 || w.Conversations[0][1] != "Rewrite it in limericks." {
+		t.Errorf("workload %+v", w)
+	}
+	if info := w.Info(); info.Conversations != 2 || info.Turns != 3 || len(info.SHA256) != 64 {
+		t.Errorf("info %+v", info)
+	}
+	if got := w.passConversations(5); len(got) != 5 || got[2][0] != w.Conversations[0][0] {
+		t.Errorf("5 in flight over 2 conversations: %v", got)
+	}
+
+	for name, body := range map[string]string{
+		"bad json":    "{\"turns\": [\"a\"]}\n{turns}\n",
+		"no turns":    "{\"prompt\": \"a\"}\n",
+		"empty turn":  "{\"turns\": [\"a\", \" \"]}\n",
+		"empty file":  "\n\n",
+		"turns typed": "{\"turns\": \"a\"}\n",
+	} {
+		p := filepath.Join(dir, "w.jsonl")
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadWorkloads(p, 0); err == nil || !strings.Contains(err.Error(), p) {
+			t.Errorf("%s: error %v, want one naming the file", name, err)
+		}
+	}
+	if _, err := LoadWorkloads("fibonacci,nosuch", 0); err == nil || !strings.Contains(err.Error(), "fibonacci, math, prose, chat") {
+		t.Errorf("unknown workload: %v", err)
+	}
+	if _, err := LoadWorkloads("chat,chat", 0); err == nil {
+		t.Error("a workload listed twice was accepted")
+	}
+}

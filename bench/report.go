@@ -1,0 +1,199 @@
+package bench
+
+import (
+	"cmp"
+	"encoding/csv"
+	"fmt"
+	"io"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Row is one run of one configuration, as the reports show it.
+type Row struct {
+	Source string // the results directory
+	Config string
+	Knobs  Knobs
+	Run    Run
+	// Speedup is over the same directory's autoregressive run with the same
+	// workload, length and concurrency; nil without one.
+	Speedup *float64
+}
+
+// Results is what report reads from one or more results directories.
+type Results struct {
+	Rows     []Row
+	Failures []string // "dir/config: run: error"
+	Skipped  []string // files that failed their checks
+	CPU, GPU string   // of the first record, for captions
+}
+
+// LoadResults reads every valid result file in dirs. Damaged files are
+// skipped and named in Skipped; failure files are listed in Failures.
+func LoadResults(dirs []string) (*Results, error) {
+	res := &Results{}
+	for _, dir := range dirs {
+		st := Store{Dir: dir}
+		results, failures, err := st.Entries()
+		if err != nil {
+			return nil, err
+		}
+		var rows []Row
+		for _, c := range results {
+			r, err := st.ReadRecord(c)
+			if err != nil {
+				res.Skipped = append(res.Skipped, err.Error())
+				continue
+			}
+			res.CPU = cmp.Or(res.CPU, r.Setup.Host.CPU)
+			if gpus := r.Setup.Host.GPUs; len(gpus) > 0 {
+				res.GPU = cmp.Or(res.GPU, gpus[0].Name)
+			}
+			for _, run := range r.Runs {
+				rows = append(rows, Row{Source: dir, Config: c, Knobs: r.Setup.Knobs, Run: run})
+			}
+		}
+		for _, c := range failures {
+			var f Failure
+			if err := readSealed(st.failurePath(c), &f); err != nil {
+				res.Skipped = append(res.Skipped, fmt.Sprintf("%s: %v", st.failurePath(c), err))
+				continue
+			}
+			for _, rf := range f.Failures {
+				res.Failures = append(res.Failures, fmt.Sprintf("%s/%s %s: %s", dir, c, rf.RunKey, rf.Error))
+			}
+		}
+		for i := range rows {
+			rows[i].Speedup = rows[i].Run.Metrics.Speedup
+			for _, b := range rows {
+				if b.Knobs.Spec == "auto" && b.Knobs.TP == rows[i].Knobs.TP && b.Run.RunKey == rows[i].Run.RunKey {
+					rows[i].Speedup = speedup(&b.Run.Metrics, &rows[i].Run.Metrics)
+				}
+			}
+		}
+		res.Rows = append(res.Rows, rows...)
+	}
+	slices.SortStableFunc(res.Rows, compareRows)
+	return res, nil
+}
+
+// modeRank orders modes: the baseline, the chain, then trees by budget.
+func modeRank(k Knobs) (int, int) {
+	switch k.Spec {
+	case "auto":
+		return 0, 0
+	case "linear":
+		return 1, 0
+	}
+	return 2, k.Budget
+}
+
+func compareRows(a, b Row) int {
+	ak, ab := modeRank(a.Knobs)
+	bk, bb := modeRank(b.Knobs)
+	return cmp.Or(
+		cmp.Compare(a.Source, b.Source), cmp.Compare(a.Run.Workload, b.Run.Workload),
+		cmp.Compare(a.Run.MaxTokens, b.Run.MaxTokens), cmp.Compare(a.Run.Concurrency, b.Run.Concurrency),
+		cmp.Compare(a.Knobs.TP, b.Knobs.TP), cmp.Compare(ak, bk), cmp.Compare(ab, bb),
+	)
+}
+
+func optFloat(v *float64, format string) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf(format, *v)
+}
+
+// Markdown writes the results table, failures and skipped files below it.
+func (r *Results) Markdown(w io.Writer) {
+	multi := r.multiSource()
+	head := "| TP | mode | workload | max tokens | conc. | tok/s | per-user tok/s | τ | accept | speedup | TTFT ms | TPOT ms |"
+	if multi {
+		head = "| source " + head
+	}
+	fmt.Fprintln(w, head)
+	fmt.Fprintln(w, strings.Repeat("|---", strings.Count(head, "|")-1)+"|")
+	for _, row := range r.Rows {
+		m := &row.Run.Metrics
+		if multi {
+			fmt.Fprintf(w, "| %s ", filepath.Base(row.Source))
+		}
+		rate := "-"
+		if m.AcceptanceRate != nil {
+			rate = fmt.Sprintf("%.0f%%", 100**m.AcceptanceRate)
+		}
+		fmt.Fprintf(w, "| %d | %s | %s | %d | %d | %.1f | %.1f | %s | %s | %s | %.1f | %.2f |\n",
+			row.Knobs.TP, row.Knobs.Mode, row.Run.Workload, row.Run.MaxTokens, row.Run.Concurrency,
+			m.OutputThroughput, m.PerUserTokS, optFloat(m.AcceptanceLength, "%.2f"), rate,
+			optFloat(row.Speedup, "%.2fx"), m.TTFT.Mean, m.TPOT.Mean)
+	}
+	if len(r.Failures) > 0 {
+		fmt.Fprintln(w, "\n**Failed runs (not results):**")
+		for _, f := range r.Failures {
+			fmt.Fprintf(w, "- %s\n", f)
+		}
+	}
+	if len(r.Skipped) > 0 {
+		fmt.Fprintln(w, "\n**Skipped files (run `ddflash bench verify`):**")
+		for _, s := range r.Skipped {
+			fmt.Fprintf(w, "- %s\n", s)
+		}
+	}
+}
+
+func (r *Results) multiSource() bool {
+	return slices.ContainsFunc(r.Rows, func(row Row) bool { return row.Source != r.Rows[0].Source })
+}
+
+// CSV writes one line per row with every summary metric.
+func (r *Results) CSV(w io.Writer) error {
+	cw := csv.NewWriter(w)
+	f := func(v float64) string { return strconv.FormatFloat(v, 'g', 8, 64) }
+	opt := func(v *float64) string {
+		if v == nil {
+			return ""
+		}
+		return f(*v)
+	}
+	cw.Write([]string{"source", "config", "tp", "mode", "spec", "budget", "workload", "max_tokens", "concurrency",
+		"enable_thinking", "requests", "output_tokens", "output_throughput", "per_user_tok_s",
+		"ttft_ms_mean", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p99", "itl_chunk_ms_mean", "itl_token_ms_mean",
+		"acceptance_length", "acceptance_rate", "speedup"})
+	for _, row := range r.Rows {
+		m, k := &row.Run.Metrics, row.Knobs
+		cw.Write([]string{row.Source, row.Config, strconv.Itoa(k.TP), k.Mode, k.Spec, strconv.Itoa(k.Budget),
+			row.Run.Workload, strconv.Itoa(row.Run.MaxTokens), strconv.Itoa(row.Run.Concurrency),
+			strconv.FormatBool(row.Run.EnableThinking), strconv.Itoa(row.Run.Completed), strconv.Itoa(row.Run.OutputTokens),
+			f(m.OutputThroughput), f(m.PerUserTokS), f(m.TTFT.Mean), f(m.TTFT.P99), f(m.TPOT.Mean), f(m.TPOT.P99),
+			f(m.ITLChunk.Mean), f(m.ITLToken.Mean), opt(m.AcceptanceLength), opt(m.AcceptanceRate), opt(row.Speedup)})
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// Benchstat writes every measured pass in the Go benchmark format, one
+// sub-benchmark key per axis, so `benchstat -col /mode FILE` compares modes.
+func (r *Results) Benchstat(w io.Writer) {
+	fmt.Fprintln(w, "pkg: ddflash/bench")
+	if r.CPU != "" {
+		fmt.Fprintf(w, "cpu: %s\n", r.CPU)
+	}
+	multi := r.multiSource()
+	for _, row := range r.Rows {
+		name := fmt.Sprintf("BenchmarkDecode/workload=%s/max_tokens=%d/concurrency=%d/tp=%d/mode=%s",
+			row.Run.Workload, row.Run.MaxTokens, row.Run.Concurrency, row.Knobs.TP, row.Knobs.Mode)
+		if multi {
+			name += "/source=" + strings.ReplaceAll(filepath.Base(row.Source), " ", "_")
+		}
+		for _, s := range row.Run.Samples {
+			fmt.Fprintf(w, "%s 1 %.4g tok/s %.4g tpot-ms %.4g ttft-ms", name, s.OutputThroughput, s.TPOTMs, s.TTFTMs)
+			if s.AcceptanceLength != nil {
+				fmt.Fprintf(w, " %.4g tau", *s.AcceptanceLength)
+			}
+			fmt.Fprintln(w)
+		}
+	}
+}

@@ -1,0 +1,170 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"ddflash/dflash"
+	"ddflash/engine"
+	"ddflash/engine/testmodel"
+	"ddflash/kernels/cpu"
+	"ddflash/mamba"
+	"ddflash/tokenizer"
+)
+
+// tinyPair writes the random tiny target and its drafter.
+func tinyPair(t *testing.T) (model, draft string) {
+	t.Helper()
+	dir := t.TempDir()
+	model, draft = filepath.Join(dir, "tiny"), filepath.Join(dir, "tiny-dflash")
+	p, err := testmodel.PresetByName("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.Write(model, testmodel.Options{Preset: p, Seed: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: 3}); err != nil {
+		t.Fatal(err)
+	}
+	return model, draft
+}
+
+// inProcess loads the pair as the bench command does: sized for a tree of
+// maxBudget nodes (at least the chain) and seqs requests in flight.
+func inProcess(t *testing.T, model, draft string, maxBudget, seqs int) *InProcess {
+	t.Helper()
+	b := cpu.New(1)
+	cfg, err := dflash.LoadConfig(draft)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := engine.SpecOptions{Mode: engine.SpecTree, Budget: max(maxBudget, cfg.BlockSize-1), Rollback: mamba.Replay}
+	e, err := engine.Load(b, model, engine.Options{MaxSeqs: seqs, VerifyTokens: spec.Budget + 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dflash.Attach(e, b, draft, spec); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.LoadDir(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &InProcess{Engine: e, Prompter: ChatPrompter{Dir: tok}, Rollback: mamba.Replay, Threads: 1, Device: "cpu"}
+}
+
+func tinyPlan(t *testing.T, modes string) *Plan {
+	return testPlan(t, modes, "fibonacci,chat", []int{10}, []int{1, 2}, 1)
+}
+
+// TestInProcessSweepIsLosslessAndResumable sweeps the tiny pair in every
+// kind of mode: greedy speculation must reproduce the baseline's tokens
+// exactly (same outputs hash), spec runs carry acceptance and speedup, and
+// a resumed sweep finds nothing left to do.
+func TestInProcessSweepIsLosslessAndResumable(t *testing.T) {
+	model, draft := tinyPair(t)
+	backend := inProcess(t, model, draft, 6, 2)
+	plan := tinyPlan(t, "auto,linear,b6")
+	dir := t.TempDir()
+	opts := Options{Plan: plan, Backend: backend, Store: Store{Dir: dir}, ModelDir: model, DraftDir: draft, IgnoreEOS: true, GPUs: &fakeGPUs{}}
+	sum, err := Sweep(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Saved != 3*4 || sum.Skipped != 0 {
+		t.Fatalf("summary %+v", sum)
+	}
+	st := Store{Dir: dir}
+	auto, err := st.ReadRecord("tp1-auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"tp1-linear", "tp1-b6"} {
+		rec, err := st.ReadRecord(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rec.Complete || len(rec.Runs) != 4 || rec.Setup.Model.SHA256 != auto.Setup.Model.SHA256 || rec.Setup.Knobs.BlockSize != 16 {
+			t.Fatalf("%s: complete %v, %d runs, setup %+v", name, rec.Complete, len(rec.Runs), rec.Setup.Knobs)
+		}
+		for i, run := range rec.Runs {
+			base := auto.Runs[i]
+			if run.RunKey != base.RunKey || run.OutputsSHA256 != base.OutputsSHA256 || run.OutputTokens != base.OutputTokens {
+				t.Errorf("%s %s: outputs differ from the baseline's (%s vs %s)", name, run.RunKey, run.OutputsSHA256, base.OutputsSHA256)
+			}
+			m := run.Metrics
+			if m.AcceptanceLength == nil || *m.AcceptanceLength < 1 || m.SpecDecode == nil || m.SpecDecode.Drafts == 0 {
+				t.Errorf("%s %s: no acceptance: %+v", name, run.RunKey, m)
+			}
+			if s := speedup(&base.Metrics, &m); m.Speedup == nil || *m.Speedup != *s {
+				t.Errorf("%s %s: speedup %v, want baseline TPOT / TPOT = %v", name, run.RunKey, m.Speedup, *s)
+			}
+		}
+	}
+	for _, run := range auto.Runs {
+		if run.Metrics.AcceptanceLength != nil || run.Metrics.Speedup == nil || *run.Metrics.Speedup != 1 {
+			t.Errorf("baseline %s: acceptance %v, speedup %v", run.RunKey, run.Metrics.AcceptanceLength, run.Metrics.Speedup)
+		}
+		if run.Requested != run.Completed || run.InputTokens == 0 {
+			t.Errorf("baseline %s: %+v", run.RunKey, run)
+		}
+	}
+	if v, err := Verify(dir); err != nil || !v.OK() || len(v.Findings) != 3 {
+		t.Errorf("verify: %+v, %v", v, err)
+	}
+
+	before, _ := os.ReadFile(filepath.Join(dir, "tp1-b6.json"))
+	opts.Resume = true
+	sum, err = Sweep(context.Background(), opts)
+	after, _ := os.ReadFile(filepath.Join(dir, "tp1-b6.json"))
+	if err != nil || sum.Saved != 0 || sum.Skipped != 12 || string(before) != string(after) {
+		t.Errorf("resume of a finished sweep: %+v, %v (record rewritten: %v)", sum, err, string(before) != string(after))
+	}
+}
+
+func TestInProcessRefusesWhatItCannotRun(t *testing.T) {
+	model, draft := tinyPair(t)
+	backend := inProcess(t, model, draft, 4, 1)
+	plan := tinyPlan(t, "auto")
+	plan.TP = []int{1, 2}
+	if err := backend.Validate(plan); err == nil || !strings.Contains(err.Error(), "--tp 2") {
+		t.Errorf("TP 2: %v", err)
+	}
+	if err := (&InProcess{}).Validate(plan); err == nil || !strings.Contains(err.Error(), "--tp 2") {
+		t.Errorf("TP 2 before loading: %v", err)
+	}
+	backend.Engine.Drafter = nil
+	if err := backend.Validate(tinyPlan(t, "b4")); err == nil || !strings.Contains(err.Error(), "--draft") {
+		t.Errorf("a spec mode without a drafter: %v", err)
+	}
+}
+
+// TestPromptTooLongIsAFailure: a workload that does not fit the context is
+// a failed run with the engine's reason, not a silent hole.
+func TestPromptTooLongIsAFailure(t *testing.T) {
+	model, draft := tinyPair(t)
+	dir := t.TempDir()
+	long := filepath.Join(dir, "long.jsonl")
+	if err := os.WriteFile(long, []byte(`{"turns": ["`+strings.Repeat("very long prompt ", 40)+`"]}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	plan := tinyPlan(t, "auto")
+	var err error
+	if plan.Workloads, err = LoadWorkloads("fibonacci,"+long, 0); err != nil {
+		t.Fatal(err)
+	}
+	plan.Concurrency = []int{1}
+	out := filepath.Join(dir, "out")
+	sum, err := Sweep(context.Background(), Options{Plan: plan, Backend: inProcess(t, model, draft, 4, 1), Store: Store{Dir: out}, GPUs: &fakeGPUs{}})
+	if err == nil || len(sum.Failed) != 1 || !strings.Contains(sum.Failed[0], "prompt too long") || sum.Saved != 1 {
+		t.Fatalf("sweep: %v, %+v", err, sum)
+	}
+	rec, rerr := Store{Dir: out}.ReadRecord("tp1-auto")
+	if rerr != nil || len(rec.Runs) != 1 || rec.Complete {
+		t.Errorf("the valid run should be saved and the record incomplete: %+v, %v", rec, rerr)
+	}
+}

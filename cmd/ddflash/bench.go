@@ -1,0 +1,252 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"time"
+
+	"ddflash/bench"
+	"ddflash/dflash"
+	"ddflash/engine"
+	"ddflash/mamba"
+	"ddflash/tokenizer"
+)
+
+func init() {
+	register("bench", "benchmark sweeps over decoding modes; 'bench verify DIR', 'bench report DIR'", runBench)
+}
+
+func runBench(args []string) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "verify":
+			return runBenchVerify(args[1:])
+		case "report":
+			return runBenchReport(args[1:])
+		}
+	}
+	return runBenchSweep(args)
+}
+
+func runBenchSweep(args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), `usage: ddflash bench [flags]             run or resume a sweep
+       ddflash bench verify DIR         re-check every result file; say what to rerun
+       ddflash bench report [--out PREFIX] DIR...   markdown, CSV, SVG and benchstat output
+
+A sweep measures every (--tp, --modes) configuration on every (--max-tokens,
+--workloads, --concurrency) run, in-process on --model/--draft or against an
+OpenAI-compatible server with --url. Each finished run is saved at once
+(DIR/tp1-b15.json); failed runs go to DIR/tp1-b15.failure.json.`)
+		fs.PrintDefaults()
+	}
+	// The model flags, less --spec and --budget: a sweep's modes set those.
+	var mf modelFlags
+	all := flag.NewFlagSet("", flag.ContinueOnError)
+	mf.register(all)
+	all.VisitAll(func(f *flag.Flag) {
+		if f.Name != "spec" && f.Name != "budget" {
+			fs.Var(f.Value, f.Name, f.Usage)
+		}
+	})
+	modes := fs.String("modes", "auto,linear,b8,b12,b15,b16,b32,b64", "decoding modes: auto (the baseline), linear (DFlash chain), bN (DDTree, N nodes)")
+	tps := fs.String("tp", "1", "tensor-parallel degrees (only 1 runs in-process so far; with --url, a label)")
+	maxTokens := fs.String("max-tokens", "256,1024", "output lengths")
+	workloads := fs.String("workloads", "fibonacci,math,prose,chat", "built-in workloads and/or z-lab .jsonl files of {\"turns\": [...]}")
+	numPrompts := fs.Int("num-prompts", 0, "use each .jsonl workload's first N conversations (0: all)")
+	concurrency := fs.String("concurrency", "1", "requests in flight")
+	repeats := fs.Int("repeats", 3, "measured passes over each run's requests")
+	warmup := fs.Int("warmup", 1, "unmeasured requests before each run")
+	out := fs.String("out", "bench_results", "results directory")
+	resume := fs.Bool("resume", false, "continue the sweep in --out, skipping finished runs")
+	thinking := fs.Bool("thinking", false, "enable_thinking for the chat template (recorded; it changes acceptance)")
+	ignoreEOS := fs.Bool("ignore-eos", true, "generate max tokens even past end-of-sequence")
+	temperature := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
+	seed := fs.Uint64("seed", 0, "sampling seed")
+	timeout := fs.Duration("request-timeout", 10*time.Minute, "fail a request that takes longer")
+	url := fs.String("url", "", "benchmark this OpenAI-compatible server (ddflash, vLLM, SGLang) instead of loading --model")
+	servedModel := fs.String("served-model", "", "with --url: the model name to request (default: the server's first)")
+	apiKey := fs.String("api-key", os.Getenv("OPENAI_API_KEY"), "with --url: bearer token (default $OPENAI_API_KEY)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (subcommands: verify, report)", fs.Arg(0))
+	}
+	plan, err := parsePlan(*modes, *tps, *maxTokens, *workloads, *concurrency, *numPrompts, *repeats, *warmup)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var backend bench.Backend
+	if *url != "" {
+		if backend, err = bench.NewOpenAI(ctx, *url, *servedModel, *apiKey); err != nil {
+			return err
+		}
+	} else if backend, err = inProcessBackend(&mf, plan); err != nil {
+		return err
+	}
+	sum, err := bench.Sweep(ctx, bench.Options{
+		Plan: plan, Backend: backend, Store: bench.Store{Dir: *out}, Resume: *resume,
+		Argv:     append([]string{"ddflash", "bench"}, args...),
+		ModelDir: mf.model, DraftDir: mf.draft,
+		Temperature: *temperature, Seed: *seed, IgnoreEOS: *ignoreEOS, Thinking: *thinking,
+		RequestTimeout: *timeout, GPUs: bench.NVML(), Log: os.Stderr,
+	})
+	if sum != nil {
+		fmt.Fprintf(os.Stderr, "%d run(s) measured, %d already done; results in %s (ddflash bench report %s)\n", sum.Saved, sum.Skipped, *out, *out)
+	}
+	return err
+}
+
+func parsePlan(modes, tps, maxTokens, workloads, concurrency string, numPrompts, repeats, warmup int) (*bench.Plan, error) {
+	if repeats < 1 || warmup < 0 || numPrompts < 0 {
+		return nil, fmt.Errorf("--repeats %d, --warmup %d, --num-prompts %d: want repeats ≥ 1 and the others ≥ 0", repeats, warmup, numPrompts)
+	}
+	p := &bench.Plan{Repeats: repeats, Warmup: warmup}
+	var err error
+	if p.Modes, err = bench.ParseModes(modes); err != nil {
+		return nil, err
+	}
+	if p.TP, err = bench.ParseInts("tp", tps); err != nil {
+		return nil, err
+	}
+	if p.MaxTokens, err = bench.ParseInts("max-tokens", maxTokens); err != nil {
+		return nil, err
+	}
+	if p.Concurrency, err = bench.ParseInts("concurrency", concurrency); err != nil {
+		return nil, err
+	}
+	if p.Workloads, err = bench.LoadWorkloads(workloads, numPrompts); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// inProcessBackend loads the target (by default the embedded pair) once,
+// sized for the sweep's largest verify and concurrency, with the drafter
+// attached when a mode speculates; the sweep then switches the spec mode
+// between configurations.
+func inProcessBackend(mf *modelFlags, plan *bench.Plan) (*bench.InProcess, error) {
+	if err := (&bench.InProcess{}).Validate(plan); err != nil {
+		return nil, err
+	}
+	if err := mf.resolveDefault(); err != nil {
+		return nil, err
+	}
+	rollback, err := mamba.ParseStrategy(mf.rollback)
+	if err != nil {
+		return nil, err
+	}
+	mf.spec, mf.budget = "auto", 0
+	for _, m := range plan.Modes {
+		if m.Kind == "auto" {
+			continue
+		}
+		if mf.draft == "" {
+			return nil, fmt.Errorf("mode %s speculates and needs a drafter: give --draft DIR, or --modes auto", m.Name)
+		}
+		cfg, err := dflash.LoadConfig(mf.draft)
+		if err != nil {
+			return nil, err
+		}
+		// A tree of block-1 nodes needs as many verify tokens as the chain.
+		mf.spec, mf.budget = "ddtree", max(mf.budget, m.Budget, cfg.BlockSize-1)
+	}
+	tok, err := tokenizer.LoadDir(mf.model)
+	if err != nil {
+		return nil, err
+	}
+	var e *engine.Engine
+	if e, err = mf.load(slices.Max(plan.Concurrency)); err != nil {
+		return nil, err
+	}
+	return &bench.InProcess{Engine: e, Prompter: bench.ChatPrompter{Dir: tok}, Rollback: rollback, Threads: mf.threads, Device: mf.device}, nil
+}
+
+func runBenchVerify(args []string) error {
+	fs := flag.NewFlagSet("bench verify", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: ddflash bench verify DIR\n\nRe-checks every result and failure file in DIR (schema, checksum, completeness,\nvalidity, traces) and says which configurations to rerun; exits 1 if any.")
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return errors.New("give one results directory")
+	}
+	v, err := bench.Verify(fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	v.Print(os.Stdout)
+	if !v.OK() {
+		return fmt.Errorf("%s: not every configuration is complete and valid (see above)", fs.Arg(0))
+	}
+	return nil
+}
+
+func runBenchReport(args []string) error {
+	fs := flag.NewFlagSet("bench report", flag.ContinueOnError)
+	out := fs.String("out", "", "write PREFIX.md, PREFIX.csv, PREFIX.svg and PREFIX.bench.txt (default: FIRST_DIR/report)")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: ddflash bench report [--out PREFIX] DIR...\n\nTabulates the valid results of one or more results directories (side by side:\none per server) and prints the markdown table. Compare passes with\n'benchstat -col /mode PREFIX.bench.txt'.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return errors.New("give at least one results directory")
+	}
+	res, err := bench.LoadResults(fs.Args())
+	if err != nil {
+		return err
+	}
+	if len(res.Rows) == 0 {
+		return fmt.Errorf("no valid results in %v (run 'ddflash bench verify DIR' to see why)", fs.Args())
+	}
+	prefix := *out
+	if prefix == "" {
+		prefix = filepath.Join(fs.Arg(0), "report")
+	}
+	if err := writeReport(prefix, res); err != nil {
+		return err
+	}
+	res.Markdown(os.Stdout)
+	fmt.Fprintf(os.Stderr, "wrote %s.md, .csv, .svg and .bench.txt\n", prefix)
+	return nil
+}
+
+func writeReport(prefix string, res *bench.Results) error {
+	for ext, write := range map[string]func(*os.File) error{
+		".md":        func(f *os.File) error { res.Markdown(f); return nil },
+		".csv":       func(f *os.File) error { return res.CSV(f) },
+		".svg":       func(f *os.File) error { return res.SVG(f) },
+		".bench.txt": func(f *os.File) error { res.Benchstat(f); return nil },
+	} {
+		f, err := os.Create(prefix + ext)
+		if err != nil {
+			return err
+		}
+		if err := write(f); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

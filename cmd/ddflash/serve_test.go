@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"ddflash/engine/testmodel"
+)
+
+func tinyModelDirs(t *testing.T) (target, draft string) {
+	t.Helper()
+	p, err := testmodel.PresetByName("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	target, draft = filepath.Join(dir, "tiny"), filepath.Join(dir, "draft")
+	if err := testmodel.Write(target, testmodel.Options{Preset: p, Seed: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: 3}); err != nil {
+		t.Fatal(err)
+	}
+	return target, draft
+}
+
+// TestServeLifecycle starts `ddflash serve` on a free loopback port with
+// the host's memory plan, waits for /health, completes a request with an
+// API key, and shuts down when its context ends.
+func TestServeLifecycle(t *testing.T) {
+	target, draft := tinyModelDirs(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	addrs := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, []string{"--model", target, "--draft", draft, "--spec", "ddtree", "--budget", "4",
+			"--addr", "127.0.0.1:0", "--max-running-requests", "2", "--threads", "1", "--api-key", "k"}, func(a string) { addrs <- a })
+	}()
+	var base string
+	select {
+	case a := <-addrs:
+		base = "http://" + a
+	case err := <-done:
+		t.Fatalf("serve ended before listening: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(base + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never healthy: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	req, _ := http.NewRequest("POST", base+"/v1/completions", strings.NewReader(`{"model": "tiny", "prompt": "the fox", "max_tokens": 5, "temperature": 0, "ignore_eos": true}`))
+	req.Header.Set("Authorization", "Bearer k")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Model string
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		}
+	}
+	err = json.NewDecoder(resp.Body).Decode(&got)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || got.Model != "tiny" || got.Usage.CompletionTokens != 5 {
+		t.Fatalf("completion: status %d, %+v, %v", resp.StatusCode, got, err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("serve after shutdown: %v", err)
+	}
+}
+
+// TestServeRefusesWhatCannotFit checks that serve stops at the memory plan,
+// before listening, with the planner's explanation.
+func TestServeRefusesWhatCannotFit(t *testing.T) {
+	target, _ := tinyModelDirs(t)
+	err := serve(context.Background(), []string{"--model", target, "--gpu-mem", "1GiB", "--addr", "127.0.0.1:0"}, func(string) {
+		t.Error("serve listened although the plan does not fit")
+	})
+	if err == nil || !strings.Contains(err.Error(), "--max-running-requests") {
+		t.Fatalf("err = %v, want the planner's shortfall with its remedies", err)
+	}
+}

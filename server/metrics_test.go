@@ -1,0 +1,129 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"ddflash/engine"
+)
+
+// scrape reads /metrics with Prometheus' own parser. Samples are keyed
+// name{label="value",...} without model_name; histograms give _count and _sum.
+func scrape(t *testing.T, h *harness) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(h.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for name, f := range families {
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				switch {
+				case l.GetName() == "model_name" && l.GetValue() != testModel:
+					t.Errorf("%s: model_name %q", name, l.GetValue())
+				case l.GetName() != "model_name":
+					labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+				}
+			}
+			sort.Strings(labels)
+			key := name
+			if len(labels) > 0 {
+				key += "{" + strings.Join(labels, ",") + "}"
+			}
+			switch {
+			case m.Counter != nil:
+				out[key] = m.Counter.GetValue()
+			case m.Gauge != nil:
+				out[key] = m.Gauge.GetValue()
+			case m.Histogram != nil:
+				out[key+"_count"] = float64(m.Histogram.GetSampleCount())
+				out[key+"_sum"] = m.Histogram.GetSampleSum()
+			}
+		}
+	}
+	return out
+}
+
+// TestSpecMetricsMatchTheEngine runs requests one at a time through a DDTree
+// server, so each sees exactly the forwards it would see alone, and checks
+// every counter against the SpecStats the engine reports for the same
+// requests run directly on an identical engine.
+func TestSpecMetricsMatchTheEngine(t *testing.T) {
+	spec := engine.SpecOptions{Mode: engine.SpecTree, Budget: 6}
+	h := serveTiny(t, harnessOptions{spec: spec, sched: engine.SchedulerOptions{MaxRunning: 1}})
+	direct := newEngine(t, spec, 1)
+	_, _, tok := modelDirs(t)
+	rng := rand.New(rand.NewPCG(31, 32))
+
+	before := scrape(t, h)
+	if before["ddflash:spec_decode_tree_budget"] != 6 {
+		t.Errorf("tree budget gauge %v, want 6", before["ddflash:spec_decode_tree_budget"])
+	}
+	want := map[string]float64{}
+	perPos := make([]float64, direct.Drafter.BlockSize()-1)
+	finished := map[string]float64{}
+	for range 6 {
+		prompt := randomPrompt(rng, 1, 15)
+		ids := tok.Encode(prompt)
+		maxTokens := 1 + rng.IntN(40)
+		res, err := direct.Generate(context.Background(), engine.Request{Prompt: ids, MaxTokens: maxTokens}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.client.Completions.New(context.Background(), completionParams(prompt, maxTokens)); err != nil {
+			t.Fatal(err)
+		}
+		st := res.Stats.SpecStats
+		want["vllm:spec_decode_num_drafts_total"] += float64(st.VerifySteps)
+		want["vllm:spec_decode_num_draft_tokens_total"] += float64(st.DraftTokens)
+		want["vllm:spec_decode_num_accepted_tokens_total"] += float64(st.AcceptedTokens)
+		want["vllm:prompt_tokens_total"] += float64(len(ids))
+		want["vllm:generation_tokens_total"] += float64(len(res.Tokens))
+		for i, n := range st.AcceptedPerPosition {
+			perPos[i] += float64(n)
+		}
+		finished[res.FinishReason]++
+	}
+	// Every verify step commits its accepted drafts plus the bonus token.
+	want["ddflash:spec_decode_acceptance_length_count"] = want["vllm:spec_decode_num_drafts_total"]
+	want["ddflash:spec_decode_acceptance_length_sum"] = want["vllm:spec_decode_num_drafts_total"] + want["vllm:spec_decode_num_accepted_tokens_total"]
+	for i, n := range perPos {
+		want[fmt.Sprintf("vllm:spec_decode_num_accepted_tokens_per_pos_total{position=%q}", fmt.Sprint(i))] = n
+	}
+	for reason, n := range finished {
+		want[fmt.Sprintf("vllm:request_success_total{finished_reason=%q}", reason)] = n
+	}
+	want["vllm:e2e_request_latency_seconds_count"] = 6
+	want["vllm:time_to_first_token_seconds_count"] = 6
+
+	after := scrape(t, h)
+	for key, v := range want {
+		if got := after[key] - before[key]; got != v {
+			t.Errorf("%s rose by %v, want %v", key, got, v)
+		}
+	}
+	if want["vllm:spec_decode_num_drafts_total"] == 0 {
+		t.Fatal("no verify steps: the test exercised nothing")
+	}
+	for _, g := range []string{"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "ddflash:state_slot_usage_perc"} {
+		if v, ok := after[g]; !ok || v != 0 {
+			t.Errorf("idle gauge %s = %v (present %v), want 0", g, v, ok)
+		}
+	}
+}
