@@ -44,7 +44,8 @@ type Stream struct {
 // when the request ends.
 func (s *Stream) Events() <-chan Event { return s.events }
 
-// Wait blocks until the request ends and returns its result.
+// Wait blocks until the request ends and returns its result. A request that
+// failed or was cancelled after it started returns its partial result too.
 func (s *Stream) Wait() (*Result, error) {
 	<-s.done
 	return s.res, s.err
@@ -72,6 +73,7 @@ type Scheduler struct {
 
 	mu      sync.Mutex
 	state   SchedulerState
+	queued  int // submitted and not yet admitted or ended: bounded by MaxQueue
 	waiting []*pending
 }
 
@@ -135,15 +137,22 @@ func (s *Scheduler) Submit(ctx context.Context, r Request) (*Stream, error) {
 		return nil, fmt.Errorf("%w: prompt plus max tokens needs %d KV pages, the cache has %d", ErrPromptTooLong, need, total)
 	}
 	p := &pending{ctx: ctx, req: r, stream: &Stream{events: make(chan Event, r.MaxTokens+1), done: make(chan struct{})}}
-	select {
-	case s.incoming <- p:
-		s.mu.Lock()
-		s.state.Queued++
-		s.mu.Unlock()
-		return p.stream, nil
-	default:
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.queued >= s.opts.MaxQueue {
 		return nil, ErrQueueFull
 	}
+	s.queued++
+	s.state.Queued = s.queued
+	s.incoming <- p // never blocks: the channel holds MaxQueue
+	return p.stream, nil
+}
+
+// dequeued counts n requests that left the queue (admitted or ended).
+func (s *Scheduler) dequeued(n int) {
+	s.mu.Lock()
+	s.queued -= n
+	s.mu.Unlock()
 }
 
 // Run steps until ctx is done, then fails what is left with ErrShutdown.
@@ -151,9 +160,11 @@ func (s *Scheduler) Run(ctx context.Context) {
 	var running []*pending
 	reserved := 0
 	defer func() {
-		for _, p := range append(append(running, s.waiting...), s.drain()...) {
+		queued := append(s.waiting, s.drain()...)
+		for _, p := range append(running, queued...) {
 			s.end(p, ErrShutdown)
 		}
+		s.dequeued(len(queued))
 		s.waiting = nil
 		s.publish(0)
 	}()
@@ -192,6 +203,8 @@ func (s *Scheduler) drain() []*pending {
 // admit starts waiting requests, first come first served, while slots and
 // reservable KV pages last. Cancelled waiters are dropped.
 func (s *Scheduler) admit(running []*pending, reserved int) ([]*pending, int) {
+	before := len(s.waiting)
+	defer func() { s.dequeued(before - len(s.waiting)) }()
 	kept := s.waiting[:0]
 	for i, p := range s.waiting {
 		if err := p.ctx.Err(); err != nil {
@@ -293,12 +306,11 @@ func (s *Scheduler) deliver(p *pending) {
 }
 
 // end finishes a request with err (nil on success), frees its resources at
-// once and returns the KV pages it had reserved.
+// once and returns the KV pages it had reserved. A request that ran keeps
+// its (partial) result even when it failed, so its statistics still count.
 func (s *Scheduler) end(p *pending, err error) int {
 	if p.job != nil {
-		if err == nil {
-			p.stream.res = p.job.result()
-		}
+		p.stream.res = p.job.result()
 		p.job.close()
 	}
 	p.stream.err = err
@@ -311,7 +323,7 @@ func (s *Scheduler) publish(running int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.state.Running = running
-	s.state.Queued = len(s.waiting) + len(s.incoming)
+	s.state.Queued = s.queued
 	s.state.FreePages = s.e.Model.KV.FreePages()
 	s.state.FreeSlots = s.e.Model.States.Free()
 }

@@ -155,3 +155,34 @@ func TestSchedulerBounds(t *testing.T) {
 		t.Fatal("max tokens 0 accepted")
 	}
 }
+
+// TestSchedulerQueueBoundWhileRunning: with one request running and
+// MaxQueue waiting behind it, the next submission is refused.
+func TestSchedulerQueueBoundWhileRunning(t *testing.T) {
+	e := newTestEngine(t, "tiny", 2, Options{Context: 256})
+	s := runScheduler(t, e, SchedulerOptions{MaxRunning: 1, MaxQueue: 2})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	long := Request{Prompt: []int32{1, 2, 3}, MaxTokens: 250, IgnoreEOS: true}
+	first, err := s.Submit(ctx, long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s.State().Running == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	for i := 0; i < 2; i++ {
+		if _, err := s.Submit(ctx, long); err != nil {
+			t.Fatalf("queued request %d: %v", i, err)
+		}
+	}
+	if _, err := s.Submit(ctx, long); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("request beyond the queue bound: %v, want ErrQueueFull", err)
+	}
+	cancel()
+	res, err := first.Wait()
+	if !errors.Is(err, context.Canceled) || res == nil {
+		t.Fatalf("cancelled request: result %v, error %v; want its partial result and context.Canceled", res, err)
+	}
+	waitIdle(t, s)
+}

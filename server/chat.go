@@ -61,21 +61,9 @@ type chatRequest struct {
 	ToolChoice          json.RawMessage `json:"tool_choice"`
 }
 
-func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request, m *Model) {
-	g, err := s.chatRequest(r, m)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	s.respond(w, r, m, g, chatAPI{m.Tokenizer.Tokenizer})
-}
-
 func (s *Server) chatRequest(r *http.Request, m *Model) (*genRequest, error) {
 	var req chatRequest
-	if err := decodeBody(r, &req); err != nil {
-		return nil, err
-	}
-	if err := s.checkModel(req.Model); err != nil {
+	if err := s.readRequest(r, &req); err != nil {
 		return nil, err
 	}
 	if err := checkToolChoice(req.ToolChoice); err != nil {
@@ -101,7 +89,7 @@ func (s *Server) chatRequest(r *http.Request, m *Model) (*genRequest, error) {
 	if req.MaxCompletionTokens != nil {
 		maxTokens = req.MaxCompletionTokens
 	}
-	return req.build(limits{context: m.Engine.Context}, ids, maxTokens, 0, logprobs)
+	return req.build(m.Engine.Context, ids, maxTokens, 0, logprobs)
 }
 
 // checkToolChoice accepts what needs no tool-call parsing: tools may be
@@ -119,6 +107,8 @@ func checkToolChoice(raw json.RawMessage) error {
 
 // chatAPI shapes /v1/chat/completions responses.
 type chatAPI struct{ tok *tokenizer.Tokenizer }
+
+func newChatAPI(m *Model) endpoint { return chatAPI{m.Tokenizer.Tokenizer} }
 
 type chatChoice struct {
 	Index        int           `json:"index"`

@@ -21,21 +21,9 @@ type completionRequest struct {
 // none, as in OpenAI's legacy API and vLLM.
 const defaultCompletionTokens = 16
 
-func (s *Server) completions(w http.ResponseWriter, r *http.Request, m *Model) {
-	g, err := s.completionRequest(r, m)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	s.respond(w, r, m, g, completionAPI{m.Tokenizer.Tokenizer})
-}
-
 func (s *Server) completionRequest(r *http.Request, m *Model) (*genRequest, error) {
 	var req completionRequest
-	if err := decodeBody(r, &req); err != nil {
-		return nil, err
-	}
-	if err := s.checkModel(req.Model); err != nil {
+	if err := s.readRequest(r, &req); err != nil {
 		return nil, err
 	}
 	switch {
@@ -59,11 +47,13 @@ func (s *Server) completionRequest(r *http.Request, m *Model) (*genRequest, erro
 		}
 		logprobs = int(*req.Logprobs)
 	}
-	return req.build(limits{context: m.Engine.Context}, ids, req.MaxTokens, defaultCompletionTokens, logprobs)
+	return req.build(m.Engine.Context, ids, req.MaxTokens, defaultCompletionTokens, logprobs)
 }
 
 // completionAPI shapes /v1/completions responses.
 type completionAPI struct{ tok *tokenizer.Tokenizer }
+
+func newCompletionAPI(m *Model) endpoint { return completionAPI{m.Tokenizer.Tokenizer} }
 
 type completionChoice struct {
 	Index        int                 `json:"index"`

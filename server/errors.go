@@ -26,7 +26,6 @@ func (e *apiError) Error() string { return e.Message }
 // Error types, as OpenAI, vLLM and llama.cpp name them.
 const (
 	invalidRequest = "invalid_request_error"
-	authError      = "authentication_error"
 	notFound       = "not_found_error"
 	rateLimit      = "rate_limit_error"
 	serverError    = "server_error"

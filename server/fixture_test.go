@@ -128,6 +128,7 @@ type harness struct {
 	model  *Model
 	url    string
 	client openai.Client
+	stop   func() // stops the engine (the HTTP server stays up)
 }
 
 type harnessOptions struct {
@@ -155,13 +156,13 @@ func serveTiny(t testing.TB, o harnessOptions) *harness {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { srv.Run(ctx, m); close(done) }()
+	stop := sync.OnceFunc(func() { cancel(); <-done })
 	t.Cleanup(func() {
 		ts.Close()
-		cancel()
-		<-done
+		stop()
 	})
 	waitHealthy(t, ts.URL)
-	return &harness{srv: srv, model: m, url: ts.URL, client: newClient(ts.URL, o.apiKey)}
+	return &harness{srv: srv, model: m, url: ts.URL, client: newClient(ts.URL, o.apiKey), stop: stop}
 }
 
 func newClient(url, apiKey string) openai.Client {

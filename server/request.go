@@ -36,6 +36,17 @@ func decodeBody(r *http.Request, v any) error {
 	return nil
 }
 
+// request is a request body; it names the model it is for.
+type request interface{ model() string }
+
+// readRequest decodes a request body and checks the model it names.
+func (s *Server) readRequest(r *http.Request, v request) error {
+	if err := decodeBody(r, v); err != nil {
+		return err
+	}
+	return s.checkModel(v.model())
+}
+
 // samplingFields are the request fields completions and chat share.
 type samplingFields struct {
 	Model         string         `json:"model"`
@@ -57,6 +68,8 @@ type samplingFields struct {
 	FrequencyPenalty *float64           `json:"frequency_penalty"`
 	LogitBias        map[string]float64 `json:"logit_bias"`
 }
+
+func (f *samplingFields) model() string { return f.Model }
 
 type streamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
@@ -129,25 +142,20 @@ type genRequest struct {
 	includeUsage bool
 }
 
-// limits are the engine facts request validation needs.
-type limits struct {
-	context int
-}
-
-// build validates the shared fields for a prompt. defaultMax is the
-// max_tokens used when the request gives none (0: all the context left).
-// logprobs < 0 asks for none.
-func (f *samplingFields) build(lim limits, promptIDs []int32, maxTokens *int64, defaultMax int, logprobs int) (*genRequest, error) {
+// build validates the shared fields for a prompt and a model context.
+// defaultMax is the max_tokens used when the request gives none (0: all
+// the context left). logprobs < 0 asks for none.
+func (f *samplingFields) build(context int, promptIDs []int32, maxTokens *int64, defaultMax int, logprobs int) (*genRequest, error) {
 	if err := f.checkNeutral(); err != nil {
 		return nil, err
 	}
 	if len(promptIDs) == 0 {
 		return nil, badRequest("prompt", "the prompt is empty: give at least one token")
 	}
-	room := lim.context - len(promptIDs)
+	room := context - len(promptIDs)
 	if room < 1 {
 		return nil, newError(http.StatusBadRequest, invalidRequest, "context_length_exceeded", "",
-			"the prompt has %d tokens and the model's context holds %d (prompt plus at least one new token): shorten the prompt", len(promptIDs), lim.context)
+			"the prompt has %d tokens and the model's context holds %d (prompt plus at least one new token): shorten the prompt", len(promptIDs), context)
 	}
 	n := int64(min(defaultMax, room))
 	if defaultMax <= 0 {
@@ -162,7 +170,7 @@ func (f *samplingFields) build(lim limits, promptIDs []int32, maxTokens *int64, 
 	case n > int64(room):
 		return nil, newError(http.StatusBadRequest, invalidRequest, "context_length_exceeded", "max_tokens",
 			"max_tokens %d is more than the %d tokens left in the model's context of %d after the %d-token prompt: lower max_tokens",
-			n, room, lim.context, len(promptIDs))
+			n, room, context, len(promptIDs))
 	}
 	sp, err := f.sampling()
 	if err != nil {

@@ -47,6 +47,7 @@ type Server struct {
 	opts    Options
 	log     *slog.Logger
 	model   atomic.Pointer[Model]
+	stopped atomic.Bool // the engine ran and has stopped
 	metrics *metrics
 	routes  map[string]route // by path
 	created int64
@@ -65,11 +66,11 @@ func New(opts Options) *Server {
 	s.routes = map[string]route{
 		"/health":              {http.MethodGet, s.health},
 		"/metrics":             {http.MethodGet, promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}).ServeHTTP},
-		"/v1/models":           {http.MethodGet, s.needsModel(s.listModels)},
-		"/v1/completions":      {http.MethodPost, s.needsModel(s.completions)},
-		"/v1/chat/completions": {http.MethodPost, s.needsModel(s.chatCompletions)},
-		"/tokenize":            {http.MethodPost, s.needsModel(s.tokenize)},
-		"/detokenize":          {http.MethodPost, s.needsModel(s.detokenize)},
+		"/v1/models":           {http.MethodGet, s.needsModel(s.answer(s.listModels))},
+		"/v1/completions":      {http.MethodPost, s.needsModel(s.generator(s.completionRequest, newCompletionAPI))},
+		"/v1/chat/completions": {http.MethodPost, s.needsModel(s.generator(s.chatRequest, newChatAPI))},
+		"/tokenize":            {http.MethodPost, s.needsModel(s.answer(s.tokenize))},
+		"/detokenize":          {http.MethodPost, s.needsModel(s.answer(s.detokenize))},
 	}
 	return s
 }
@@ -78,7 +79,10 @@ func New(opts Options) *Server {
 // answers requests with it meanwhile. /health says 503 again after Run returns.
 func (s *Server) Run(ctx context.Context, m *Model) {
 	s.attach(m)
-	defer s.model.Store(nil)
+	defer func() {
+		s.stopped.Store(true)
+		s.model.Store(nil)
+	}()
 	m.Scheduler.Run(ctx)
 }
 
@@ -106,6 +110,9 @@ type route struct {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v) // net/http's own way to drop a connection
+			}
 			s.log.Error("handler panic", "path", r.URL.Path, "panic", v)
 			writeError(w, fmt.Errorf("panic: %v", v))
 		}
@@ -140,7 +147,21 @@ func (s *Server) authorized(r *http.Request) bool {
 	return ok && subtle.ConstantTimeCompare(want[:], got[:]) == 1
 }
 
-var errLoading = newError(http.StatusServiceUnavailable, unavailable, "", "", "Loading model: retry when /health answers 200")
+var (
+	errLoading = newError(http.StatusServiceUnavailable, unavailable, "", "", "Loading model: retry when /health answers 200")
+	errStopped = newError(http.StatusServiceUnavailable, unavailable, "", "", "the engine has stopped: the server is shutting down")
+)
+
+// notServing says why no model is served, or returns nil.
+func (s *Server) notServing() *apiError {
+	switch {
+	case s.model.Load() != nil:
+		return nil
+	case s.stopped.Load():
+		return errStopped
+	}
+	return errLoading
+}
 
 // modelHandler is a handler that needs the loaded model.
 type modelHandler func(w http.ResponseWriter, r *http.Request, m *Model)
@@ -149,17 +170,42 @@ func (s *Server) needsModel(h modelHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		m := s.model.Load()
 		if m == nil {
-			writeError(w, errLoading)
+			writeError(w, s.notServing())
 			return
 		}
 		h(w, r, m)
 	}
 }
 
+// answer makes a handler that answers with one JSON object.
+func (s *Server) answer(h func(*http.Request, *Model) (any, error)) modelHandler {
+	return func(w http.ResponseWriter, r *http.Request, m *Model) {
+		v, err := h(r, m)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, v)
+	}
+}
+
+// generator makes a handler that runs the generation parse reads from a
+// request and answers in the shape of api.
+func (s *Server) generator(parse func(*http.Request, *Model) (*genRequest, error), api func(*Model) endpoint) modelHandler {
+	return func(w http.ResponseWriter, r *http.Request, m *Model) {
+		g, err := parse(r, m)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		s.respond(w, r, m, g, api(m))
+	}
+}
+
 // health is 200 while a model is served and 503 before (loading) and after.
 func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
-	if s.model.Load() == nil {
-		writeError(w, errLoading)
+	if err := s.notServing(); err != nil {
+		writeError(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -175,10 +221,10 @@ type modelCard struct {
 	MaxModelLen int     `json:"max_model_len"`
 }
 
-func (s *Server) listModels(w http.ResponseWriter, _ *http.Request, m *Model) {
+func (s *Server) listModels(_ *http.Request, m *Model) (any, error) {
 	card := modelCard{ID: s.opts.ModelName, Object: "model", Created: s.created, OwnedBy: "ddflash",
 		Root: m.Root, MaxModelLen: m.Engine.Context}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []modelCard{card}})
+	return map[string]any{"object": "list", "data": []modelCard{card}}, nil
 }
 
 // checkModel accepts the served model's name, or none.

@@ -545,3 +545,24 @@ func TestAPIKey(t *testing.T) {
 		t.Errorf("GET /metrics with the key: %d", rec.status)
 	}
 }
+
+// TestShutdownMidStream stops the engine under a streaming request: the
+// client must get an error event (the status line went out long before),
+// and /health must say 503 from then on.
+func TestShutdownMidStream(t *testing.T) {
+	h := serveTiny(t, harnessOptions{sched: engine.SchedulerOptions{MaxRunning: 1}})
+	p := completionParams("the fox", testContext-8)
+	s := h.client.Completions.NewStreaming(context.Background(), p, option.WithJSONSet("ignore_eos", true))
+	if !s.Next() {
+		t.Fatalf("no first chunk: %v", s.Err())
+	}
+	h.stop()
+	for s.Next() {
+	}
+	if err := s.Err(); err == nil || !strings.Contains(err.Error(), "shutting down") {
+		t.Errorf("stream after shutdown: %v, want the engine's shutdown error", err)
+	}
+	if rec := serve(h.srv, "GET", "/health", "", ""); rec.status != http.StatusServiceUnavailable || !strings.Contains(rec.err.Message, "stopped") {
+		t.Errorf("health after shutdown: %d %s", rec.status, rec.body)
+	}
+}

@@ -21,31 +21,26 @@ type tokenizeResponse struct {
 	Tokens      []int32 `json:"tokens"`
 }
 
-func (s *Server) tokenize(w http.ResponseWriter, r *http.Request, m *Model) {
+func (r *tokenizeRequest) model() string { return r.Model }
+
+func (s *Server) tokenize(r *http.Request, m *Model) (any, error) {
 	var req tokenizeRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
-	if err := s.checkModel(req.Model); err != nil {
-		writeError(w, err)
-		return
+	if err := s.readRequest(r, &req); err != nil {
+		return nil, err
 	}
 	var ids []int32
-	var err error
 	switch {
 	case (req.Prompt == nil) == (req.Messages == nil):
-		err = badRequest("prompt", "give exactly one of prompt and messages")
+		return nil, badRequest("prompt", "give exactly one of prompt and messages")
 	case req.Prompt != nil:
 		ids = m.Tokenizer.Encode(*req.Prompt)
 	default:
-		ids, err = req.render(m)
+		var err error
+		if ids, err = req.render(m); err != nil {
+			return nil, err
+		}
 	}
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, tokenizeResponse{Count: len(ids), MaxModelLen: m.Engine.Context, Tokens: append([]int32{}, ids...)})
+	return tokenizeResponse{Count: len(ids), MaxModelLen: m.Engine.Context, Tokens: append([]int32{}, ids...)}, nil
 }
 
 type detokenizeRequest struct {
@@ -53,20 +48,16 @@ type detokenizeRequest struct {
 	Tokens []int32 `json:"tokens"`
 }
 
-func (s *Server) detokenize(w http.ResponseWriter, r *http.Request, m *Model) {
+func (r *detokenizeRequest) model() string { return r.Model }
+
+func (s *Server) detokenize(r *http.Request, m *Model) (any, error) {
 	var req detokenizeRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
-	if err := s.checkModel(req.Model); err != nil {
-		writeError(w, err)
-		return
+	if err := s.readRequest(r, &req); err != nil {
+		return nil, err
 	}
 	text, err := m.Tokenizer.Decode(req.Tokens, false)
 	if err != nil {
-		writeError(w, badRequest("tokens", "%v", err))
-		return
+		return nil, badRequest("tokens", "%v", err)
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"prompt": text})
+	return map[string]string{"prompt": text}, nil
 }

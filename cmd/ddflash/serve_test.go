@@ -89,10 +89,13 @@ func TestServeLifecycle(t *testing.T) {
 // before listening, with the planner's explanation.
 func TestServeRefusesWhatCannotFit(t *testing.T) {
 	target, _ := tinyModelDirs(t)
-	err := serve(context.Background(), []string{"--model", target, "--gpu-mem", "1GiB", "--addr", "127.0.0.1:0"}, func(string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // were the plan to pass, serve would stop at once rather than hang
+	err := serve(ctx, []string{"--model", target, "--gpu-mem", "600MiB", "--addr", "127.0.0.1:0"}, func(string) {
 		t.Error("serve listened although the plan does not fit")
 	})
 	if err == nil || !strings.Contains(err.Error(), "--max-running-requests") {
 		t.Fatalf("err = %v, want the planner's shortfall with its remedies", err)
 	}
+	t.Log(err)
 }

@@ -28,10 +28,10 @@ from train_target import MAX_POSITIONS
 SEED = 2
 PROMPT_TOKENS = 32
 SEQUENCE_TOKENS = 128
-SEQUENCES = 1280
+SEQUENCES = 2560
 TAPS = (1, 3, 5, 7)  # every other target layer, ending with the last one
 BATCH = 16
-ANCHORS_PER_SEQUENCE = 6
+ANCHORS_PER_SEQUENCE = 8
 LEARNING_RATE = 3e-3
 WARMUP_STEPS = 100
 WEIGHT_DECAY = 0.01
@@ -96,7 +96,7 @@ def draft_loss(cfg, params, embed, lm_head, sequences, features, anchors, positi
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=8000)
     args = parser.parse_args()
     shared.setup_torch(SEED)
 
