@@ -92,3 +92,16 @@ func BenchmarkSpecSmallRandom(b *testing.B) {
 	}
 	benchmarkPair(b, dir+"/target", dir+"/draft", prompt, 32)
 }
+
+// BenchmarkSpecDefaultPair runs the embedded default pair (the trained tiny
+// target and its drafter) on a held-out-style prompt: real acceptance, so
+// the ratios show what speculation buys on this CPU.
+func BenchmarkSpecDefaultPair(b *testing.B) {
+	const target, draft = "../models/default/target", "../models/default/draft"
+	e, err := engine.Load(cpu.New(1), target, engine.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	prompt := e.Tokenizer.Encode("And it came to pass, when the king heard the words of the book of the law, that he rent his clothes.\n")
+	benchmarkPair(b, target, draft, prompt, 128)
+}

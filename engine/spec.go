@@ -92,6 +92,8 @@ type SpecStats struct {
 	DraftTokens         int   `json:"draft_tokens"`
 	AcceptedTokens      int   `json:"accepted_tokens"`
 	AcceptedPerPosition []int `json:"accepted_per_position"`
+	// AcceptanceLengths lists each verify step's accepted drafts + 1, in order.
+	AcceptanceLengths []int `json:"acceptance_lengths"`
 }
 
 func (st *SpecStats) record(path []int32, treeNodes int) {
@@ -104,6 +106,7 @@ func (st *SpecStats) record(path []int32, treeNodes int) {
 	}
 	st.VerifySteps++
 	st.AcceptedTokens += a
+	st.AcceptanceLengths = append(st.AcceptanceLengths, a+1)
 	st.DraftTokens += treeNodes
 }
 

@@ -101,7 +101,7 @@ func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernel
 			kvOff := (h / (heads / shape.NumKVHeads)) * shape.HeadDim
 			qh := qv[row*qDim+h*shape.HeadDim : row*qDim+(h+1)*shape.HeadDim]
 			oh := ov[row*qDim+h*shape.HeadDim : row*qDim+(h+1)*shape.HeadDim]
-			attendHead(oh, qh, kc, vc, slots, scores[:len(slots)], kvDim, kvOff, shape.Scale)
+			be.kern.attend(oh, qh, kc, vc, slots, scores[:len(slots)], kvDim, kvOff, shape.Scale)
 		}
 	})
 }

@@ -25,6 +25,9 @@ type kernelSet struct {
 	mulSigmoid func(x, gate []float32)
 	// deltaStep applies one token to one head's GDN state (see deltaStepPortable).
 	deltaStep func(S, q, k, v []float32, g, beta float32, out, delta []float32)
+	// attend computes one query head's softmax attention over the given
+	// cache slots (see attendHead).
+	attend func(out, q, kc, vc []float32, slots []int, scores []float32, kvDim, kvOff int, scale float32)
 }
 
 var portableKernels = kernelSet{
@@ -36,6 +39,7 @@ var portableKernels = kernelSet{
 	silu:       siluPortable,
 	mulSigmoid: mulSigmoidPortable,
 	deltaStep:  deltaStepPortable,
+	attend:     attendHead,
 }
 
 func swigluPortable(out, gate, up []float32) {

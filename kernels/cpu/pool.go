@@ -13,7 +13,7 @@ type pool struct {
 }
 
 // defaultMinWork is a few microseconds of work, well above the cost of a hand-off.
-const defaultMinWork = 1 << 14
+const defaultMinWork = 1 << 17
 
 type poolTask struct {
 	lo, hi int

@@ -23,6 +23,7 @@ func simdKernels() (kernelSet, bool) {
 		silu:       siluAVX512,
 		mulSigmoid: mulSigmoidAVX512,
 		deltaStep:  deltaStepAVX512,
+		attend:     attendAVX512,
 	}, true
 }
 

@@ -43,15 +43,16 @@ def acceptance_lengths(draft_cfg, draft, target, sequence, features):
     return lengths
 
 
-def tau_over(lengths, tokens):
-    """Mean τ over the rounds that produced the first `tokens` tokens after the prefill token."""
+def rounds_covering(lengths, tokens):
+    """(tokens produced, rounds) for the rounds that produce the first `tokens` new tokens
+    after the prefill token."""
     done, rounds = 0, 0
     for length in lengths:
         if done >= tokens - 1:
             break
         done += length
         rounds += 1
-    return done / rounds
+    return done, rounds
 
 
 def distinct_four_gram_share(tokens):
@@ -85,25 +86,27 @@ def main():
         _, hidden = qwen36.forward(target_cfg, target, sequences)
         features = dflash.target_features(hidden, draft_cfg.target_layer_ids)
         check_training_matches_inference(draft_cfg, draft, target, sequences[0], features[0])
-        records = []
+        records, covered = [], {NEW_TOKENS: [], EARLY_TOKENS: []}
         for sequence, feature in zip(sequences, features):
             lengths = acceptance_lengths(draft_cfg, draft, target, sequence, feature)
+            for horizon, counts in covered.items():
+                counts.append(rounds_covering(lengths, horizon))
+            generated = sequence[PROMPT_TOKENS:].tolist()
             records.append({
                 "prompt_ids": sequence[:PROMPT_TOKENS].tolist(),
                 "prompt_text": tokenizer.decode(sequence[:PROMPT_TOKENS].tolist()),
-                "greedy_ids": sequence[PROMPT_TOKENS:].tolist(),
-                "greedy_text": tokenizer.decode(sequence[PROMPT_TOKENS:].tolist()),
+                "greedy_ids": generated,
+                "greedy_text": tokenizer.decode(generated),
                 "acceptance_lengths": lengths,
-                "tau": round(tau_over(lengths, NEW_TOKENS), 3),
-                "tau_first_32": round(tau_over(lengths, EARLY_TOKENS), 3),
-                "distinct_4gram_share": round(distinct_four_gram_share(sequence[PROMPT_TOKENS:].tolist()), 3),
+                "tau": round(covered[NEW_TOKENS][-1][0] / covered[NEW_TOKENS][-1][1], 3),
+                "tau_first_32": round(covered[EARLY_TOKENS][-1][0] / covered[EARLY_TOKENS][-1][1], 3),
+                "distinct_4gram_share": round(distinct_four_gram_share(generated), 3),
             })
 
-    summary = {
-        key: round(sum(r[key] for r in records) / len(records), 3)
-        for key in ("tau", "tau_first_32", "distinct_4gram_share")
-    }
-    summary["pooled_tau"] = round(sum(len(r["greedy_ids"]) - 1 for r in records) / sum(len(r["acceptance_lengths"]) for r in records), 3)
+    # "mean" averages the per-prompt τ; "pooled" divides all tokens by all rounds.
+    summary = {f"mean_{key}": round(sum(r[key] for r in records) / len(records), 3) for key in ("tau", "tau_first_32", "distinct_4gram_share")}
+    for horizon, name in ((NEW_TOKENS, "pooled_tau"), (EARLY_TOKENS, "pooled_tau_first_32")):
+        summary[name] = round(sum(d for d, _ in covered[horizon]) / sum(r for _, r in covered[horizon]), 3)
     result = {
         "description": "held-out prompts, the target's greedy continuations (temperature 0) and the linear DFlash "
                        "acceptance lengths of the Python reference (tools/train/evaluate.py)",
