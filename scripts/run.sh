@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The README's main job. For now: generate from a tiny random test model.
+# The README's main job: a short benchmark sweep of the embedded default pair
+# (autoregressive, linear DFlash and DDTree budgets), verified, then reported.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-bin/ddflash testmodel --out "$dir/tiny" --preset tiny --seed 1
-bin/ddflash generate --model "$dir/tiny" --tokens 1,2,3 --max-tokens 16 --json
+out="bench_results/run-$(date +%Y%m%d-%H%M%S)"
+bin/ddflash bench --modes auto,linear,b8,b16,b32 --max-tokens 64 --workloads fibonacci,chat --repeats 2 --warmup 1 --out "$out"
+bin/ddflash bench verify "$out"
+bin/ddflash bench report "$out"
+echo "results, CSV and plot: $out"

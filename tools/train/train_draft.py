@@ -28,7 +28,7 @@ from train_target import MAX_POSITIONS
 SEED = 2
 PROMPT_TOKENS = 32
 SEQUENCE_TOKENS = 128
-SEQUENCES = 2560
+SEQUENCES = 5120
 TAPS = (1, 3, 5, 7)  # every other target layer, ending with the last one
 BATCH = 16
 ANCHORS_PER_SEQUENCE = 8
