@@ -8,7 +8,7 @@ export GOEXPERIMENT ?= simd
 # go-nvml's vendored nvml.h marks many functions deprecated; keep cgo builds quiet.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build run test test-portable deps vet fmt-check bench
+.PHONY: all build run test test-portable deps vet fmt-check bench fixtures
 
 all: build
 
@@ -40,3 +40,8 @@ fmt-check:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./...
+
+# fixtures retrains the default pair and regenerates the float64 goldens from
+# scratch (Debian python3-torch, CPU only; about an hour on 2 cores).
+fixtures:
+	bash scripts/fixtures.sh

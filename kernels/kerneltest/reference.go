@@ -78,14 +78,6 @@ func newGDNState(kd, vd int, from []float32) gdnState {
 	return s
 }
 
-func (s gdnState) clone() gdnState {
-	c := make(gdnState, len(s))
-	for i := range s {
-		c[i] = append([]float64(nil), s[i]...)
-	}
-	return c
-}
-
 // step applies one token: S = exp(g)·S; u = Sᵀk; S += k ⊗ beta·(v−u); returns Sᵀq.
 func (s gdnState) step(q, k, v []float32, g, beta float32) []float64 {
 	decay := math.Exp(float64(g))
