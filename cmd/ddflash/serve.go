@@ -21,7 +21,6 @@ import (
 	"ddflash/engine/gpu"
 	"ddflash/engine/planner"
 	"ddflash/server"
-	"ddflash/tokenizer"
 )
 
 func init() {
@@ -228,10 +227,9 @@ func (c *serveConfig) load(running int) (*server.Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	tok, err := tokenizer.LoadDir(c.model.model)
-	if err != nil {
-		return nil, fmt.Errorf("serving text needs the model's tokenizer: %w", err)
+	if e.Tokenizer == nil {
+		return nil, fmt.Errorf("serving text needs the model's tokenizer: %s has no tokenizer.json", c.model.model)
 	}
 	sched := engine.NewScheduler(e, engine.SchedulerOptions{MaxRunning: running, MaxQueue: c.maxQueue, StepPrefill: c.chunk})
-	return &server.Model{Engine: e, Scheduler: sched, Tokenizer: tok, Root: c.model.model}, nil
+	return &server.Model{Engine: e, Scheduler: sched, Tokenizer: e.Tokenizer, Root: c.model.model}, nil
 }
