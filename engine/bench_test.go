@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"context"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"ddflash/engine/testmodel"
 	"ddflash/kernels/cpu"
@@ -57,3 +59,58 @@ func BenchmarkSmallDecodeStep(b *testing.B) { benchmarkVerify(b, 1) }
 func BenchmarkSmallVerify16(b *testing.B)   { benchmarkVerify(b, 16) }
 func BenchmarkSmallVerify33(b *testing.B)   { benchmarkVerify(b, 33) }
 func BenchmarkSmallVerify65(b *testing.B)   { benchmarkVerify(b, 65) }
+
+// BenchmarkSmallBatching runs 16 requests one after another and then all at
+// once through the scheduler on the small preset, whose decode step is
+// memory-bound on a CPU, and reports concurrent time / sequential time.
+func BenchmarkSmallBatching(b *testing.B) {
+	p, err := testmodel.PresetByName("small")
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	if err := testmodel.Write(dir, testmodel.Options{Preset: p, Seed: 1, DType: "bf16"}); err != nil {
+		b.Fatal(err)
+	}
+	e, err := Load(cpu.New(0), dir, Options{Context: 256, MaxSeqs: 16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 3))
+	var reqs []Request
+	for range 16 {
+		reqs = append(reqs, Request{Prompt: randomTokens(rng, 16, 300), MaxTokens: 16, IgnoreEOS: true})
+	}
+	var sequential, concurrent time.Duration
+	for range b.N {
+		t0 := time.Now()
+		for _, r := range reqs {
+			if _, err := e.Generate(context.Background(), r, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+		sequential += time.Since(t0)
+		s := NewScheduler(e, SchedulerOptions{})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { s.Run(ctx); close(done) }()
+		t1 := time.Now()
+		var streams []*Stream
+		for _, r := range reqs {
+			st, err := s.Submit(context.Background(), r)
+			if err != nil {
+				b.Fatal(err)
+			}
+			streams = append(streams, st)
+		}
+		for _, st := range streams {
+			if _, err := st.Wait(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		concurrent += time.Since(t1)
+		cancel()
+		<-done
+	}
+	b.ReportMetric(concurrent.Seconds()/sequential.Seconds(), "concurrent/sequential")
+}
