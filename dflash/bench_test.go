@@ -52,7 +52,7 @@ func benchmarkPair(b *testing.B, target, draft string, prompt []int32, maxTokens
 			var decodeMs, tau float64
 			b.ResetTimer()
 			for range b.N {
-				res, err := e.Generate(context.Background(), engine.Request{Prompt: prompt, MaxTokens: maxTokens, IgnoreEOS: true}, nil)
+				res, err := e.Generate(context.Background(), engine.Request{Prompt: prompt, MaxTokens: maxTokens, IgnoreEOS: true})
 				if err != nil {
 					b.Fatal(err)
 				}

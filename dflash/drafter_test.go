@@ -110,7 +110,7 @@ func TestRealDrafterIsLossless(t *testing.T) {
 			prompt[i] = int32(rng.IntN(290))
 		}
 		req := engine.Request{Prompt: prompt, MaxTokens: 48}
-		want, err := tinyPair(t, seed, engine.SpecOptions{}).Generate(context.Background(), req, nil)
+		want, err := tinyPair(t, seed, engine.SpecOptions{}).Generate(context.Background(), req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -121,7 +121,7 @@ func TestRealDrafterIsLossless(t *testing.T) {
 		} {
 			// Every other run uses a YaRN-scaled drafter.
 			draft := testmodel.DraftOptions{Window: 24, YaRN: float64(2 * (seed % 2))}
-			got, err := tinyPairWith(t, seed, spec, draft).Generate(context.Background(), req, nil)
+			got, err := tinyPairWith(t, seed, spec, draft).Generate(context.Background(), req)
 			if err != nil {
 				t.Fatal(err)
 			}

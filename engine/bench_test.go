@@ -85,7 +85,7 @@ func BenchmarkSmallBatching(b *testing.B) {
 	for range b.N {
 		t0 := time.Now()
 		for _, r := range reqs {
-			if _, err := e.Generate(context.Background(), r, nil); err != nil {
+			if _, err := e.Generate(context.Background(), r); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -153,9 +153,9 @@ func (e *Engine) CheckRequest(r Request) error {
 
 // Generate runs one request to completion: plain autoregressive decoding,
 // or speculative decoding with the engine's drafter when e.Spec asks for it.
-// onToken, if set, sees each new token as it is produced.
-func (e *Engine) Generate(ctx context.Context, r Request, onToken func(int32)) (*Result, error) {
-	j, err := e.newJob(r, onToken)
+// (The Scheduler streams tokens as they are produced.)
+func (e *Engine) Generate(ctx context.Context, r Request) (*Result, error) {
+	j, err := e.newJob(r)
 	if err != nil {
 		return nil, err
 	}
@@ -183,13 +183,12 @@ func (e *Engine) Generate(ctx context.Context, r Request, onToken func(int32)) (
 type output struct {
 	e       *Engine
 	r       Request
-	onToken func(int32)
 	sampler *Sampler
 	res     *Result
 }
 
-func newOutput(e *Engine, r Request, onToken func(int32)) *output {
-	return &output{e: e, r: r, onToken: onToken, sampler: NewSampler(r.Sampling, e.ValidVocab),
+func newOutput(e *Engine, r Request) *output {
+	return &output{e: e, r: r, sampler: NewSampler(r.Sampling, e.ValidVocab),
 		res: &Result{Stats: Stats{PromptTokens: len(r.Prompt)}}}
 }
 
@@ -199,9 +198,6 @@ func (o *output) emit(tok int32, logits []float32) bool {
 		o.res.Logprobs = append(o.res.Logprobs, o.sampler.Logprobs(logits, tok, o.r.Sampling.Logprobs))
 	}
 	o.res.Tokens = append(o.res.Tokens, tok)
-	if o.onToken != nil {
-		o.onToken(tok)
-	}
 	o.res.FinishReason = o.e.finished(o.r, o.res.Tokens)
 	return o.res.FinishReason != ""
 }

@@ -37,11 +37,11 @@ type job struct {
 	finished                          bool
 }
 
-func (e *Engine) newJob(r Request, onToken func(int32)) (*job, error) {
+func (e *Engine) newJob(r Request) (*job, error) {
 	if err := e.CheckRequest(r); err != nil {
 		return nil, err
 	}
-	j := &job{e: e, out: newOutput(e, r, onToken), started: time.Now()}
+	j := &job{e: e, out: newOutput(e, r), started: time.Now()}
 	if e.Spec.Mode != SpecAuto {
 		if e.Drafter == nil {
 			return nil, fmt.Errorf("spec mode %s needs a drafter (--draft)", e.Spec.Mode)

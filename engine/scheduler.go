@@ -216,7 +216,7 @@ func (s *Scheduler) admit(running []*pending, reserved int) ([]*pending, int) {
 			kept = append(kept, s.waiting[i:]...)
 			break
 		}
-		j, err := s.e.newJob(p.req, nil)
+		j, err := s.e.newJob(p.req)
 		if err != nil {
 			s.end(p, err)
 			continue

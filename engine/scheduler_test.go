@@ -34,7 +34,7 @@ func TestSchedulerBatchesLosslessly(t *testing.T) {
 	ar := newTestEngine(t, "tiny", seed, Options{Context: ctxLen})
 	for i := 0; i < 32; i++ {
 		r := Request{Prompt: randomTokens(rng, 1+rng.IntN(60), 290), MaxTokens: 1 + rng.IntN(40)}
-		res, err := ar.Generate(context.Background(), r, nil)
+		res, err := ar.Generate(context.Background(), r)
 		if err != nil {
 			t.Fatal(err)
 		}

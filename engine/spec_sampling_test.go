@@ -71,7 +71,7 @@ func TestSpecSamplingMatchesTarget(t *testing.T) {
 		for i := 0; i < samples; i++ {
 			p := params
 			p.Seed = uint64(i)
-			res, err := e.Generate(context.Background(), Request{Prompt: prompt, MaxTokens: n, IgnoreEOS: true, Sampling: p}, nil)
+			res, err := e.Generate(context.Background(), Request{Prompt: prompt, MaxTokens: n, IgnoreEOS: true, Sampling: p})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -183,7 +183,7 @@ func TestSpecGreedyIsLossless(t *testing.T) {
 		for ji, j := range jobs {
 			ar := newTestEngine(t, "tiny", seed, Options{Context: ctxLen})
 			req := Request{Prompt: j.prompt, MaxTokens: j.maxTokens, Sampling: SamplingParams{Temperature: j.temp, Seed: seed}}
-			want, err := ar.Generate(context.Background(), req, nil)
+			want, err := ar.Generate(context.Background(), req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -191,7 +191,7 @@ func TestSpecGreedyIsLossless(t *testing.T) {
 			if j.eosAt >= 0 && j.eosAt < len(want.Tokens) {
 				eos = []int32{want.Tokens[j.eosAt]}
 				ar.EOS = eos
-				if want, err = ar.Generate(context.Background(), req, nil); err != nil {
+				if want, err = ar.Generate(context.Background(), req); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -200,7 +200,7 @@ func TestSpecGreedyIsLossless(t *testing.T) {
 				if eos != nil {
 					e.EOS = eos
 				}
-				got, err := e.Generate(context.Background(), req, nil)
+				got, err := e.Generate(context.Background(), req)
 				if err != nil {
 					t.Fatalf("seed %d job %d %v: %v", seed, ji, c, err)
 				}
@@ -219,12 +219,12 @@ func TestChainTreeEqualsLinear(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	prompt := randomTokens(rng, 5, 290)
 	req := Request{Prompt: prompt, MaxTokens: 50}
-	ar, err := newTestEngine(t, "tiny", 5, Options{Context: 128}).Generate(context.Background(), req, nil)
+	ar, err := newTestEngine(t, "tiny", 5, Options{Context: 128}).Generate(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	run := func(c specCase) *Result {
-		res, err := specEngine(t, 5, c, pathOracle(concat(prompt, ar.Tokens)), 0.3, 128).Generate(context.Background(), req, nil)
+		res, err := specEngine(t, 5, c, pathOracle(concat(prompt, ar.Tokens)), 0.3, 128).Generate(context.Background(), req)
 		if err != nil {
 			t.Fatal(err)
 		}

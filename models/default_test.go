@@ -57,7 +57,7 @@ func TestDefaultTargetMatchesTrainingModel(t *testing.T) {
 	for n := 1; n <= len(g.IDs); n++ {
 		// One forward per prefix gives the last position's logits; the
 		// engine only reports those.
-		got, err := e.Generate(context.Background(), engine.Request{Prompt: g.IDs[:n], MaxTokens: 1, Sampling: engine.SamplingParams{Logprobs: 1}}, nil)
+		got, err := e.Generate(context.Background(), engine.Request{Prompt: g.IDs[:n], MaxTokens: 1, Sampling: engine.SamplingParams{Logprobs: 1}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,7 +125,7 @@ func TestDefaultPairAcceptance(t *testing.T) {
 	tau := func(spec engine.SpecOptions) (tau96, tau32 float64, outs [][]int32) {
 		e := loadPair(t, spec)
 		for _, p := range ev.Prompts {
-			res, err := e.Generate(context.Background(), engine.Request{Prompt: p.PromptIDs, MaxTokens: 96, IgnoreEOS: true}, nil)
+			res, err := e.Generate(context.Background(), engine.Request{Prompt: p.PromptIDs, MaxTokens: 96, IgnoreEOS: true})
 			if err != nil {
 				t.Fatal(err)
 			}

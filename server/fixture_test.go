@@ -216,7 +216,7 @@ var reference struct {
 func referenceRun(t testing.TB, r engine.Request) *engine.Result {
 	t.Helper()
 	reference.once.Do(func() { reference.e = newEngine(t, engine.SpecOptions{}, 1) })
-	res, err := reference.e.Generate(context.Background(), r, nil)
+	res, err := reference.e.Generate(context.Background(), r)
 	if err != nil {
 		t.Fatal(err)
 	}

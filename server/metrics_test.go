@@ -82,7 +82,7 @@ func TestSpecMetricsMatchTheEngine(t *testing.T) {
 		prompt := randomPrompt(rng, 1, 15)
 		ids := tok.Encode(prompt)
 		maxTokens := 1 + rng.IntN(40)
-		res, err := direct.Generate(context.Background(), engine.Request{Prompt: ids, MaxTokens: maxTokens}, nil)
+		res, err := direct.Generate(context.Background(), engine.Request{Prompt: ids, MaxTokens: maxTokens})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -53,7 +53,7 @@ func runGenerate(args []string) error {
 	res, err := eng.Generate(context.Background(), engine.Request{
 		Prompt: ids, MaxTokens: *maxTokens,
 		Sampling: engine.SamplingParams{Temperature: *temperature, TopP: *topP, TopK: *topK, Seed: *seed, Logprobs: *logprobs},
-	}, nil)
+	})
 	if err != nil {
 		return err
 	}
