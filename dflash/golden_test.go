@@ -11,58 +11,100 @@ import (
 	"ddflash/kernels/cpu"
 )
 
-// TestDrafterMatchesFloat64Reference runs one draft step of the committed
-// default pair (target features from the engine, then the drafter) and
-// compares the per-position logits with tools/reference/make_draft_golden.py,
-// which computes both the target's taps and the drafter in float64
-// (tools/reference/qwen36.py and dflash.py, independent of this code).
+// draftGolden is one draft step computed by an independent float64
+// reference: the target's tapped hidden states (tools/reference/qwen36.py)
+// fed to the drafter (tools/reference/dflash.py).
+type draftGolden struct {
+	target, draft string
+	context       []int32
+	anchor        int32
+	logits        [][]float64 // rows 1..block-1 of the block
+}
+
+// TestDrafterMatchesFloat64Reference runs one draft step on the committed
+// pairs (target features from the engine, then the drafter) and compares the
+// per-position logits with the float64 references: the random golden-tiny
+// pair (engine/testdata/golden-tiny, two anchors) and the trained default
+// pair (dflash/testdata/golden-default-draft.json).
 func TestDrafterMatchesFloat64Reference(t *testing.T) {
-	data, err := os.ReadFile("testdata/golden-default-draft.json")
-	if err != nil {
-		t.Fatal(err)
+	for _, g := range append(tinyDraftGoldens(t), defaultDraftGolden(t)) {
+		e := loadPair(t, g.target, g.draft)
+		d := e.Drafter.(*Drafter)
+		sess, err := d.NewSession(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := sess.Draft(tappedFeatures(t, e, g.context, d.TapLayers()), g.anchor)
+		sess.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		V := e.Model.Cfg.VocabSize
+		if len(g.logits) != d.BlockSize()-1 || len(got) != len(g.logits)*V {
+			t.Fatalf("%s: %d golden rows, %d logits from the drafter", g.draft, len(g.logits), len(got))
+		}
+		worst, scale := 0.0, 1.0
+		for r, row := range g.logits {
+			for i, want := range row {
+				worst = math.Max(worst, math.Abs(float64(got[r*V+i])-want))
+				scale = math.Max(scale, math.Abs(want))
+			}
+		}
+		// F32 activations (target and drafter) against float64, same BF16 weights.
+		if worst > 1e-4*scale {
+			t.Fatalf("%s, anchor at %d: drafter logits differ from the float64 reference by %g (scale %g)", g.draft, len(g.context), worst, scale)
+		}
+		t.Logf("%s, anchor at %d: max |Δ logit| %.2e at scale %.1f", g.draft, len(g.context), worst, scale)
 	}
+}
+
+func tinyDraftGoldens(t *testing.T) []draftGolden {
+	const dir = "../engine/testdata/golden-tiny"
+	var g struct {
+		Sequences []struct {
+			IDs []int32 `json:"ids"`
+		} `json:"sequences"`
+		Draft struct {
+			Sequence int `json:"sequence"`
+			Blocks   []struct {
+				Anchor int         `json:"anchor"`
+				Logits [][]float64 `json:"logits"`
+			} `json:"blocks"`
+		} `json:"draft"`
+	}
+	readJSON(t, dir+"/golden.json", &g)
+	ids := g.Sequences[g.Draft.Sequence].IDs
+	var out []draftGolden
+	for _, b := range g.Draft.Blocks {
+		out = append(out, draftGolden{dir, dir + "/draft", ids[:b.Anchor], ids[b.Anchor], b.Logits})
+	}
+	return out
+}
+
+func defaultDraftGolden(t *testing.T) draftGolden {
 	var g struct {
 		Context []int32     `json:"context"`
 		Anchor  int32       `json:"anchor"`
 		Logits  [][]float64 `json:"logits"`
 	}
-	if err := json.Unmarshal(data, &g); err != nil {
-		t.Fatal(err)
-	}
-	e := loadDefaultPair(t)
-	d := e.Drafter.(*Drafter)
-	features := tappedFeatures(t, e, g.Context, d.TapLayers())
-	sess, err := d.NewSession(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sess.Close()
-	got, err := sess.Draft(features, g.Anchor)
-	if err != nil {
-		t.Fatal(err)
-	}
-	V := e.Model.Cfg.VocabSize
-	if len(g.Logits) != d.BlockSize()-1 || len(got) != len(g.Logits)*V {
-		t.Fatalf("%d golden rows, %d logits from the drafter", len(g.Logits), len(got))
-	}
-	worst, scale := 0.0, 1.0
-	for r, row := range g.Logits {
-		for i, want := range row {
-			worst = math.Max(worst, math.Abs(float64(got[r*V+i])-want))
-			scale = math.Max(scale, math.Abs(want))
-		}
-	}
-	// F32 activations (target and drafter) against float64, same BF16 weights.
-	if worst > 1e-4*scale {
-		t.Fatalf("drafter logits differ from the float64 reference by %g (scale %g)", worst, scale)
-	}
-	t.Logf("max |Δ logit| %.2e at scale %.1f over %d positions", worst, scale, len(g.Logits))
+	readJSON(t, "testdata/golden-default-draft.json", &g)
+	return draftGolden{"../models/default/target", "../models/default/draft", g.Context, g.Anchor, g.Logits}
 }
 
-// loadDefaultPair loads the repository's trained default target and drafter.
-func loadDefaultPair(t *testing.T) *engine.Engine {
+func readJSON(t *testing.T, path string, v any) {
 	t.Helper()
-	const target, draft = "../models/default/target", "../models/default/draft"
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+}
+
+// loadPair loads a committed target and drafter for linear speculation.
+func loadPair(t *testing.T, target, draft string) *engine.Engine {
+	t.Helper()
 	spec := engine.SpecOptions{Mode: engine.SpecLinear}
 	verify, err := VerifyTokens(draft, spec)
 	if err != nil {

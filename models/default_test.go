@@ -39,7 +39,7 @@ func loadPair(t *testing.T, spec engine.SpecOptions) *engine.Engine {
 
 // TestDefaultTargetMatchesTrainingModel compares the engine's logits on
 // held-out text with the float64 forward of the PyTorch code the target was
-// trained with (models/testdata/golden-default.json, tools/reference/qwen36.py).
+// trained with (models/testdata/golden-default.json, tools/reference/make_default_goldens.py).
 func TestDefaultTargetMatchesTrainingModel(t *testing.T) {
 	data, err := os.ReadFile("testdata/golden-default.json")
 	if err != nil {

@@ -2,7 +2,7 @@
 # Reproduces the committed fixtures from scratch, with fixed seeds:
 #   engine/testdata/golden-tiny/  float64 reference logits for a tiny random checkpoint (seconds)
 #   models/default/               the trained tiny target + DFlash drafter, and eval.json (about
-#                                 an hour of CPU: target ~30 min, drafter ~20 min, evaluation)
+#                                 an hour of CPU: target ~30 min, drafter ~35 min, evaluation)
 # Usage: scripts/fixtures.sh [golden|all]   (default all)
 # Intermediate files go to $DDFLASH_TRAIN_CACHE (default /tmp/ddflash-train). Set
 # DDFLASH_TORCH_THREADS=2 on an otherwise idle 2-core machine; the default, 1, is faster on
@@ -34,3 +34,4 @@ fi
 $python tools/train/train_target.py
 $python tools/train/train_draft.py
 $python tools/train/evaluate.py
+$python tools/reference/make_default_goldens.py
