@@ -13,7 +13,7 @@ import (
 
 // smallEngine loads the ~116M-parameter small preset in BF16 (the dtype of
 // real checkpoints) for step-time benchmarks.
-func smallEngine(b *testing.B) *Engine {
+func smallEngine(b *testing.B, opts Options) *Engine {
 	b.Helper()
 	p, err := testmodel.PresetByName("small")
 	if err != nil {
@@ -23,7 +23,7 @@ func smallEngine(b *testing.B) *Engine {
 	if err := testmodel.Write(dir, testmodel.Options{Preset: p, Seed: 1, DType: "bf16"}); err != nil {
 		b.Fatal(err)
 	}
-	e, err := Load(cpu.New(0), dir, Options{Context: 1024, VerifyTokens: 65})
+	e, err := Load(cpu.New(0), dir, opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func smallEngine(b *testing.B) *Engine {
 // benchmarkVerify times one target forward over n speculative tokens after
 // a 128-token context (n = 1 is a plain decode step), rolled back each time.
 func benchmarkVerify(b *testing.B, n int) {
-	e := smallEngine(b)
+	e := smallEngine(b, Options{Context: 1024, VerifyTokens: 65})
 	s, err := e.newSequence()
 	if err != nil {
 		b.Fatal(err)
@@ -64,18 +64,7 @@ func BenchmarkSmallVerify65(b *testing.B)   { benchmarkVerify(b, 65) }
 // once through the scheduler on the small preset, whose decode step is
 // memory-bound on a CPU, and reports concurrent time / sequential time.
 func BenchmarkSmallBatching(b *testing.B) {
-	p, err := testmodel.PresetByName("small")
-	if err != nil {
-		b.Fatal(err)
-	}
-	dir := b.TempDir()
-	if err := testmodel.Write(dir, testmodel.Options{Preset: p, Seed: 1, DType: "bf16"}); err != nil {
-		b.Fatal(err)
-	}
-	e, err := Load(cpu.New(0), dir, Options{Context: 256, MaxSeqs: 16})
-	if err != nil {
-		b.Fatal(err)
-	}
+	e := smallEngine(b, Options{Context: 256, MaxSeqs: 16})
 	rng := rand.New(rand.NewPCG(3, 3))
 	var reqs []Request
 	for range 16 {
