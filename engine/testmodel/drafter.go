@@ -27,15 +27,9 @@ type DraftOptions struct {
 // is the target's last (padding) embedding row.
 func WriteDrafter(dir string, opt DraftOptions) error {
 	p := opt.Target
-	if p.Name == "" {
-		return fmt.Errorf("test drafter: no target preset given")
-	}
-	if opt.DType == "" {
-		opt.DType = "f32"
-	}
-	dt, ok := checkpointDTypes[opt.DType]
-	if !ok {
-		return fmt.Errorf("test drafter: dtype %q: choose f32 or bf16", opt.DType)
+	dt, err := checkOptions("test drafter", p, opt.DType)
+	if err != nil {
+		return err
 	}
 	layers := opt.Layers
 	if layers == 0 {

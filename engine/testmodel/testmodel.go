@@ -24,8 +24,27 @@ type Options struct {
 	Shards int    // safetensors files; 0 or 1 writes a single model.safetensors
 }
 
+// checkOptions validates a preset and dtype option (empty means f32) and
+// returns the dtype's names.
+func checkOptions(what string, p Preset, dtype string) (dtypeNames, error) {
+	if p.Name == "" {
+		return dtypeNames{}, fmt.Errorf("%s: no preset given", what)
+	}
+	if dtype == "" {
+		dtype = "f32"
+	}
+	dt, ok := checkpointDTypes[dtype]
+	if !ok {
+		return dt, fmt.Errorf("%s: dtype %q: choose f32 or bf16", what, dtype)
+	}
+	return dt, nil
+}
+
+// dtypeNames is a dtype's name in safetensors headers and in config.json.
+type dtypeNames struct{ tensor, config string }
+
 // checkpointDTypes maps the DType option to the safetensors and config.json names.
-var checkpointDTypes = map[string]struct{ tensor, config string }{
+var checkpointDTypes = map[string]dtypeNames{
 	"f32":  {"F32", "float32"},
 	"bf16": {"BF16", "bfloat16"},
 }
@@ -45,15 +64,9 @@ const (
 // output is a function of the options alone.
 func Write(dir string, opt Options) error {
 	p := opt.Preset
-	if p.Name == "" {
-		return fmt.Errorf("test model: no preset given")
-	}
-	if opt.DType == "" {
-		opt.DType = "f32"
-	}
-	dt, ok := checkpointDTypes[opt.DType]
-	if !ok {
-		return fmt.Errorf("test model: dtype %q: choose f32 or bf16", opt.DType)
+	dt, err := checkOptions("test model", p, opt.DType)
+	if err != nil {
+		return err
 	}
 	if tensors := len(plan(p)); opt.Shards > tensors {
 		return fmt.Errorf("test model: %d shards for %d tensors; use at most %d", opt.Shards, tensors, tensors)
