@@ -102,3 +102,10 @@ def cosine_learning_rate(step, steps, peak, warmup):
         return peak * (step + 1) / warmup
     progress = (step - warmup) / max(1, steps - warmup)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def save_metrics(name, metrics):
+    """Writes a training run's metrics to CACHE_DIR/<name>_metrics.json and prints them."""
+    with open(os.path.join(CACHE_DIR, f"{name}_metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=2)
+    print(json.dumps(metrics), flush=True)

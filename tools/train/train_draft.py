@@ -13,8 +13,6 @@ Usage: train_draft.py [--steps N]
 """
 
 import argparse
-import json
-import os
 import time
 
 import torch
@@ -141,9 +139,7 @@ def main():
         "final_loss": round(loss.item(), 4),
         "parameters": sum(t.numel() for t in weights.values()),
     }
-    with open(os.path.join(shared.CACHE_DIR, "draft_metrics.json"), "w") as f:
-        json.dump(metrics, f, indent=2)
-    print(json.dumps(metrics), flush=True)
+    shared.save_metrics("draft", metrics)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ Usage: train_target.py [--steps N]
 """
 
 import argparse
-import json
 import os
 import time
 
@@ -116,9 +115,7 @@ def main():
         "held_out_bits_per_byte_bf16": round(shared.bits_per_byte(held, bytes_per_token), 4),
         "parameters": sum(t.numel() for t in weights.values()),
     }
-    with open(os.path.join(shared.CACHE_DIR, "target_metrics.json"), "w") as f:
-        json.dump(metrics, f, indent=2)
-    print(json.dumps(metrics), flush=True)
+    shared.save_metrics("target", metrics)
 
 
 if __name__ == "__main__":
