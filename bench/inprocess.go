@@ -43,34 +43,47 @@ func (c ChatPrompter) Prompt(msgs []Message, thinking bool) ([]int32, error) {
 // Text decodes output tokens without special tokens.
 func (c ChatPrompter) Text(tokens []int32) (string, error) { return c.Dir.Decode(tokens, true) }
 
-// InProcess runs configurations on a loaded engine. The engine must be
-// sized (sequences, verify tokens) for the largest configuration of the
-// sweep and have the drafter attached when any mode speculates; Open
-// switches the engine's spec mode while no request is in flight.
+// InProcess runs configurations on engines loaded in this process, one
+// tensor-parallel degree at a time. Load must size each engine (sequences,
+// verify tokens) for the largest configuration of the sweep and attach the
+// drafter when any mode speculates; Open switches the engine's spec mode
+// while no request is in flight.
 type InProcess struct {
-	Engine   *engine.Engine
+	Load     func(tp int) (*engine.Engine, error)
 	Prompter Prompter
 	Rollback mamba.Strategy
 	Threads  int    // 0: all cores
 	Device   string // the backend's name, for the record
+
+	// The latest degree's engine (or why it failed to load): the previous
+	// one is dropped before the next loads, so one is in memory at a time.
+	tp     int
+	engine *engine.Engine
+	err    error
 }
 
 // Info implements Backend.
 func (p *InProcess) Info() BackendInfo { return BackendInfo{Kind: "in-process"} }
 
-// Validate implements Backend. Before the engine is loaded (Engine nil) it
-// checks what it can, so that a bad plan fails before a long load.
-func (p *InProcess) Validate(plan *Plan) error {
-	for _, tp := range plan.TP {
-		if tp != 1 {
-			return fmt.Errorf("--tp %d: tensor parallelism is not implemented yet; this build runs --tp 1 only", tp)
-		}
+// engineFor returns the engine of a tensor-parallel degree, loading it on first use.
+func (p *InProcess) engineFor(tp int) (*engine.Engine, error) {
+	if p.tp != tp || (p.engine == nil && p.err == nil) {
+		p.engine, p.err = nil, nil // let the previous engine go before loading
+		p.engine, p.err = p.Load(tp)
+		p.tp = tp
 	}
-	if p.Engine == nil {
+	return p.engine, p.err
+}
+
+// Validate implements Backend. Degrees are checked when their engine loads
+// (a degree that does not divide the model becomes that configuration's
+// recorded failure); here only what a loaded engine already tells.
+func (p *InProcess) Validate(plan *Plan) error {
+	if p.engine == nil {
 		return nil
 	}
 	for _, m := range plan.Modes {
-		if m.Kind != "auto" && p.Engine.Drafter == nil {
+		if m.Kind != "auto" && p.engine.Drafter == nil {
 			return fmt.Errorf("mode %s speculates and needs a drafter: give --draft DIR, or --modes auto", m.Name)
 		}
 	}
@@ -82,18 +95,21 @@ func (p *InProcess) spec(m Mode) engine.SpecOptions {
 	return engine.SpecOptions{Mode: mode, Budget: m.Budget, Rollback: p.Rollback}
 }
 
-// Knobs implements Backend.
+// Knobs implements Backend. It loads the degree's engine to read its sizes;
+// when that fails the knobs lack them and Open reports the error.
 func (p *InProcess) Knobs(tp int, m Mode) Knobs {
-	k := Knobs{
-		TP: tp, Mode: m.Name, Spec: m.Kind, Budget: m.Budget, Context: p.Engine.Context,
-		MaxRunning: p.Engine.Model.States.Slots(), Threads: p.Threads, Device: p.Device,
-	}
+	k := Knobs{TP: tp, Mode: m.Name, Spec: m.Kind, Budget: m.Budget, Threads: p.Threads, Device: p.Device}
 	if k.Threads <= 0 {
 		k.Threads = runtime.NumCPU()
 	}
-	if m.Kind != "auto" {
+	e, err := p.engineFor(tp)
+	if err != nil {
+		return k
+	}
+	k.Context, k.MaxRunning = e.Context, e.Model.States.Slots()
+	if m.Kind != "auto" && e.Drafter != nil {
 		k.Rollback = p.Rollback.String()
-		k.BlockSize = p.Engine.Drafter.BlockSize()
+		k.BlockSize = e.Drafter.BlockSize()
 	}
 	if m.Kind == "linear" {
 		k.Budget = k.BlockSize - 1
@@ -103,12 +119,16 @@ func (p *InProcess) Knobs(tp int, m Mode) Knobs {
 
 // Open implements Backend: it sets the engine's spec mode and starts a scheduler.
 func (p *InProcess) Open(tp int, m Mode) (Target, error) {
+	e, err := p.engineFor(tp)
+	if err != nil {
+		return nil, err
+	}
 	if err := p.Validate(&Plan{TP: []int{tp}, Modes: []Mode{m}}); err != nil {
 		return nil, err
 	}
-	p.Engine.Spec = p.spec(m)
+	e.Spec = p.spec(m)
 	ctx, cancel := context.WithCancel(context.Background())
-	t := &engineTarget{p: p, sched: engine.NewScheduler(p.Engine, engine.SchedulerOptions{}), stop: cancel, done: make(chan struct{})}
+	t := &engineTarget{p: p, sched: engine.NewScheduler(e, engine.SchedulerOptions{}), stop: cancel, done: make(chan struct{})}
 	if m.Kind != "auto" {
 		t.counts = &SpecCounter{}
 	}

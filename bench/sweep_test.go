@@ -10,6 +10,7 @@ import (
 	"ddflash/dflash"
 	"ddflash/engine"
 	"ddflash/engine/testmodel"
+	"ddflash/kernels"
 	"ddflash/kernels/cpu"
 	"ddflash/mamba"
 	"ddflash/tokenizer"
@@ -34,27 +35,31 @@ func tinyPair(t *testing.T) (model, draft string) {
 }
 
 // inProcess loads the pair as the bench command does: sized for a tree of
-// maxBudget nodes (at least the chain) and seqs requests in flight.
+// maxBudget nodes (at least the chain) and seqs requests in flight, split
+// over each configuration's tensor-parallel ranks.
 func inProcess(t *testing.T, model, draft string, maxBudget, seqs int) *InProcess {
 	t.Helper()
-	b := cpu.New(1)
 	cfg, err := dflash.LoadConfig(draft)
 	if err != nil {
 		t.Fatal(err)
 	}
 	spec := engine.SpecOptions{Mode: engine.SpecTree, Budget: max(maxBudget, cfg.BlockSize-1), Rollback: mamba.Replay}
-	e, err := engine.Load(b, model, engine.Options{MaxSeqs: seqs, VerifyTokens: spec.Budget + 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dflash.Attach(e, b, draft, spec); err != nil {
-		t.Fatal(err)
+	load := func(tp int) (*engine.Engine, error) {
+		backends := make([]kernels.Backend, tp)
+		for i := range backends {
+			backends[i] = cpu.New(1)
+		}
+		e, err := engine.LoadParallel(backends, model, engine.Options{MaxSeqs: seqs, VerifyTokens: spec.Budget + 1})
+		if err != nil {
+			return nil, err
+		}
+		return e, dflash.Attach(e, draft, spec)
 	}
 	tok, err := tokenizer.LoadDir(model)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &InProcess{Engine: e, Prompter: ChatPrompter{Dir: tok}, Rollback: mamba.Replay, Threads: 1, Device: "cpu"}
+	return &InProcess{Load: load, Prompter: ChatPrompter{Dir: tok}, Rollback: mamba.Replay, Threads: 1, Device: "cpu"}
 }
 
 func tinyPlan(t *testing.T, modes string) *Plan {
@@ -126,19 +131,55 @@ func TestInProcessSweepIsLosslessAndResumable(t *testing.T) {
 	}
 }
 
-func TestInProcessRefusesWhatItCannotRun(t *testing.T) {
+// TestInProcessTensorParallelSweep sweeps TP 1, 2 and 3 on the tiny pair:
+// TP 2 reproduces TP 1's outputs exactly in every mode, and TP 3, which does
+// not divide the model's heads, is a recorded failure naming why, while the
+// other degrees' results are kept.
+func TestInProcessTensorParallelSweep(t *testing.T) {
 	model, draft := tinyPair(t)
-	backend := inProcess(t, model, draft, 4, 1)
-	plan := tinyPlan(t, "auto")
-	plan.TP = []int{1, 2}
-	if err := backend.Validate(plan); err == nil || !strings.Contains(err.Error(), "--tp 2") {
-		t.Errorf("TP 2: %v", err)
+	plan := testPlan(t, "auto,b6", "fibonacci", []int{10}, []int{1}, 1)
+	plan.TP = []int{1, 2, 3}
+	dir := t.TempDir()
+	sum, err := Sweep(context.Background(), Options{Plan: plan, Backend: inProcess(t, model, draft, 6, 1), Store: Store{Dir: dir}, IgnoreEOS: true, GPUs: &fakeGPUs{}})
+	if err == nil || sum.Saved != 4 || len(sum.Failed) != 2 {
+		t.Fatalf("sweep: %v, %+v", err, sum)
 	}
-	if err := (&InProcess{}).Validate(plan); err == nil || !strings.Contains(err.Error(), "--tp 2") {
-		t.Errorf("TP 2 before loading: %v", err)
+	for _, f := range sum.Failed {
+		if !strings.Contains(f, "--tp 3 does not divide the 4 attention heads") {
+			t.Errorf("failure %q does not say why TP 3 cannot run", f)
+		}
 	}
-	backend.Engine.Drafter = nil
-	if err := backend.Validate(tinyPlan(t, "b4")); err == nil || !strings.Contains(err.Error(), "--draft") {
+	st := Store{Dir: dir}
+	for _, mode := range []string{"auto", "b6"} {
+		one, err := st.ReadRecord("tp1-" + mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		two, err := st.ReadRecord("tp2-" + mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if two.Setup.Knobs.TP != 2 || len(two.Runs) != len(one.Runs) {
+			t.Fatalf("tp2-%s: knobs %+v, %d runs", mode, two.Setup.Knobs, len(two.Runs))
+		}
+		for i := range one.Runs {
+			if two.Runs[i].OutputsSHA256 != one.Runs[i].OutputsSHA256 {
+				t.Errorf("%s %s: TP 2 outputs differ from TP 1", mode, one.Runs[i].RunKey)
+			}
+		}
+	}
+}
+
+func TestInProcessRefusesWhatItCannotRun(t *testing.T) {
+	model, _ := tinyPair(t)
+	tok, err := tokenizer.LoadDir(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noDrafter := &InProcess{Prompter: ChatPrompter{Dir: tok}, Load: func(int) (*engine.Engine, error) {
+		return engine.Load(cpu.New(1), model, engine.Options{})
+	}}
+	if _, err := noDrafter.Open(1, Mode{Name: "b4", Kind: "ddtree", Budget: 4}); err == nil || !strings.Contains(err.Error(), "--draft") {
 		t.Errorf("a spec mode without a drafter: %v", err)
 	}
 }

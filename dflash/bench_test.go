@@ -44,7 +44,7 @@ func benchmarkPair(b *testing.B, target, draft string, prompt []int32, maxTokens
 				b.Fatal(err)
 			}
 			if spec.Mode != engine.SpecAuto {
-				if err := Attach(e, be, draft, spec); err != nil {
+				if err := Attach(e, draft, spec); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -74,23 +74,13 @@ func benchmarkPair(b *testing.B, target, draft string, prompt []int32, maxTokens
 // random drafter: τ stays near 1, so this measures what speculation costs
 // when drafts are never accepted (verify width, drafting, rollback).
 func BenchmarkSpecSmallRandom(b *testing.B) {
-	p, err := testmodel.PresetByName("small")
-	if err != nil {
-		b.Fatal(err)
-	}
-	dir := b.TempDir()
-	if err := testmodel.Write(dir+"/target", testmodel.Options{Preset: p, Seed: 1, DType: "bf16"}); err != nil {
-		b.Fatal(err)
-	}
-	if err := testmodel.WriteDrafter(dir+"/draft", testmodel.DraftOptions{Target: p, Seed: 1, DType: "bf16"}); err != nil {
-		b.Fatal(err)
-	}
+	target, draft := writePair(b, "small", 1, "bf16", testmodel.DraftOptions{DType: "bf16"})
 	rng := rand.New(rand.NewPCG(1, 2))
 	prompt := make([]int32, 64)
 	for i := range prompt {
 		prompt[i] = int32(rng.IntN(300))
 	}
-	benchmarkPair(b, dir+"/target", dir+"/draft", prompt, 32)
+	benchmarkPair(b, target, draft, prompt, 32)
 }
 
 // BenchmarkSpecDefaultPair runs the embedded default pair (the trained tiny

@@ -51,8 +51,12 @@ type Options struct {
 }
 
 // LoadDrafter reads a z-lab drafter checkpoint (config.json and safetensors
-// with fc, hidden_norm, norm and layers.N.*) and binds it to the target.
-func LoadDrafter(b kernels.Backend, dir string, target *engine.Model, opts Options) (*Drafter, error) {
+// with fc, hidden_norm, norm and layers.N.*) and binds it to the target. The
+// drafter runs on the target's rank-0 backend (replicated nowhere else: it
+// is small), sharing the target's embedding and its vocabulary-parallel LM
+// head.
+func LoadDrafter(dir string, target *engine.Model, opts Options) (*Drafter, error) {
+	b := target.Backend()
 	cfg, err := LoadConfig(dir)
 	if err != nil {
 		return nil, err
@@ -77,7 +81,7 @@ func LoadDrafter(b kernels.Backend, dir string, target *engine.Model, opts Optio
 	}
 	tokens := max(opts.Sequences, 1) * (opts.Context + cfg.BlockSize)
 	kvDim := cfg.NumKVHeads * cfg.HeadDim
-	if d.kv, err = engine.NewKVCache(b, cfg.NumLayers, kvDim, opts.PageSize, (tokens+opts.PageSize-1)/opts.PageSize); err != nil {
+	if d.kv, err = engine.NewKVCache([]engine.KVShard{{B: b, KVDim: kvDim}}, cfg.NumLayers, opts.PageSize, (tokens+opts.PageSize-1)/opts.PageSize); err != nil {
 		return nil, err
 	}
 	ones := make([]int32, cfg.BlockSize*cfg.BlockSize)
@@ -208,9 +212,9 @@ func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 		b.MatMul(ctx, feat, d.fc, ctxRows, H, width)
 		b.RMSNorm(ctx, ctx, d.hiddenNorm, ctxRows, H, eps, false)
 	}
-	b.Embedding(x, d.target.W.Embed, idsBuf, Q, H)
+	b.Embedding(x, d.target.Embeddings(), idsBuf, Q, H)
 	for i, lw := range d.layers {
-		kc, vc := d.kv.Layer(i)
+		kc, vc := d.kv.Layer(0, i)
 		if ctxRows > 0 {
 			d.keysValues(&lw, k, v, ctx, ctxPosBuf, ctxRows)
 			b.WriteKV(kc, vc, k, v, ctxSlotsBuf, ctxRows, kvDim)
@@ -247,7 +251,9 @@ func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 	if a.err != nil {
 		return nil, a.err
 	}
-	b.MatMul(logits, proposals, d.target.W.LMHead, Q-1, tc.VocabSize, H)
+	if err := d.target.ProjectVocab(logits, proposals, Q-1); err != nil {
+		return nil, err
+	}
 	out := make([]float32, (Q-1)*tc.VocabSize)
 	if err := b.DownloadF32(logits, 0, out); err != nil {
 		return nil, err
@@ -324,8 +330,8 @@ func (a *arena) free() {
 // speculative decoding with the given options. The engine must have been
 // sized with Options.VerifyTokens >= spec.VerifyTokens(block size); see
 // VerifyTokens.
-func Attach(e *engine.Engine, b kernels.Backend, dir string, spec engine.SpecOptions) error {
-	d, err := LoadDrafter(b, dir, e.Model, Options{Sequences: e.Model.States.Slots(), Context: e.Context})
+func Attach(e *engine.Engine, dir string, spec engine.SpecOptions) error {
+	d, err := LoadDrafter(dir, e.Model, Options{Sequences: e.Model.States.Slots(), Context: e.Context})
 	if err != nil {
 		return err
 	}

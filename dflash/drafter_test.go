@@ -21,31 +21,39 @@ func tinyPair(t *testing.T, seed uint64, spec engine.SpecOptions) *engine.Engine
 // tinyPairWith is tinyPair with drafter options (target and seed are set here).
 func tinyPairWith(t *testing.T, seed uint64, spec engine.SpecOptions, draft testmodel.DraftOptions) *engine.Engine {
 	t.Helper()
-	p, err := testmodel.PresetByName("tiny")
+	target, draftDir := writePair(t, "tiny", seed, "", draft)
+	verify, err := VerifyTokens(draftDir, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.Load(cpu.New(2), target, engine.Options{VerifyTokens: verify, PageSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Attach(e, draftDir, spec); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// writePair writes a random preset target in dtype and a matching drafter
+// (draft's target and seed are set here) and returns their directories.
+func writePair(t testing.TB, preset string, seed uint64, dtype string, draft testmodel.DraftOptions) (target, draftDir string) {
+	t.Helper()
+	p, err := testmodel.PresetByName(preset)
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	if err := testmodel.Write(dir+"/target", testmodel.Options{Preset: p, Seed: seed}); err != nil {
+	target, draftDir = dir+"/target", dir+"/draft"
+	if err := testmodel.Write(target, testmodel.Options{Preset: p, Seed: seed, DType: dtype}); err != nil {
 		t.Fatal(err)
 	}
 	draft.Target, draft.Seed = p, seed
-	if err := testmodel.WriteDrafter(dir+"/draft", draft); err != nil {
+	if err := testmodel.WriteDrafter(draftDir, draft); err != nil {
 		t.Fatal(err)
 	}
-	b := cpu.New(2)
-	verify, err := VerifyTokens(dir+"/draft", spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := engine.Load(b, dir+"/target", engine.Options{VerifyTokens: verify, PageSize: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := Attach(e, b, dir+"/draft", spec); err != nil {
-		t.Fatal(err)
-	}
-	return e
+	return target, draftDir
 }
 
 func randomFeatures(rng *rand.Rand, n int) []float32 {

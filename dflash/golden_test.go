@@ -115,7 +115,7 @@ func loadPair(t *testing.T, target, draft string) *engine.Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := Attach(e, b, draft, spec); err != nil {
+	if err := Attach(e, draft, spec); err != nil {
 		t.Fatal(err)
 	}
 	return e

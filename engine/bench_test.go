@@ -2,38 +2,30 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
 
-	"ddflash/engine/testmodel"
 	"ddflash/kernels/cpu"
 	"ddflash/mamba"
 )
 
 // smallEngine loads the ~116M-parameter small preset in BF16 (the dtype of
-// real checkpoints) for step-time benchmarks.
+// real checkpoints) for step-time benchmarks, on all cores.
 func smallEngine(b *testing.B, opts Options) *Engine {
 	b.Helper()
-	p, err := testmodel.PresetByName("small")
-	if err != nil {
-		b.Fatal(err)
-	}
-	dir := b.TempDir()
-	if err := testmodel.Write(dir, testmodel.Options{Preset: p, Seed: 1, DType: "bf16"}); err != nil {
-		b.Fatal(err)
-	}
-	e, err := Load(cpu.New(0), dir, opts)
+	e, err := Load(cpu.New(0), writeTestModel(b, "small", 1, "bf16"), opts)
 	if err != nil {
 		b.Fatal(err)
 	}
 	return e
 }
 
-// benchmarkVerify times one target forward over n speculative tokens after
-// a 128-token context (n = 1 is a plain decode step), rolled back each time.
-func benchmarkVerify(b *testing.B, n int) {
-	e := smallEngine(b, Options{Context: 1024, VerifyTokens: 65})
+// verifyStep prepares a sequence with a 128-token context and returns a
+// function that runs one target forward over n speculative tokens (n = 1 is
+// a plain decode step), rolled back each time.
+func verifyStep(b *testing.B, e *Engine, n int) func() {
 	s, err := e.newSequence()
 	if err != nil {
 		b.Fatal(err)
@@ -42,16 +34,24 @@ func benchmarkVerify(b *testing.B, n int) {
 	if _, _, err := e.prefill(s, randomTokens(rng, 128, 300), nil); err != nil {
 		b.Fatal(err)
 	}
-	spec, err := mamba.NewVerify(e.Model.b, e.Model.States.Shape(), mamba.Replay, n)
+	spec, err := mamba.NewVerify(e.Model.States, mamba.Replay, n)
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(func() { spec.Close(); e.release(s) })
 	tokens := randomTokens(rng, n, 300)
-	b.ResetTimer()
-	for range b.N {
+	return func() {
 		if _, err := e.forward(s, SeqInput{Tokens: tokens, Logits: AllRows, Spec: spec}, nil); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+func benchmarkVerify(b *testing.B, n int) {
+	step := verifyStep(b, smallEngine(b, Options{Context: 1024, VerifyTokens: 65}), n)
+	b.ResetTimer()
+	for range b.N {
+		step()
 	}
 }
 
@@ -59,6 +59,36 @@ func BenchmarkSmallDecodeStep(b *testing.B) { benchmarkVerify(b, 1) }
 func BenchmarkSmallVerify16(b *testing.B)   { benchmarkVerify(b, 16) }
 func BenchmarkSmallVerify33(b *testing.B)   { benchmarkVerify(b, 33) }
 func BenchmarkSmallVerify65(b *testing.B)   { benchmarkVerify(b, 65) }
+
+// BenchmarkSmallTensorParallel times decode and 16-token verify steps of
+// the small preset on one rank with two threads and on two ranks with one
+// thread each, interleaved in one run, and reports TP 2 time / TP 1 time.
+func BenchmarkSmallTensorParallel(b *testing.B) {
+	dir := writeTestModel(b, "small", 1, "bf16")
+	opts := Options{Context: 1024, VerifyTokens: 16}
+	one, err := Load(cpu.New(2), dir, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	two := loadTP(b, dir, 2, opts)
+	for _, n := range []int{1, 16} {
+		b.Run(fmt.Sprintf("rows%d", n), func(b *testing.B) {
+			steps := [2]func(){verifyStep(b, one, n), verifyStep(b, two, n)}
+			var spent [2]time.Duration
+			b.ResetTimer()
+			for range b.N {
+				for i, step := range steps {
+					t0 := time.Now()
+					step()
+					spent[i] += time.Since(t0)
+				}
+			}
+			b.ReportMetric(spent[0].Seconds()*1000/float64(b.N), "tp1-ms/step")
+			b.ReportMetric(spent[1].Seconds()*1000/float64(b.N), "tp2-ms/step")
+			b.ReportMetric(spent[1].Seconds()/spent[0].Seconds(), "tp2/tp1")
+		})
+	}
+}
 
 // BenchmarkSmallBatching runs 16 requests one after another and then all at
 // once through the scheduler on the small preset, whose decode step is

@@ -44,11 +44,20 @@ type Engine struct {
 
 // Load reads a checkpoint directory and allocates caches on b.
 func Load(b kernels.Backend, dir string, opts Options) (*Engine, error) {
+	return LoadParallel([]kernels.Backend{b}, dir, opts)
+}
+
+// LoadParallel reads a checkpoint directory split over tensor-parallel ranks,
+// one per backend (see tp.go), connected by an in-process communicator.
+func LoadParallel(backends []kernels.Backend, dir string, opts Options) (*Engine, error) {
 	cfg, err := config.Load(dir)
 	if err != nil {
 		return nil, err
 	}
-	w, err := LoadWeights(b, dir, cfg)
+	if _, err := splitConfig(cfg, len(backends)); err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	shards, err := loadShards(backends, dir, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -56,7 +65,11 @@ func Load(b kernels.Backend, dir string, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := New(b, cfg, w, valid, eos, opts)
+	var comm Comm
+	if len(backends) > 1 {
+		comm = NewLocalComm(backends)
+	}
+	e, err := New(cfg, shards, comm, valid, eos, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -64,8 +77,9 @@ func Load(b kernels.Backend, dir string, opts Options) (*Engine, error) {
 	return e, nil
 }
 
-// New builds an engine from loaded weights.
-func New(b kernels.Backend, cfg *config.Config, w *Weights, validVocab int, eos []int32, opts Options) (*Engine, error) {
+// New builds an engine from loaded weights, one shard per tensor-parallel
+// rank (comm connects them; nil for one rank).
+func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []int32, opts Options) (*Engine, error) {
 	if opts.Context <= 0 || opts.Context > cfg.MaxPositions {
 		opts.Context = cfg.MaxPositions
 	}
@@ -79,17 +93,27 @@ func New(b kernels.Backend, cfg *config.Config, w *Weights, validVocab int, eos 
 	if opts.PrefillChunk <= 0 {
 		opts.PrefillChunk = 512
 	}
-	pages := (opts.KVTokens + opts.PageSize - 1) / opts.PageSize
-	kv, err := NewKVCache(b, cfg.NumFull(), KVDim(cfg), opts.PageSize, pages)
+	rc, err := splitConfig(cfg, len(shards))
 	if err != nil {
 		return nil, err
 	}
-	states, err := mamba.NewPool(b, StateShape(cfg), opts.MaxSeqs)
+	kvShards := make([]KVShard, len(shards))
+	stateShards := make([]mamba.Shard, len(shards))
+	for i, sh := range shards {
+		kvShards[i] = KVShard{B: sh.B, KVDim: KVDim(rc)}
+		stateShards[i] = mamba.Shard{B: sh.B, Shape: StateShape(rc)}
+	}
+	pages := (opts.KVTokens + opts.PageSize - 1) / opts.PageSize
+	kv, err := NewKVCache(kvShards, cfg.NumFull(), opts.PageSize, pages)
+	if err != nil {
+		return nil, err
+	}
+	states, err := mamba.NewPool(stateShards, opts.MaxSeqs)
 	if err != nil {
 		kv.Close()
 		return nil, err
 	}
-	m, err := NewModel(b, cfg, w, kv, states)
+	m, err := NewModel(cfg, shards, kv, states, comm)
 	if err != nil {
 		kv.Close()
 		states.Close()

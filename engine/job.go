@@ -66,7 +66,7 @@ func (e *Engine) newJob(r Request) (*job, error) {
 		j.close()
 		return nil, err
 	}
-	if j.verify, err = mamba.NewVerify(e.Model.b, e.Model.States.Shape(), e.Spec.Rollback, e.Spec.VerifyTokens(e.Drafter.BlockSize())); err != nil {
+	if j.verify, err = mamba.NewVerify(e.Model.States, e.Spec.Rollback, e.Spec.VerifyTokens(e.Drafter.BlockSize())); err != nil {
 		j.close()
 		return nil, err
 	}

@@ -13,36 +13,53 @@ var ErrKVFull = errors.New("engine: KV cache is full")
 
 // KVCache is a paged key/value cache for the full-attention layers: every
 // layer has one K and one V buffer of NumPages*PageSize rows of kvDim, and a
-// sequence owns whole pages, the same page index in every layer.
+// sequence owns whole pages, the same page index in every layer. Under tensor
+// parallelism each rank (shard) holds the rows of its own KV heads; the page
+// table is shared.
 type KVCache struct {
-	b        kernels.Backend
 	pageSize int
 	numPages int
-	kvDim    int
-	k, v     []kernels.Buffer
+	shards   []kvShard
 	free     []int32
 }
 
-// NewKVCache allocates numPages pages of pageSize tokens for layers layers.
-func NewKVCache(b kernels.Backend, layers, kvDim, pageSize, numPages int) (*KVCache, error) {
+// KVShard is one rank's part of a KV cache: its backend and the width of one
+// token's K (or V) for the KV heads it holds.
+type KVShard struct {
+	B     kernels.Backend
+	KVDim int
+}
+
+type kvShard struct {
+	KVShard
+	k, v []kernels.Buffer // per layer
+}
+
+// NewKVCache allocates numPages pages of pageSize tokens for layers layers
+// on every shard.
+func NewKVCache(shards []KVShard, layers, pageSize, numPages int) (*KVCache, error) {
 	if pageSize <= 0 || numPages <= 0 {
 		return nil, fmt.Errorf("engine: KV cache needs positive page size and page count, got %d and %d", pageSize, numPages)
 	}
-	c := &KVCache{b: b, pageSize: pageSize, numPages: numPages, kvDim: kvDim}
+	c := &KVCache{pageSize: pageSize, numPages: numPages}
 	rows := pageSize * numPages
-	for l := 0; l < layers; l++ {
-		k, err := b.Alloc(kernels.F32, rows*kvDim)
-		if err != nil {
-			c.Close()
-			return nil, fmt.Errorf("engine: KV cache of %d tokens: %w", rows, err)
+	for r, sh := range shards {
+		c.shards = append(c.shards, kvShard{KVShard: sh})
+		cs := &c.shards[r]
+		for l := 0; l < layers; l++ {
+			k, err := sh.B.Alloc(kernels.F32, rows*sh.KVDim)
+			if err != nil {
+				c.Close()
+				return nil, fmt.Errorf("engine: rank %d KV cache of %d tokens: %w", r, rows, err)
+			}
+			v, err := sh.B.Alloc(kernels.F32, rows*sh.KVDim)
+			if err != nil {
+				sh.B.Free(k)
+				c.Close()
+				return nil, fmt.Errorf("engine: rank %d KV cache of %d tokens: %w", r, rows, err)
+			}
+			cs.k, cs.v = append(cs.k, k), append(cs.v, v)
 		}
-		v, err := b.Alloc(kernels.F32, rows*kvDim)
-		if err != nil {
-			b.Free(k)
-			c.Close()
-			return nil, fmt.Errorf("engine: KV cache of %d tokens: %w", rows, err)
-		}
-		c.k, c.v = append(c.k, k), append(c.v, v)
 	}
 	for p := numPages - 1; p >= 0; p-- {
 		c.free = append(c.free, int32(p))
@@ -52,11 +69,14 @@ func NewKVCache(b kernels.Backend, layers, kvDim, pageSize, numPages int) (*KVCa
 
 // Close frees the cache memory.
 func (c *KVCache) Close() {
-	for i := range c.k {
-		c.b.Free(c.k[i])
-		c.b.Free(c.v[i])
+	for r := range c.shards {
+		sh := &c.shards[r]
+		for i := range sh.k {
+			sh.B.Free(sh.k[i])
+			sh.B.Free(sh.v[i])
+		}
+		sh.k, sh.v = nil, nil
 	}
-	c.k, c.v = nil, nil
 }
 
 // PageSize is the number of tokens per page.
@@ -68,8 +88,13 @@ func (c *KVCache) Pages() int { return c.numPages }
 // FreePages is the number of unused pages.
 func (c *KVCache) FreePages() int { return len(c.free) }
 
-// Layer returns layer l's K and V buffers ([slots, kvDim]).
-func (c *KVCache) Layer(l int) (k, v kernels.Buffer) { return c.k[l], c.v[l] }
+// Layer returns rank's K and V buffers of layer l ([slots, kvDim]).
+func (c *KVCache) Layer(rank, l int) (k, v kernels.Buffer) {
+	return c.shards[rank].k[l], c.shards[rank].v[l]
+}
+
+// Shard returns a rank's backend and K/V width.
+func (c *KVCache) Shard(rank int) KVShard { return c.shards[rank].KVShard }
 
 // SeqKV is one sequence's page table.
 type SeqKV struct {

@@ -8,7 +8,7 @@ import (
 )
 
 func TestKVCacheReserveTruncate(t *testing.T) {
-	c, err := NewKVCache(cpu.New(1), 2, 8, 4, 5)
+	c, err := NewKVCache([]KVShard{{B: cpu.New(1), KVDim: 8}}, 2, 4, 5)
 	if err != nil {
 		t.Fatal(err)
 	}

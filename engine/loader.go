@@ -27,13 +27,34 @@ type TensorSpec struct {
 	Shape []int
 	ToF32 bool // convert to F32 on upload (norms, conv kernel, GDN gate parameters)
 	Dst   *kernels.Buffer
+	// Rows and Cols select a tensor-parallel shard of the tensor seen as a
+	// matrix [Shape[0], rest]: the row spans, concatenated in order (nil:
+	// every row), and within each row the column span (zero: every column).
+	Rows []Span
+	Cols Span
 }
+
+// Span is the half-open index range [From, To).
+type Span struct{ From, To int }
+
+// Len is the number of indices in the span.
+func (s Span) Len() int { return s.To - s.From }
 
 // LoadWeights uploads the text model of the checkpoint in dir to b. Every
 // required tensor is checked for presence, dtype and shape before anything is
 // allocated. Matrices keep their checkpoint dtype; norm weights, the conv
 // kernel, A_log and dt_bias become F32.
 func LoadWeights(b kernels.Backend, dir string, cfg *config.Config) (*Weights, error) {
+	shards, err := loadShards([]kernels.Backend{b}, dir, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return shards[0].W, nil
+}
+
+// loadShards uploads each tensor-parallel rank's share of the weights to that
+// rank's backend (see tp.go for what is split and what is replicated).
+func loadShards(backends []kernels.Backend, dir string, cfg *config.Config) ([]Shard, error) {
 	ckpt, err := safetensors.Open(dir)
 	if err != nil {
 		return nil, err
@@ -44,14 +65,32 @@ func LoadWeights(b kernels.Backend, dir string, cfg *config.Config) (*Weights, e
 	if err != nil {
 		return nil, err
 	}
-	w := &Weights{Layers: make([]LayerWeights, cfg.NumLayers)}
-	if err := LoadTensors(b, ckpt, expectedTensors(cfg, prefix, w), prefix); err != nil {
-		return nil, err
+	var shards []Shard
+	var loaded []func() // frees the ranks loaded so far, if a later one fails
+	for r, b := range backends {
+		sh := shard{rank: r, tp: len(backends)}
+		w := &Weights{Layers: make([]LayerWeights, cfg.NumLayers)}
+		specs := expectedTensors(cfg, prefix, w, sh)
+		if err := LoadTensors(b, ckpt, specs, prefix); err != nil {
+			for _, free := range loaded {
+				free()
+			}
+			if len(backends) > 1 {
+				err = fmt.Errorf("rank %d of %d: %w", r, len(backends), err)
+			}
+			return nil, err
+		}
+		loaded = append(loaded, func() {
+			for _, s := range specs {
+				b.Free(*s.Dst)
+			}
+		})
+		if cfg.TieWordEmbeddings && sh.tp == 1 {
+			w.LMHead = w.Embed
+		}
+		shards = append(shards, Shard{B: b, W: w})
 	}
-	if cfg.TieWordEmbeddings {
-		w.LMHead = w.Embed
-	}
-	return w, nil
+	return shards, nil
 }
 
 // LoadTensors checks every spec against the checkpoint (presence, dtype,
@@ -64,7 +103,7 @@ func LoadTensors(b kernels.Backend, ckpt *safetensors.Checkpoint, specs []Tensor
 	var loaded []kernels.Buffer
 	for _, s := range specs {
 		t, _ := ckpt.Tensor(s.Name)
-		buf, err := upload(b, t, s.ToF32)
+		buf, err := upload(b, t, s)
 		if err != nil {
 			for _, l := range loaded {
 				b.Free(l)
@@ -88,51 +127,69 @@ func detectPrefix(ckpt *safetensors.Checkpoint) (string, error) {
 }
 
 // expectedTensors lists every tensor cfg requires (qwen36-model.md §7), each
-// pointing at its field of w.
-func expectedTensors(cfg *config.Config, prefix string, w *Weights) []TensorSpec {
-	h := cfg.HiddenSize
+// pointing at its field of w, with the rows and columns that rank sh holds.
+func expectedTensors(cfg *config.Config, prefix string, w *Weights, sh shard) []TensorSpec {
+	h, hd := cfg.HiddenSize, cfg.HeadDim
+	whole := sh.tp == 1
+	vocab := sh.even(cfg.VocabSize, 1)
 	specs := []TensorSpec{
 		{Name: prefix + "embed_tokens.weight", Shape: []int{cfg.VocabSize, h}, Dst: &w.Embed},
 		{Name: prefix + "norm.weight", Shape: []int{h}, ToF32: true, Dst: &w.FinalNorm},
 	}
-	if !cfg.TieWordEmbeddings {
-		specs = append(specs, TensorSpec{Name: "lm_head.weight", Shape: []int{cfg.VocabSize, h}, Dst: &w.LMHead})
+	switch {
+	case !cfg.TieWordEmbeddings:
+		specs = append(specs, TensorSpec{Name: "lm_head.weight", Shape: []int{cfg.VocabSize, h}, Dst: &w.LMHead, Rows: []Span{vocab}})
+	case !whole: // tied: the replicated embedding stays whole, the head is a slice of it
+		specs = append(specs, TensorSpec{Name: prefix + "embed_tokens.weight", Shape: []int{cfg.VocabSize, h}, Dst: &w.LMHead, Rows: []Span{vocab}})
 	}
+	heads := sh.even(cfg.NumHeads, hd)
+	kvHeads := sh.kvHeads(cfg.NumKVHeads, hd)
+	keys, values := sh.even(cfg.LinearKeyHeads, cfg.LinearKeyDim), sh.even(cfg.LinearValueHeads, cfg.LinearValueDim)
+	valueHeads := sh.even(cfg.LinearValueHeads, 1)
+	// in_proj_qkv rows and conv channels are [q | k | v]: this rank's heads of each.
+	kd := cfg.KeyDim()
+	qkv := []Span{keys, {kd + keys.From, kd + keys.To}, {2*kd + values.From, 2*kd + values.To}}
+	mlp := sh.even(cfg.IntermediateSize, 1)
 	for i, kind := range cfg.Layers {
 		l := &w.Layers[i]
 		l.Kind = kind
 		p := fmt.Sprintf("%slayers.%d.", prefix, i)
-		add := func(name string, toF32 bool, dst *kernels.Buffer, shape ...int) {
-			specs = append(specs, TensorSpec{Name: p + name, Shape: shape, ToF32: toF32, Dst: dst})
+		add := func(name string, toF32 bool, dst *kernels.Buffer, rows []Span, cols Span, shape ...int) {
+			if whole {
+				rows, cols = nil, Span{}
+			}
+			specs = append(specs, TensorSpec{Name: p + name, Shape: shape, ToF32: toF32, Dst: dst, Rows: rows, Cols: cols})
 		}
-		add("input_layernorm.weight", true, &l.InputNorm, h)
-		add("post_attention_layernorm.weight", true, &l.PostNorm, h)
-		add("mlp.gate_proj.weight", false, &l.Gate, cfg.IntermediateSize, h)
-		add("mlp.up_proj.weight", false, &l.Up, cfg.IntermediateSize, h)
-		add("mlp.down_proj.weight", false, &l.Down, h, cfg.IntermediateSize)
+		all := Span{}
+		add("input_layernorm.weight", true, &l.InputNorm, nil, all, h)
+		add("post_attention_layernorm.weight", true, &l.PostNorm, nil, all, h)
+		add("mlp.gate_proj.weight", false, &l.Gate, []Span{mlp}, all, cfg.IntermediateSize, h)
+		add("mlp.up_proj.weight", false, &l.Up, []Span{mlp}, all, cfg.IntermediateSize, h)
+		add("mlp.down_proj.weight", false, &l.Down, nil, mlp, h, cfg.IntermediateSize)
 		switch kind {
 		case config.Full:
-			qWidth := cfg.NumHeads * cfg.HeadDim
-			if cfg.AttnOutputGate {
-				qWidth *= 2
+			qRows := heads
+			qWidth := cfg.NumHeads * hd
+			if cfg.AttnOutputGate { // per head [query | gate]
+				qRows, qWidth = Span{2 * heads.From, 2 * heads.To}, 2*qWidth
 			}
-			kvWidth := cfg.NumKVHeads * cfg.HeadDim
-			add("self_attn.q_proj.weight", false, &l.QProj, qWidth, h)
-			add("self_attn.k_proj.weight", false, &l.KProj, kvWidth, h)
-			add("self_attn.v_proj.weight", false, &l.VProj, kvWidth, h)
-			add("self_attn.o_proj.weight", false, &l.OProj, h, cfg.NumHeads*cfg.HeadDim)
-			add("self_attn.q_norm.weight", true, &l.QNorm, cfg.HeadDim)
-			add("self_attn.k_norm.weight", true, &l.KNorm, cfg.HeadDim)
+			kvWidth := cfg.NumKVHeads * hd
+			add("self_attn.q_proj.weight", false, &l.QProj, []Span{qRows}, all, qWidth, h)
+			add("self_attn.k_proj.weight", false, &l.KProj, []Span{kvHeads}, all, kvWidth, h)
+			add("self_attn.v_proj.weight", false, &l.VProj, []Span{kvHeads}, all, kvWidth, h)
+			add("self_attn.o_proj.weight", false, &l.OProj, nil, heads, h, cfg.NumHeads*hd)
+			add("self_attn.q_norm.weight", true, &l.QNorm, nil, all, hd)
+			add("self_attn.k_norm.weight", true, &l.KNorm, nil, all, hd)
 		case config.Linear:
-			add("linear_attn.in_proj_qkv.weight", false, &l.InProjQKV, cfg.ConvDim(), h)
-			add("linear_attn.in_proj_z.weight", false, &l.InProjZ, cfg.ValueDim(), h)
-			add("linear_attn.in_proj_b.weight", false, &l.InProjB, cfg.LinearValueHeads, h)
-			add("linear_attn.in_proj_a.weight", false, &l.InProjA, cfg.LinearValueHeads, h)
-			add("linear_attn.conv1d.weight", true, &l.Conv, cfg.ConvDim(), 1, cfg.ConvKernel)
-			add("linear_attn.dt_bias", true, &l.DtBias, cfg.LinearValueHeads)
-			add("linear_attn.A_log", true, &l.ALog, cfg.LinearValueHeads)
-			add("linear_attn.norm.weight", true, &l.Norm, cfg.LinearValueDim)
-			add("linear_attn.out_proj.weight", false, &l.OutProj, h, cfg.ValueDim())
+			add("linear_attn.in_proj_qkv.weight", false, &l.InProjQKV, qkv, all, cfg.ConvDim(), h)
+			add("linear_attn.in_proj_z.weight", false, &l.InProjZ, []Span{values}, all, cfg.ValueDim(), h)
+			add("linear_attn.in_proj_b.weight", false, &l.InProjB, []Span{valueHeads}, all, cfg.LinearValueHeads, h)
+			add("linear_attn.in_proj_a.weight", false, &l.InProjA, []Span{valueHeads}, all, cfg.LinearValueHeads, h)
+			add("linear_attn.conv1d.weight", true, &l.Conv, qkv, all, cfg.ConvDim(), 1, cfg.ConvKernel)
+			add("linear_attn.dt_bias", true, &l.DtBias, []Span{valueHeads}, all, cfg.LinearValueHeads)
+			add("linear_attn.A_log", true, &l.ALog, []Span{valueHeads}, all, cfg.LinearValueHeads)
+			add("linear_attn.norm.weight", true, &l.Norm, nil, all, cfg.LinearValueDim)
+			add("linear_attn.out_proj.weight", false, &l.OutProj, nil, values, h, cfg.ValueDim())
 		}
 	}
 	return specs
@@ -182,13 +239,15 @@ func hasAnyPrefix(s string, prefixes []string) bool {
 	return false
 }
 
-// upload copies t to a new buffer, in its own dtype or converted to F32.
-func upload(b kernels.Backend, t safetensors.Tensor, toF32 bool) (kernels.Buffer, error) {
-	if toF32 {
+// upload copies the spec's shard of t to a new buffer, in t's dtype or
+// converted to F32.
+func upload(b kernels.Backend, t safetensors.Tensor, s TensorSpec) (kernels.Buffer, error) {
+	if s.ToF32 {
 		vals, err := t.Float32s()
 		if err != nil {
 			return nil, err
 		}
+		vals = take(vals, s, 1)
 		buf, err := b.Alloc(kernels.F32, len(vals))
 		if err != nil {
 			return nil, err
@@ -200,13 +259,38 @@ func upload(b kernels.Backend, t safetensors.Tensor, toF32 bool) (kernels.Buffer
 		return buf, nil
 	}
 	dt := map[string]kernels.DType{"F32": kernels.F32, "BF16": kernels.BF16, "F16": kernels.F16}[t.DType]
-	buf, err := b.Alloc(dt, t.Elements())
+	data := take(t.Data, s, dt.Size())
+	buf, err := b.Alloc(dt, len(data)/dt.Size())
 	if err != nil {
 		return nil, err
 	}
-	if err := b.Upload(buf, 0, t.Data); err != nil {
+	if err := b.Upload(buf, 0, data); err != nil {
 		b.Free(buf)
 		return nil, err
 	}
 	return buf, nil
+}
+
+// take returns the shard the spec selects of a row-major tensor held as
+// values (unit 1) or as raw bytes (unit: the element size).
+func take[T any](data []T, s TensorSpec, unit int) []T {
+	if s.Rows == nil && s.Cols == (Span{}) {
+		return data
+	}
+	width := len(data) / s.Shape[0]
+	rowSpans := s.Rows
+	if rowSpans == nil {
+		rowSpans = []Span{{0, s.Shape[0]}}
+	}
+	cols := Span{s.Cols.From * unit, s.Cols.To * unit}
+	if s.Cols == (Span{}) {
+		cols = Span{0, width}
+	}
+	var out []T
+	for _, rs := range rowSpans {
+		for r := rs.From; r < rs.To; r++ {
+			out = append(out, data[r*width+cols.From:r*width+cols.To]...)
+		}
+	}
+	return out
 }

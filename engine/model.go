@@ -1,9 +1,10 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"math"
-	"slices"
+	"sync"
 
 	"ddflash/ddtree"
 	"ddflash/engine/config"
@@ -58,26 +59,52 @@ type SeqOutput struct {
 	Hidden map[int][]float32
 }
 
-// Model runs the Qwen3.6 hybrid forward over a batch of sequences on a backend.
-// It is not safe for concurrent use: one step loop owns it.
+// Model runs the Qwen3.6 hybrid forward over a batch of sequences on one
+// backend, or split over tensor-parallel ranks (tp.go). It is not safe for
+// concurrent use: one step loop owns it.
 type Model struct {
-	Cfg    *config.Config
-	W      *Weights
+	Cfg    *config.Config // the whole model
 	KV     *KVCache
 	States *mamba.Pool
 
-	b         kernels.Backend
+	ranks     []*rank
+	comm      Comm
 	layerSlot []int // per layer: its index among layers of the same kind
-	attn      kernels.AttnShape
-	gdn       kernels.GDNShape
-	invFreq   kernels.Buffer // RoPE inverse frequencies, F32 [rotary dim / 2]
-	s         scratch
 }
 
-// NewModel wires weights and caches together. kv must have one layer per
-// full-attention layer and states one per GDN layer.
-func NewModel(b kernels.Backend, cfg *config.Config, w *Weights, kv *KVCache, states *mamba.Pool) (*Model, error) {
-	m := &Model{Cfg: cfg, W: w, KV: kv, States: states, b: b}
+// Shard is one tensor-parallel rank's weights and the backend they are on.
+type Shard struct {
+	B kernels.Backend
+	W *Weights
+}
+
+// rank is one tensor-parallel rank: its backend, weights, the geometry of
+// the heads it owns and its activations.
+type rank struct {
+	id      int
+	b       kernels.Backend
+	cfg     *config.Config // this rank's share of heads and MLP width
+	w       *Weights
+	vocab   int // LM-head rows (vocabulary slice) on this rank
+	attn    kernels.AttnShape
+	gdn     kernels.GDNShape
+	invFreq kernels.Buffer // RoPE inverse frequencies, F32 [rotary dim / 2]
+	s       scratch
+}
+
+// NewModel wires weights and caches together: one shard per tensor-parallel
+// rank (comm connects them; nil for one rank). kv must have one layer per
+// full-attention layer and states one per GDN layer, on the same ranks.
+func NewModel(cfg *config.Config, shards []Shard, kv *KVCache, states *mamba.Pool, comm Comm) (*Model, error) {
+	tp := len(shards)
+	rc, err := splitConfig(cfg, tp)
+	if err != nil {
+		return nil, err
+	}
+	if tp > 1 && (comm == nil || comm.Size() != tp) {
+		return nil, fmt.Errorf("engine: %d ranks need a communicator of that size", tp)
+	}
+	m := &Model{Cfg: cfg, KV: kv, States: states, comm: comm}
 	var nFull, nLinear int
 	for _, kind := range cfg.Layers {
 		if kind == config.Full {
@@ -88,14 +115,51 @@ func NewModel(b kernels.Backend, cfg *config.Config, w *Weights, kv *KVCache, st
 			nLinear++
 		}
 	}
-	m.attn = kernels.AttnShape{
-		NumHeads: cfg.NumHeads, NumKVHeads: cfg.NumKVHeads, HeadDim: cfg.HeadDim,
-		PageSize: kv.PageSize(), Scale: float32(1 / math.Sqrt(float64(cfg.HeadDim))),
+	for i, sh := range shards {
+		r := &rank{id: i, b: sh.B, cfg: rc, w: sh.W, vocab: cfg.VocabSize / tp, gdn: StateShape(rc).GDN,
+			attn: kernels.AttnShape{
+				NumHeads: rc.NumHeads, NumKVHeads: rc.NumKVHeads, HeadDim: rc.HeadDim,
+				PageSize: kv.PageSize(), Scale: float32(1 / math.Sqrt(float64(rc.HeadDim))),
+			}}
+		if r.invFreq, err = UploadRopeFrequencies(sh.B, RopeFrequencies(cfg.RopeTheta, cfg.RotaryDim())); err != nil {
+			return nil, err
+		}
+		m.ranks = append(m.ranks, r)
 	}
-	m.gdn = StateShape(cfg).GDN
-	var err error
-	m.invFreq, err = UploadRopeFrequencies(b, RopeFrequencies(cfg.RopeTheta, cfg.RotaryDim()))
-	return m, err
+	return m, nil
+}
+
+// TP is the tensor-parallel degree.
+func (m *Model) TP() int { return len(m.ranks) }
+
+// Backend is rank 0's backend, where the drafter runs and outputs are read.
+func (m *Model) Backend() kernels.Backend { return m.ranks[0].b }
+
+// Embeddings is the token embedding table [vocab, hidden] on rank 0 (every
+// rank holds a replica).
+func (m *Model) Embeddings() kernels.Buffer { return m.ranks[0].w.Embed }
+
+// onRanks runs f on every rank at once (each rank its own goroutine, as
+// collectives need) and joins their errors.
+func (m *Model) onRanks(f func(r *rank) error) error {
+	if len(m.ranks) == 1 {
+		return f(m.ranks[0])
+	}
+	errs := make([]error, len(m.ranks))
+	var wg sync.WaitGroup
+	for i, r := range m.ranks {
+		wg.Go(func() { errs[i] = f(r) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// allReduce sums a row-parallel layer's partial outputs over ranks.
+func (m *Model) allReduce(r *rank, buf kernels.Buffer, n int) error {
+	if m.comm == nil || len(m.ranks) == 1 {
+		return nil
+	}
+	return m.comm.AllReduceSum(r.id, buf, n)
 }
 
 // RopeFrequencies are plain RoPE's inverse frequencies theta^(-2i/rotDim),
@@ -139,75 +203,143 @@ func KVDim(cfg *config.Config) int { return cfg.NumKVHeads * cfg.HeadDim }
 // to their KV caches and GDN states. taps lists layers whose output hidden
 // states are returned (DFlash conditions on them).
 func (m *Model) Forward(seqs []SeqInput, taps []int) ([]SeqOutput, error) {
-	rows := 0
+	rows, logitRows, err := m.checkInputs(seqs, taps)
+	if err != nil {
+		return nil, err
+	}
+	// Everything that can fail is allocated before the ranks start, so no
+	// rank can give up while its peers wait in a collective.
+	var free []func()
+	defer func() {
+		for _, f := range free {
+			f()
+		}
+	}()
+	metas := make([]*stepMeta, len(m.ranks))
+	heads := make([]*vocabProjection, len(m.ranks))
+	for i, r := range m.ranks {
+		if err := r.s.ensure(r.b, r.cfg, rows); err != nil {
+			return nil, err
+		}
+		if metas[i], err = m.uploadMeta(r.b, seqs, rows); err != nil {
+			return nil, err
+		}
+		free = append(free, func() { metas[i].free(r.b) })
+		if logitRows > 0 {
+			if heads[i], err = m.newVocabProjection(r, logitRows); err != nil {
+				return nil, err
+			}
+			free = append(free, func() { heads[i].free(r.b) })
+		}
+	}
+	b0, H := m.ranks[0].b, m.Cfg.HiddenSize
+	tapped := map[int]kernels.Buffer{}
+	for _, l := range taps {
+		t, err := b0.Alloc(kernels.F32, rows*H)
+		if err != nil {
+			return nil, fmt.Errorf("engine: hidden-state tap: %w", err)
+		}
+		free = append(free, func() { b0.Free(t) })
+		tapped[l] = t
+	}
+	err = m.onRanks(func(r *rank) error {
+		if err := m.layers(r, seqs, metas[r.id], rows, tapped); err != nil {
+			return err
+		}
+		if logitRows == 0 {
+			return nil
+		}
+		m.gatherLogitRows(r, seqs)
+		r.b.RMSNorm(r.s.h, r.s.h, r.w.FinalNorm, logitRows, H, float32(m.Cfg.RMSNormEps), true)
+		return m.projectVocab(r, heads[r.id], r.s.h, logitRows)
+	})
+	if err != nil {
+		return nil, err
+	}
+	var logits kernels.Buffer
+	if logitRows > 0 {
+		logits = heads[0].logits
+	}
+	return m.outputs(seqs, logits, tapped)
+}
+
+// checkInputs validates a step and begins its verifies; it returns the rows
+// of the step and how many of them produce logits.
+func (m *Model) checkInputs(seqs []SeqInput, taps []int) (rows, logitRows int, err error) {
 	for i, s := range seqs {
 		if len(s.Tokens) == 0 {
-			return nil, fmt.Errorf("engine: sequence %d has no new tokens", i)
+			return 0, 0, fmt.Errorf("engine: sequence %d has no new tokens", i)
 		}
 		if end := s.Start + len(s.Tokens); end > len(s.KV.Pages)*m.KV.PageSize() {
-			return nil, fmt.Errorf("engine: sequence %d needs KV pages for %d tokens, has %d", i, end, len(s.KV.Pages)*m.KV.PageSize())
+			return 0, 0, fmt.Errorf("engine: sequence %d needs KV pages for %d tokens, has %d", i, end, len(s.KV.Pages)*m.KV.PageSize())
 		}
 		if s.Parents != nil && (s.Spec == nil || len(s.Parents) != len(s.Tokens)) {
-			return nil, fmt.Errorf("engine: sequence %d: a tree needs one parent per token and verify scratch", i)
+			return 0, 0, fmt.Errorf("engine: sequence %d: a tree needs one parent per token and verify scratch", i)
 		}
 		if s.Spec != nil {
 			if err := s.Spec.Begin(len(s.Tokens), s.Parents); err != nil {
-				return nil, fmt.Errorf("engine: sequence %d: %w", i, err)
+				return 0, 0, fmt.Errorf("engine: sequence %d: %w", i, err)
 			}
 		}
 		for _, t := range s.Tokens {
 			if t < 0 || int(t) >= m.Cfg.VocabSize {
-				return nil, fmt.Errorf("engine: sequence %d: token id %d outside the vocabulary of %d", i, t, m.Cfg.VocabSize)
+				return 0, 0, fmt.Errorf("engine: sequence %d: token id %d outside the vocabulary of %d", i, t, m.Cfg.VocabSize)
 			}
 		}
 		rows += len(s.Tokens)
+		logitRows += s.Logits.count(len(s.Tokens))
 	}
 	for _, l := range taps {
 		if l < 0 || l >= m.Cfg.NumLayers {
-			return nil, fmt.Errorf("engine: tap layer %d outside 0..%d", l, m.Cfg.NumLayers-1)
+			return 0, 0, fmt.Errorf("engine: tap layer %d outside 0..%d", l, m.Cfg.NumLayers-1)
 		}
 	}
-	if err := m.s.ensure(m.b, m.Cfg, rows); err != nil {
-		return nil, err
-	}
-	meta, err := m.uploadMeta(seqs, rows)
-	if err != nil {
-		return nil, err
-	}
-	defer meta.free(m.b)
+	return rows, logitRows, nil
+}
 
-	cfg, b, s := m.Cfg, m.b, &m.s
-	H := cfg.HiddenSize
-	eps := float32(cfg.RMSNormEps)
-	b.Embedding(s.x, m.W.Embed, meta.ids, rows, H)
+// count is how many of a sequence's n new rows produce logits.
+func (lr LogitRows) count(n int) int {
+	switch lr {
+	case LastRow:
+		return 1
+	case AllRows:
+		return n
+	}
+	return 0
+}
 
-	tapped := map[int]kernels.Buffer{}
-	for l, lw := range m.W.Layers {
+// layers runs the decoder stack on one rank, leaving the final residual
+// stream in r.s.x; rank 0 copies tapped layers' outputs into tapped.
+func (m *Model) layers(r *rank, seqs []SeqInput, meta *stepMeta, rows int, tapped map[int]kernels.Buffer) error {
+	b, s, H := r.b, &r.s, m.Cfg.HiddenSize
+	eps := float32(m.Cfg.RMSNormEps)
+	b.Embedding(s.x, r.w.Embed, meta.ids, rows, H)
+	for l, lw := range r.w.Layers {
 		b.RMSNorm(s.h, s.x, lw.InputNorm, rows, H, eps, true)
 		if lw.Kind == config.Full {
-			m.attention(&lw, m.layerSlot[l], seqs, meta, rows)
+			m.attention(r, &lw, m.layerSlot[l], meta, rows)
 		} else {
-			m.deltaNet(&lw, m.layerSlot[l], seqs, rows)
+			m.deltaNet(r, &lw, m.layerSlot[l], seqs, rows)
+		}
+		if err := m.allReduce(r, s.mix, rows*H); err != nil {
+			return err
 		}
 		b.Add(s.x, s.x, s.mix, rows*H)
 		b.RMSNorm(s.h, s.x, lw.PostNorm, rows, H, eps, true)
-		m.mlp(&lw, rows)
+		m.mlp(r, &lw, rows)
+		if err := m.allReduce(r, s.mix, rows*H); err != nil {
+			return err
+		}
 		b.Add(s.x, s.x, s.mix, rows*H)
-		if slices.Contains(taps, l) {
-			t, err := b.Alloc(kernels.F32, rows*H)
-			if err != nil {
-				return nil, fmt.Errorf("engine: hidden-state tap: %w", err)
-			}
-			defer b.Free(t)
+		if t, ok := tapped[l]; ok && r.id == 0 {
 			b.Copy(t, s.x, 1, rows*H, 0, 0)
-			tapped[l] = t
 		}
 	}
-	return m.outputs(seqs, rows, tapped)
+	return nil
 }
 
-func (m *Model) attention(lw *LayerWeights, idx int, seqs []SeqInput, meta *stepMeta, rows int) {
-	cfg, b, s := m.Cfg, m.b, &m.s
+func (m *Model) attention(r *rank, lw *LayerWeights, idx int, meta *stepMeta, rows int) {
+	cfg, b, s := r.cfg, r.b, &r.s
 	H, hd := cfg.HiddenSize, cfg.HeadDim
 	qDim, kvDim := cfg.NumHeads*hd, KVDim(cfg)
 	eps := float32(cfg.RMSNormEps)
@@ -223,19 +355,19 @@ func (m *Model) attention(lw *LayerWeights, idx int, seqs []SeqInput, meta *step
 	b.MatMul(s.v, s.h, lw.VProj, rows, kvDim, H)
 	b.RMSNorm(s.q, s.q, lw.QNorm, rows*cfg.NumHeads, hd, eps, true)
 	b.RMSNorm(s.k, s.k, lw.KNorm, rows*cfg.NumKVHeads, hd, eps, true)
-	b.RoPE(s.q, meta.pos, m.invFreq, rows, cfg.NumHeads, hd, cfg.RotaryDim(), 1)
-	b.RoPE(s.k, meta.pos, m.invFreq, rows, cfg.NumKVHeads, hd, cfg.RotaryDim(), 1)
-	kc, vc := m.KV.Layer(idx)
+	b.RoPE(s.q, meta.pos, r.invFreq, rows, cfg.NumHeads, hd, cfg.RotaryDim(), 1)
+	b.RoPE(s.k, meta.pos, r.invFreq, rows, cfg.NumKVHeads, hd, cfg.RotaryDim(), 1)
+	kc, vc := m.KV.Layer(r.id, idx)
 	b.WriteKV(kc, vc, s.k, s.v, meta.slots, rows, kvDim)
-	b.Attention(s.attn, s.q, kc, vc, m.attn, meta.attnSeqs)
+	b.Attention(s.attn, s.q, kc, vc, r.attn, meta.attnSeqs)
 	if cfg.AttnOutputGate {
 		b.MulSigmoid(s.attn, s.gate, rows*qDim)
 	}
 	b.MatMul(s.mix, s.attn, lw.OProj, rows, H, qDim)
 }
 
-func (m *Model) deltaNet(lw *LayerWeights, idx int, seqs []SeqInput, rows int) {
-	cfg, b, s := m.Cfg, m.b, &m.s
+func (m *Model) deltaNet(r *rank, lw *LayerWeights, idx int, seqs []SeqInput, rows int) {
+	cfg, b, s := r.cfg, r.b, &r.s
 	H := cfg.HiddenSize
 	convDim, keyDim, valueDim := cfg.ConvDim(), cfg.KeyDim(), cfg.ValueDim()
 	hv, K := cfg.LinearValueHeads, cfg.ConvKernel
@@ -248,8 +380,8 @@ func (m *Model) deltaNet(lw *LayerWeights, idx int, seqs []SeqInput, rows int) {
 	r0 := 0
 	for _, sq := range seqs {
 		T := len(sq.Tokens)
-		state, x := m.States.Conv(idx, sq.Slot), rowsOf(b, s.mixed, r0, T, convDim)
-		b.CausalConv(rowsOf(b, s.conv, r0, T, convDim), x, state, lw.Conv, sq.Spec.Parents(), T, convDim, K)
+		state, x := m.States.Conv(r.id, idx, sq.Slot), rowsOf(b, s.mixed, r0, T, convDim)
+		b.CausalConv(rowsOf(b, s.conv, r0, T, convDim), x, state, lw.Conv, sq.Spec.Parents(r.id), T, convDim, K)
 		if sq.Spec == nil {
 			b.ConvCommit(state, x, nil, T-1, convDim, K)
 		}
@@ -265,19 +397,19 @@ func (m *Model) deltaNet(lw *LayerWeights, idx int, seqs []SeqInput, rows int) {
 	r0 = 0
 	for _, sq := range seqs {
 		T := len(sq.Tokens)
-		state := m.States.SSM(idx, sq.Slot)
+		state := m.States.SSM(r.id, idx, sq.Slot)
 		out := rowsOf(b, s.gout, r0, T, valueDim)
 		q, k, v := rowsOf(b, s.gq, r0, T, keyDim), rowsOf(b, s.gk, r0, T, keyDim), rowsOf(b, s.gv, r0, T, valueDim)
 		g, beta := rowsOf(b, s.g, r0, T, hv), rowsOf(b, s.beta, r0, T, hv)
 		switch {
 		case sq.Spec != nil:
-			sq.Spec.Save(idx, rowsOf(b, s.mixed, r0, T, convDim), q, k, v, g, beta)
-			stateOut, nodeStates := sq.Spec.Targets(idx)
-			b.GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeStates, sq.Spec.Parents(), T, m.gdn)
+			sq.Spec.Save(r.id, idx, rowsOf(b, s.mixed, r0, T, convDim), q, k, v, g, beta)
+			stateOut, nodeStates := sq.Spec.Targets(r.id, idx)
+			b.GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeStates, sq.Spec.Parents(r.id), T, r.gdn)
 		case T >= chunkedPrefillMin:
-			b.GDNChunked(out, q, k, v, g, beta, state, state, T, gdnChunk, m.gdn)
+			b.GDNChunked(out, q, k, v, g, beta, state, state, T, gdnChunk, r.gdn)
 		default:
-			b.GDNRecurrence(out, q, k, v, g, beta, state, state, nil, nil, T, m.gdn)
+			b.GDNRecurrence(out, q, k, v, g, beta, state, state, nil, nil, T, r.gdn)
 		}
 		r0 += T
 	}
@@ -285,49 +417,152 @@ func (m *Model) deltaNet(lw *LayerWeights, idx int, seqs []SeqInput, rows int) {
 	b.MatMul(s.mix, s.gout, lw.OutProj, rows, H, valueDim)
 }
 
-func (m *Model) mlp(lw *LayerWeights, rows int) {
-	cfg, b, s := m.Cfg, m.b, &m.s
-	H, I := cfg.HiddenSize, cfg.IntermediateSize
+func (m *Model) mlp(r *rank, lw *LayerWeights, rows int) {
+	b, s := r.b, &r.s
+	H, I := r.cfg.HiddenSize, r.cfg.IntermediateSize
 	b.MatMul(s.up, s.h, lw.Up, rows, I, H)
 	b.MatMul(s.act, s.h, lw.Gate, rows, I, H)
 	b.SwiGLU(s.act, s.act, s.up, rows*I)
 	b.MatMul(s.mix, s.act, lw.Down, rows, H, I)
 }
 
-// outputs computes logits for the selected rows and downloads them and the taps.
-func (m *Model) outputs(seqs []SeqInput, rows int, tapped map[int]kernels.Buffer) ([]SeqOutput, error) {
-	cfg, b, s := m.Cfg, m.b, &m.s
-	H, V := cfg.HiddenSize, cfg.VocabSize
-	// Gather the rows that need logits into s.h, then norm and project them.
+// gatherLogitRows copies the rows that need logits from the residual stream
+// into r.s.h, in sequence order.
+func (m *Model) gatherLogitRows(r *rank, seqs []SeqInput) {
+	b, s, H := r.b, &r.s, m.Cfg.HiddenSize
 	n, r0 := 0, 0
 	for _, sq := range seqs {
 		T := len(sq.Tokens)
-		switch sq.Logits {
-		case LastRow:
-			b.Copy(rowsOf(b, s.h, n, 1, H), rowsOf(b, s.x, r0+T-1, 1, H), 1, H, H, H)
-			n++
-		case AllRows:
-			b.Copy(rowsOf(b, s.h, n, T, H), rowsOf(b, s.x, r0, T, H), T, H, H, H)
-			n += T
+		if c := sq.Logits.count(T); c > 0 {
+			b.Copy(rowsOf(b, s.h, n, c, H), rowsOf(b, s.x, r0+T-c, c, H), c, H, H, H)
+			n += c
 		}
 		r0 += T
 	}
-	var logits kernels.Buffer
-	if n > 0 {
-		var err error
-		if logits, err = b.Alloc(kernels.F32, n*V); err != nil {
-			return nil, fmt.Errorf("engine: logits for %d rows: %w", n, err)
+}
+
+// vocabProjection holds one rank's buffers for scoring n rows over the
+// vocabulary: its slice of the logits and, with several ranks, every rank's
+// slices gathered, which rank 0 interleaves into logits [n, vocab].
+type vocabProjection struct {
+	n              int
+	part, gathered kernels.Buffer
+	logits         kernels.Buffer // rank 0 only
+	bufs           []kernels.Buffer
+}
+
+func (m *Model) newVocabProjection(r *rank, n int) (*vocabProjection, error) {
+	vp := &vocabProjection{n: n}
+	alloc := func(dst *kernels.Buffer, size int) error {
+		buf, err := r.b.Alloc(kernels.F32, size)
+		if err != nil {
+			vp.free(r.b)
+			return fmt.Errorf("engine: logits for %d rows: %w", n, err)
 		}
-		defer b.Free(logits)
-		b.RMSNorm(s.h, s.h, m.W.FinalNorm, n, H, float32(cfg.RMSNormEps), true)
-		b.MatMul(logits, s.h, m.W.LMHead, n, V, H)
+		*dst = buf
+		vp.bufs = append(vp.bufs, buf)
+		return nil
 	}
+	if err := alloc(&vp.part, n*r.vocab); err != nil {
+		return nil, err
+	}
+	if len(m.ranks) == 1 {
+		vp.logits = vp.part
+		return vp, nil
+	}
+	if err := alloc(&vp.gathered, n*m.Cfg.VocabSize); err != nil {
+		return nil, err
+	}
+	if r.id == 0 {
+		if err := alloc(&vp.logits, n*m.Cfg.VocabSize); err != nil {
+			return nil, err
+		}
+	}
+	return vp, nil
+}
+
+func (vp *vocabProjection) free(b kernels.Backend) {
+	for _, buf := range vp.bufs {
+		b.Free(buf)
+	}
+	vp.bufs = nil
+}
+
+// projectVocab scores hidden [n, hidden] (already normed) with this rank's
+// slice of the LM head and gathers the slices into rank 0's vp.logits.
+func (m *Model) projectVocab(r *rank, vp *vocabProjection, hidden kernels.Buffer, n int) error {
+	b, H, V := r.b, m.Cfg.HiddenSize, m.Cfg.VocabSize
+	b.MatMul(vp.part, hidden, r.w.LMHead, n, r.vocab, H)
+	if len(m.ranks) == 1 {
+		return nil
+	}
+	if err := m.comm.AllGather(r.id, vp.gathered, vp.part, n*r.vocab); err != nil {
+		return err
+	}
+	if r.id == 0 {
+		for src := range m.ranks {
+			b.Copy(b.Slice(vp.logits, src*r.vocab, n*V-src*r.vocab), b.Slice(vp.gathered, src*n*r.vocab, n*r.vocab), n, r.vocab, V, r.vocab)
+		}
+	}
+	return nil
+}
+
+// ProjectVocab scores n rows of hidden states (on rank 0, already normed)
+// with the target's LM head into logits [n, vocab] on rank 0, through every
+// rank's vocabulary slice: the drafter shares the target's head this way.
+func (m *Model) ProjectVocab(logits, hidden kernels.Buffer, n int) error {
+	H := m.Cfg.HiddenSize
+	if len(m.ranks) == 1 {
+		r := m.ranks[0]
+		r.b.MatMul(logits, hidden, r.w.LMHead, n, r.vocab, H)
+		return nil
+	}
+	inputs := make([]kernels.Buffer, len(m.ranks))
+	heads := make([]*vocabProjection, len(m.ranks))
+	defer func() {
+		for i, r := range m.ranks {
+			if heads[i] != nil {
+				heads[i].free(r.b)
+			}
+			if i > 0 && inputs[i] != nil {
+				r.b.Free(inputs[i])
+			}
+		}
+	}()
+	inputs[0] = hidden
+	for i, r := range m.ranks {
+		var err error
+		if heads[i], err = m.newVocabProjection(r, n); err != nil {
+			return err
+		}
+		if i > 0 {
+			if inputs[i], err = r.b.Alloc(kernels.F32, n*H); err != nil {
+				return fmt.Errorf("engine: rank %d draft hidden states: %w", i, err)
+			}
+		}
+	}
+	err := m.onRanks(func(r *rank) error {
+		if err := m.comm.Broadcast(r.id, 0, inputs[r.id], n*H); err != nil {
+			return err
+		}
+		return m.projectVocab(r, heads[r.id], inputs[r.id], n)
+	})
+	if err != nil {
+		return err
+	}
+	b := m.ranks[0].b
+	b.Copy(logits, heads[0].logits, 1, n*m.Cfg.VocabSize, 0, 0)
+	return nil
+}
+
+// outputs downloads from rank 0 the logits of the selected rows and the taps.
+func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, tapped map[int]kernels.Buffer) ([]SeqOutput, error) {
+	b, H, V := m.ranks[0].b, m.Cfg.HiddenSize, m.Cfg.VocabSize
 	out := make([]SeqOutput, len(seqs))
-	n, r0 = 0, 0
+	n, r0 := 0, 0
 	for i, sq := range seqs {
 		T := len(sq.Tokens)
-		want := map[LogitRows]int{LastRow: 1, AllRows: T}[sq.Logits]
-		if want > 0 {
+		if want := sq.Logits.count(T); want > 0 {
 			out[i].Logits = make([]float32, want*V)
 			if err := b.DownloadF32(logits, n*V, out[i].Logits); err != nil {
 				return nil, fmt.Errorf("engine: download logits: %w", err)
@@ -351,7 +586,7 @@ func (m *Model) outputs(seqs []SeqInput, rows int, tapped map[int]kernels.Buffer
 
 // CommitKV compacts an accepted tree path in the KV cache: the K/V of the
 // token at logical position start+path[d] moves to start+d, in every
-// attention layer. A chain prefix (path[d] == d) moves nothing.
+// attention layer on every rank. A chain prefix (path[d] == d) moves nothing.
 func (m *Model) CommitKV(kv *SeqKV, start int, path []int32) error {
 	ps := m.KV.PageSize()
 	var dst, src []int32
@@ -362,19 +597,22 @@ func (m *Model) CommitKV(kv *SeqKV, start int, path []int32) error {
 	if len(dst) == 0 {
 		return nil
 	}
-	dstBuf, err := uploadI32(m.b, dst)
-	if err != nil {
-		return err
-	}
-	defer m.b.Free(dstBuf)
-	srcBuf, err := uploadI32(m.b, src)
-	if err != nil {
-		return err
-	}
-	defer m.b.Free(srcBuf)
-	for l := 0; l < m.Cfg.NumFull(); l++ {
-		k, v := m.KV.Layer(l)
-		m.b.MoveKV(k, v, dstBuf, srcBuf, len(dst), KVDim(m.Cfg))
+	for _, r := range m.ranks {
+		dstBuf, err := uploadI32(r.b, dst)
+		if err != nil {
+			return err
+		}
+		srcBuf, err := uploadI32(r.b, src)
+		if err != nil {
+			r.b.Free(dstBuf)
+			return err
+		}
+		for l := 0; l < m.Cfg.NumFull(); l++ {
+			k, v := m.KV.Layer(r.id, l)
+			r.b.MoveKV(k, v, dstBuf, srcBuf, len(dst), KVDim(r.cfg))
+		}
+		r.b.Free(dstBuf)
+		r.b.Free(srcBuf)
 	}
 	return nil
 }
@@ -391,8 +629,8 @@ type stepMeta struct {
 	attnSeqs        []kernels.AttnSeq
 }
 
-func (m *Model) uploadMeta(seqs []SeqInput, rows int) (*stepMeta, error) {
-	b, ps := m.b, m.KV.PageSize()
+func (m *Model) uploadMeta(b kernels.Backend, seqs []SeqInput, rows int) (*stepMeta, error) {
+	ps := m.KV.PageSize()
 	ids := make([]int32, 0, rows)
 	pos := make([]int32, 0, rows)
 	slots := make([]int32, 0, rows)

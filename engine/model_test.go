@@ -46,21 +46,25 @@ func maxAbsDiff(a, b []float32) float64 {
 	return d
 }
 
-// stateOf downloads every GDN layer's conv and recurrent state of a slot.
+// stateOf downloads every GDN layer's conv and recurrent state of a slot,
+// rank by rank.
 func stateOf(t testing.TB, e *Engine, slot int) []float32 {
 	t.Helper()
 	p := e.Model.States
 	var out []float32
-	for l := 0; l < p.Shape().Layers; l++ {
-		conv := make([]float32, p.Conv(l, slot).Len())
-		ssm := make([]float32, p.SSM(l, slot).Len())
-		if err := e.Model.b.DownloadF32(p.Conv(l, slot), 0, conv); err != nil {
-			t.Fatal(err)
+	for r := range p.Ranks() {
+		sh := p.Shard(r)
+		for l := 0; l < sh.Shape.Layers; l++ {
+			conv := make([]float32, p.Conv(r, l, slot).Len())
+			ssm := make([]float32, p.SSM(r, l, slot).Len())
+			if err := sh.B.DownloadF32(p.Conv(r, l, slot), 0, conv); err != nil {
+				t.Fatal(err)
+			}
+			if err := sh.B.DownloadF32(p.SSM(r, l, slot), 0, ssm); err != nil {
+				t.Fatal(err)
+			}
+			out = append(append(out, conv...), ssm...)
 		}
-		if err := e.Model.b.DownloadF32(p.SSM(l, slot), 0, ssm); err != nil {
-			t.Fatal(err)
-		}
-		out = append(append(out, conv...), ssm...)
 	}
 	return out
 }

@@ -20,7 +20,7 @@ func verifyThenCommit(t *testing.T, strategy mamba.Strategy, prompt, block, pare
 	if _, _, err := e.prefill(s, prompt, nil); err != nil {
 		t.Fatal(err)
 	}
-	spec, err := mamba.NewVerify(e.Model.b, e.Model.States.Shape(), strategy, len(block))
+	spec, err := mamba.NewVerify(e.Model.States, strategy, len(block))
 	if err != nil {
 		t.Fatal(err)
 	}

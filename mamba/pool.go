@@ -25,37 +25,57 @@ type Shape struct {
 // ConvLen is the number of F32 elements of one layer's conv state: [K-1, ConvDim].
 func (s Shape) ConvLen() int { return (s.ConvKernel - 1) * s.ConvDim }
 
-// Pool holds slots of GDN state on a backend. It is not safe for concurrent
-// use: the engine's step loop owns it.
-type Pool struct {
-	b     kernels.Backend
-	shape Shape
-	slots int
-	conv  []kernels.Buffer // per layer: [slots, K-1, ConvDim]
-	ssm   []kernels.Buffer // per layer: [slots, ValueHeads, KeyDim, ValueDim]
-	free  []int
-	inUse []bool
+// Shard is one tensor-parallel rank's part of the state: the backend that
+// holds it and the geometry of the heads that rank owns. Without tensor
+// parallelism there is one shard with the whole model's shape.
+type Shard struct {
+	B     kernels.Backend
+	Shape Shape
 }
 
-// NewPool allocates n slots.
-func NewPool(b kernels.Backend, shape Shape, n int) (*Pool, error) {
+// Pool holds slots of GDN state on one or more shards; a slot number names
+// the same request's state on every shard. It is not safe for concurrent
+// use: the engine's step loop owns it.
+type Pool struct {
+	shards []poolShard
+	slots  int
+	free   []int
+	inUse  []bool
+}
+
+type poolShard struct {
+	Shard
+	conv []kernels.Buffer // per layer: [slots, K-1, ConvDim]
+	ssm  []kernels.Buffer // per layer: [slots, ValueHeads, KeyDim, ValueDim]
+}
+
+// NewPool allocates n slots on every shard.
+func NewPool(shards []Shard, n int) (*Pool, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("mamba: pool needs at least one slot, got %d", n)
 	}
-	p := &Pool{b: b, shape: shape, slots: n, inUse: make([]bool, n)}
-	for l := 0; l < shape.Layers; l++ {
-		c, err := b.Alloc(kernels.F32, n*shape.ConvLen())
-		if err != nil {
-			p.Close()
-			return nil, fmt.Errorf("mamba: conv state for %d slots: %w", n, err)
+	if len(shards) == 0 {
+		return nil, errors.New("mamba: pool needs at least one shard")
+	}
+	p := &Pool{slots: n, inUse: make([]bool, n)}
+	for r, sh := range shards {
+		ps := poolShard{Shard: sh}
+		for l := 0; l < sh.Shape.Layers; l++ {
+			c, err := sh.B.Alloc(kernels.F32, n*sh.Shape.ConvLen())
+			if err != nil {
+				p.Close()
+				return nil, fmt.Errorf("mamba: rank %d conv state for %d slots: %w", r, n, err)
+			}
+			ps.conv = append(ps.conv, c)
+			s, err := sh.B.Alloc(kernels.F32, n*sh.Shape.GDN.StateLen())
+			if err != nil {
+				sh.B.Free(c)
+				p.Close()
+				return nil, fmt.Errorf("mamba: rank %d recurrent state for %d slots: %w", r, n, err)
+			}
+			ps.ssm = append(ps.ssm, s)
 		}
-		p.conv = append(p.conv, c)
-		s, err := b.Alloc(kernels.F32, n*shape.GDN.StateLen())
-		if err != nil {
-			p.Close()
-			return nil, fmt.Errorf("mamba: recurrent state for %d slots: %w", n, err)
-		}
-		p.ssm = append(p.ssm, s)
+		p.shards = append(p.shards, ps)
 	}
 	for i := n - 1; i >= 0; i-- {
 		p.free = append(p.free, i)
@@ -65,17 +85,23 @@ func NewPool(b kernels.Backend, shape Shape, n int) (*Pool, error) {
 
 // Close frees the pool's memory.
 func (p *Pool) Close() {
-	for _, c := range p.conv {
-		p.b.Free(c)
+	for i := range p.shards {
+		sh := &p.shards[i]
+		for _, c := range sh.conv {
+			sh.B.Free(c)
+		}
+		for _, s := range sh.ssm {
+			sh.B.Free(s)
+		}
+		sh.conv, sh.ssm = nil, nil
 	}
-	for _, s := range p.ssm {
-		p.b.Free(s)
-	}
-	p.conv, p.ssm = nil, nil
 }
 
-// Shape returns the pool's geometry.
-func (p *Pool) Shape() Shape { return p.shape }
+// Ranks is the number of shards.
+func (p *Pool) Ranks() int { return len(p.shards) }
+
+// Shard returns a rank's backend and state geometry.
+func (p *Pool) Shard(rank int) Shard { return p.shards[rank].Shard }
 
 // Slots is the pool's capacity.
 func (p *Pool) Slots() int { return p.slots }
@@ -83,7 +109,8 @@ func (p *Pool) Slots() int { return p.slots }
 // Free reports how many slots are unused.
 func (p *Pool) Free() int { return len(p.free) }
 
-// Acquire takes a slot and zeroes its state (a fresh request starts from zero).
+// Acquire takes a slot and zeroes its state on every shard (a fresh request
+// starts from zero).
 func (p *Pool) Acquire() (int, error) {
 	if len(p.free) == 0 {
 		return -1, ErrNoSlot
@@ -91,9 +118,11 @@ func (p *Pool) Acquire() (int, error) {
 	slot := p.free[len(p.free)-1]
 	p.free = p.free[:len(p.free)-1]
 	p.inUse[slot] = true
-	for l := 0; l < p.shape.Layers; l++ {
-		p.b.Fill(p.Conv(l, slot), 0)
-		p.b.Fill(p.SSM(l, slot), 0)
+	for r, sh := range p.shards {
+		for l := 0; l < sh.Shape.Layers; l++ {
+			sh.B.Fill(p.Conv(r, l, slot), 0)
+			sh.B.Fill(p.SSM(r, l, slot), 0)
+		}
 	}
 	return slot, nil
 }
@@ -107,14 +136,18 @@ func (p *Pool) Release(slot int) {
 	p.free = append(p.free, slot)
 }
 
-// Conv is layer l's conv state of a slot: [K-1, ConvDim], oldest row first.
-func (p *Pool) Conv(l, slot int) kernels.Buffer {
-	n := p.shape.ConvLen()
-	return p.b.Slice(p.conv[l], slot*n, n)
+// Conv is rank's share of layer l's conv state of a slot: [K-1, ConvDim],
+// oldest row first.
+func (p *Pool) Conv(rank, l, slot int) kernels.Buffer {
+	sh := &p.shards[rank]
+	n := sh.Shape.ConvLen()
+	return sh.B.Slice(sh.conv[l], slot*n, n)
 }
 
-// SSM is layer l's recurrent state of a slot: [ValueHeads, KeyDim, ValueDim].
-func (p *Pool) SSM(l, slot int) kernels.Buffer {
-	n := p.shape.GDN.StateLen()
-	return p.b.Slice(p.ssm[l], slot*n, n)
+// SSM is rank's share of layer l's recurrent state of a slot:
+// [ValueHeads, KeyDim, ValueDim].
+func (p *Pool) SSM(rank, l, slot int) kernels.Buffer {
+	sh := &p.shards[rank]
+	n := sh.Shape.GDN.StateLen()
+	return sh.B.Slice(sh.ssm[l], slot*n, n)
 }

@@ -11,7 +11,7 @@ import (
 func TestPoolAcquireZeroesAndRelease(t *testing.T) {
 	b := cpu.New(1)
 	shape := Shape{Layers: 2, ConvDim: 6, ConvKernel: 4, GDN: kernels.GDNShape{KeyHeads: 1, ValueHeads: 2, KeyDim: 3, ValueDim: 2}}
-	p, err := NewPool(b, shape, 2)
+	p, err := NewPool([]Shard{{B: b, Shape: shape}}, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,7 +24,7 @@ func TestPoolAcquireZeroesAndRelease(t *testing.T) {
 	for i := range dirty {
 		dirty[i] = 1
 	}
-	if err := b.UploadF32(p.SSM(1, s0), 0, dirty); err != nil {
+	if err := b.UploadF32(p.SSM(0, 1, s0), 0, dirty); err != nil {
 		t.Fatal(err)
 	}
 	s1, err := p.Acquire()
@@ -40,7 +40,7 @@ func TestPoolAcquireZeroesAndRelease(t *testing.T) {
 		t.Fatalf("reacquire: slot %d err %v, want slot %d", again, err, s0)
 	}
 	got := make([]float32, shape.GDN.StateLen())
-	if err := b.DownloadF32(p.SSM(1, again), 0, got); err != nil {
+	if err := b.DownloadF32(p.SSM(0, 1, again), 0, got); err != nil {
 		t.Fatal(err)
 	}
 	for i, v := range got {

@@ -40,15 +40,21 @@ func ParseStrategy(name string) (Strategy, error) {
 }
 
 // Verify is one sequence's GDN scratch for speculative verification of up to
-// MaxTokens tokens (a chain, or a tree given by parent indices). The model
-// forward fills it layer by layer; Commit then sets the sequence's state to
-// the state after an accepted path.
+// MaxTokens tokens (a chain, or a tree given by parent indices), with one part
+// per tensor-parallel rank. The model forward fills it layer by layer;
+// Commit then sets the sequence's state to the state after an accepted path.
 type Verify struct {
-	b         kernels.Backend
-	shape     Shape
 	strategy  Strategy
 	maxTokens int
+	shards    []*verifyShard
 
+	n       int
+	parents []int32
+}
+
+// verifyShard is one rank's scratch, shaped like that rank's heads.
+type verifyShard struct {
+	Shard
 	// Per GDN layer, rows of the current verify: conv inputs (both
 	// strategies) and recurrence inputs (Replay only).
 	mixed, q, k, v, g, beta []kernels.Buffer
@@ -58,16 +64,27 @@ type Verify struct {
 	finalState kernels.Buffer // where a chain verify's final state goes (discarded)
 	parentsBuf kernels.Buffer
 	gathered   [5]kernels.Buffer // Replay along a tree path: q, k, v, g, beta rows
-
-	n       int
-	parents []int32
-	bufs    []kernels.Buffer
+	bufs       []kernels.Buffer
 }
 
-// NewVerify allocates scratch for verifying up to maxTokens tokens.
-func NewVerify(b kernels.Backend, shape Shape, strategy Strategy, maxTokens int) (*Verify, error) {
-	v := &Verify{b: b, shape: shape, strategy: strategy, maxTokens: maxTokens}
-	gdn := shape.GDN
+// NewVerify allocates scratch for verifying up to maxTokens tokens of a
+// sequence whose state lives in pool (one part on each of its shards).
+func NewVerify(pool *Pool, strategy Strategy, maxTokens int) (*Verify, error) {
+	v := &Verify{strategy: strategy, maxTokens: maxTokens}
+	for r := range pool.Ranks() {
+		sh, err := newVerifyShard(pool.Shard(r), strategy, maxTokens)
+		if err != nil {
+			v.Close()
+			return nil, fmt.Errorf("mamba: rank %d verify scratch: %w", r, err)
+		}
+		v.shards = append(v.shards, sh)
+	}
+	return v, nil
+}
+
+func newVerifyShard(shard Shard, strategy Strategy, maxTokens int) (*verifyShard, error) {
+	v := &verifyShard{Shard: shard}
+	shape, gdn := shard.Shape, shard.Shape.GDN
 	keyDim, valueDim := gdn.KeyHeads*gdn.KeyDim, gdn.ValueHeads*gdn.ValueDim
 	widths := [5]int{keyDim, keyDim, valueDim, gdn.ValueHeads, gdn.ValueHeads}
 	for l := 0; l < shape.Layers; l++ {
@@ -107,23 +124,30 @@ func NewVerify(b kernels.Backend, shape Shape, strategy Strategy, maxTokens int)
 	return v, nil
 }
 
-func (v *Verify) alloc(dst *[]kernels.Buffer, dt kernels.DType, n int) error {
-	buf, err := v.b.Alloc(dt, n)
+func (v *verifyShard) alloc(dst *[]kernels.Buffer, dt kernels.DType, n int) error {
+	buf, err := v.B.Alloc(dt, n)
 	if err != nil {
-		v.Close()
-		return fmt.Errorf("mamba: verify scratch: %w", err)
+		v.close()
+		return err
 	}
 	*dst = append(*dst, buf)
 	v.bufs = append(v.bufs, buf)
 	return nil
 }
 
-// Close frees the scratch.
-func (v *Verify) Close() {
+func (v *verifyShard) close() {
 	for _, buf := range v.bufs {
-		v.b.Free(buf)
+		v.B.Free(buf)
 	}
 	v.bufs = nil
+}
+
+// Close frees the scratch.
+func (v *Verify) Close() {
+	for _, sh := range v.shards {
+		sh.close()
+	}
+	v.shards = nil
 }
 
 // MaxTokens is the longest proposal the scratch holds.
@@ -144,77 +168,84 @@ func (v *Verify) Begin(n int, parents []int32) error {
 				return fmt.Errorf("mamba: token %d has parent %d; parents must precede their children", i, p)
 			}
 		}
-		if err := v.b.UploadI32(v.parentsBuf, 0, parents); err != nil {
-			return err
+		for _, sh := range v.shards {
+			if err := sh.B.UploadI32(sh.parentsBuf, 0, parents); err != nil {
+				return err
+			}
 		}
 	}
 	v.n, v.parents = n, parents
 	return nil
 }
 
-// Parents is the device copy of the tree's parent indices, or nil for a
+// Parents is rank's device copy of the tree's parent indices, or nil for a
 // chain (and for a nil Verify, so callers need not check).
-func (v *Verify) Parents() kernels.Buffer {
+func (v *Verify) Parents(rank int) kernels.Buffer {
 	if v == nil || v.parents == nil {
 		return nil
 	}
-	return v.parentsBuf
+	return v.shards[rank].parentsBuf
 }
 
-// Save records GDN layer l's inputs for the current verify: conv inputs
-// mixed [n, ConvDim] and, for Replay, the recurrence inputs.
-func (v *Verify) Save(l int, mixed, q, k, val, g, beta kernels.Buffer) {
-	b, n := v.b, v.n
-	b.Copy(v.mixed[l], mixed, 1, n*v.shape.ConvDim, 0, 0)
+// Save records rank's share of GDN layer l's inputs for the current verify:
+// conv inputs mixed [n, ConvDim] and, for Replay, the recurrence inputs.
+func (v *Verify) Save(rank, l int, mixed, q, k, val, g, beta kernels.Buffer) {
+	sh, n := v.shards[rank], v.n
+	b := sh.B
+	b.Copy(sh.mixed[l], mixed, 1, n*sh.Shape.ConvDim, 0, 0)
 	if v.strategy != Replay {
 		return
 	}
-	for _, pair := range [][2]kernels.Buffer{{v.q[l], q}, {v.k[l], k}, {v.v[l], val}, {v.g[l], g}, {v.beta[l], beta}} {
+	for _, pair := range [][2]kernels.Buffer{{sh.q[l], q}, {sh.k[l], k}, {sh.v[l], val}, {sh.g[l], g}, {sh.beta[l], beta}} {
 		width := pair[0].Len() / v.maxTokens
 		b.Copy(pair[0], pair[1], 1, n*width, 0, 0)
 	}
 }
 
-// Targets returns where layer l's verify recurrence writes: the final state
-// of a chain (never the committed state) and per-token states when kept.
-func (v *Verify) Targets(l int) (stateOut, nodeStates kernels.Buffer) {
+// Targets returns where rank's layer-l verify recurrence writes: the final
+// state of a chain (never the committed state) and per-token states when kept.
+func (v *Verify) Targets(rank, l int) (stateOut, nodeStates kernels.Buffer) {
+	sh := v.shards[rank]
 	switch {
 	case v.strategy == Snapshot:
-		return v.finalState, v.nodeStates[l]
+		return sh.finalState, sh.nodeStates[l]
 	case v.parents != nil:
-		return nil, v.nodeStates[0]
+		return nil, sh.nodeStates[0]
 	default:
-		return v.finalState, nil
+		return sh.finalState, nil
 	}
 }
 
-// Commit sets the slot's conv and recurrent state, in every GDN layer, to the
-// state after the accepted path: path[0] is the root (token 0) and each
-// following entry a child of the previous one.
+// Commit sets the slot's conv and recurrent state, in every GDN layer and on
+// every rank, to the state after the accepted path: path[0] is the root
+// (token 0) and each following entry a child of the previous one.
 func (v *Verify) Commit(pool *Pool, slot int, path []int32) error {
 	if err := v.checkPath(path); err != nil {
 		return err
 	}
-	b, shape := v.b, v.shape
 	node := int(path[len(path)-1])
-	stateLen := shape.GDN.StateLen()
-	for l := 0; l < shape.Layers; l++ {
-		b.ConvCommit(pool.Conv(l, slot), v.mixed[l], v.Parents(), node, shape.ConvDim, shape.ConvKernel)
-		state := pool.SSM(l, slot)
-		if v.strategy == Snapshot {
-			b.Copy(state, b.Slice(v.nodeStates[l], node*stateLen, stateLen), 1, stateLen, 0, 0)
-			continue
+	for r, sh := range v.shards {
+		b, shape := sh.B, sh.Shape
+		stateLen := shape.GDN.StateLen()
+		for l := 0; l < shape.Layers; l++ {
+			b.ConvCommit(pool.Conv(r, l, slot), sh.mixed[l], v.Parents(r), node, shape.ConvDim, shape.ConvKernel)
+			state := pool.SSM(r, l, slot)
+			if v.strategy == Snapshot {
+				b.Copy(state, b.Slice(sh.nodeStates[l], node*stateLen, stateLen), 1, stateLen, 0, 0)
+				continue
+			}
+			ins := v.replayInputs(sh, l, path)
+			b.GDNRecurrence(nil, ins[0], ins[1], ins[2], ins[3], ins[4], state, state, nil, nil, len(path), shape.GDN)
 		}
-		ins := v.replayInputs(l, path)
-		b.GDNRecurrence(nil, ins[0], ins[1], ins[2], ins[3], ins[4], state, state, nil, nil, len(path), shape.GDN)
 	}
 	return nil
 }
 
-// replayInputs returns layer l's recurrence inputs for the path's tokens as
-// contiguous rows: views when the path is a prefix 0..a, gathered otherwise.
-func (v *Verify) replayInputs(l int, path []int32) [5]kernels.Buffer {
-	saved := [5]kernels.Buffer{v.q[l], v.k[l], v.v[l], v.g[l], v.beta[l]}
+// replayInputs returns a shard's layer-l recurrence inputs for the path's
+// tokens as contiguous rows: views when the path is a prefix 0..a, gathered
+// otherwise.
+func (v *Verify) replayInputs(sh *verifyShard, l int, path []int32) [5]kernels.Buffer {
+	saved := [5]kernels.Buffer{sh.q[l], sh.k[l], sh.v[l], sh.g[l], sh.beta[l]}
 	isPrefix := true
 	for d, p := range path {
 		isPrefix = isPrefix && int(p) == d
@@ -222,13 +253,14 @@ func (v *Verify) replayInputs(l int, path []int32) [5]kernels.Buffer {
 	if isPrefix {
 		return saved
 	}
+	b := sh.B
 	for i, src := range saved {
 		width := src.Len() / v.maxTokens
 		for d, p := range path {
-			v.b.Copy(v.b.Slice(v.gathered[i], d*width, width), v.b.Slice(src, int(p)*width, width), 1, width, 0, 0)
+			b.Copy(b.Slice(sh.gathered[i], d*width, width), b.Slice(src, int(p)*width, width), 1, width, 0, 0)
 		}
 	}
-	return v.gathered
+	return sh.gathered
 }
 
 func (v *Verify) checkPath(path []int32) error {

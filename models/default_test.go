@@ -30,7 +30,7 @@ func loadPair(t *testing.T, spec engine.SpecOptions) *engine.Engine {
 		t.Fatal(err)
 	}
 	if spec.Mode != engine.SpecAuto {
-		if err := dflash.Attach(e, b, draftDir, spec); err != nil {
+		if err := dflash.Attach(e, draftDir, spec); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -101,7 +101,7 @@ func loadEngine(t testing.TB, target string, spec engine.SpecOptions, seqs int) 
 		t.Fatal(err)
 	}
 	if spec.Mode != engine.SpecAuto {
-		if err := dflash.Attach(e, b, drafter, spec); err != nil {
+		if err := dflash.Attach(e, drafter, spec); err != nil {
 			t.Fatal(err)
 		}
 	}

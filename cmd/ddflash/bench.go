@@ -48,17 +48,18 @@ OpenAI-compatible server with --url. Each finished run is saved at once
 (DIR/tp1-b15.json); failed runs go to DIR/tp1-b15.failure.json.`)
 		fs.PrintDefaults()
 	}
-	// The model flags, less --spec and --budget: a sweep's modes set those.
+	// The model flags, less --spec, --budget and --tp: a sweep's modes and
+	// degrees set those.
 	var mf modelFlags
 	all := flag.NewFlagSet("", flag.ContinueOnError)
 	mf.register(all)
 	all.VisitAll(func(f *flag.Flag) {
-		if f.Name != "spec" && f.Name != "budget" {
+		if f.Name != "spec" && f.Name != "budget" && f.Name != "tp" {
 			fs.Var(f.Value, f.Name, f.Usage)
 		}
 	})
 	modes := fs.String("modes", "auto,linear,b8,b12,b15,b16,b32,b64", "decoding modes: auto (the baseline), linear (DFlash chain), bN (DDTree, N nodes)")
-	tps := fs.String("tp", "1", "tensor-parallel degrees (only 1 runs in-process so far; with --url, a label)")
+	tps := fs.String("tp", "1", "tensor-parallel degrees (in-process: each loads the target split over that many ranks; with --url, a label)")
 	maxTokens := fs.String("max-tokens", "256,1024", "output lengths")
 	workloads := fs.String("workloads", "fibonacci,math,prose,chat", "built-in workloads and/or z-lab .jsonl files of {\"turns\": [...]}")
 	numPrompts := fs.Int("num-prompts", 0, "use each .jsonl workload's first N conversations (0: all)")
@@ -137,9 +138,6 @@ func parsePlan(modes, tps, maxTokens, workloads, concurrency string, numPrompts,
 // attached when a mode speculates; the sweep then switches the spec mode
 // between configurations.
 func inProcessBackend(mf *modelFlags, plan *bench.Plan) (*bench.InProcess, error) {
-	if err := (&bench.InProcess{}).Validate(plan); err != nil {
-		return nil, err
-	}
 	if err := mf.resolveDefault(); err != nil {
 		return nil, err
 	}
@@ -166,11 +164,11 @@ func inProcessBackend(mf *modelFlags, plan *bench.Plan) (*bench.InProcess, error
 	if err != nil {
 		return nil, err
 	}
-	var e *engine.Engine
-	if e, err = mf.load(slices.Max(plan.Concurrency)); err != nil {
-		return nil, err
+	load := func(tp int) (*engine.Engine, error) {
+		mf.tp = tp
+		return mf.load(slices.Max(plan.Concurrency))
 	}
-	return &bench.InProcess{Engine: e, Prompter: bench.ChatPrompter{Dir: tok}, Rollback: rollback, Threads: mf.threads, Device: mf.device}, nil
+	return &bench.InProcess{Load: load, Prompter: bench.ChatPrompter{Dir: tok}, Rollback: rollback, Threads: mf.threads, Device: mf.device}, nil
 }
 
 func runBenchVerify(args []string) error {

@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"runtime"
 
 	"ddflash/dflash"
 	"ddflash/engine"
@@ -15,7 +16,7 @@ import (
 // modelFlags are the flags every command that runs the model shares.
 type modelFlags struct {
 	model, draft, spec, rollback, device string
-	budget, context, threads             int
+	budget, context, threads, tp         int
 }
 
 func (m *modelFlags) register(fs *flag.FlagSet) {
@@ -25,8 +26,9 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&m.budget, "budget", 15, "DDTree node budget B (non-root nodes per verify)")
 	fs.StringVar(&m.rollback, "rollback", "replay", "GDN state rollback after partial acceptance: replay or snapshot")
 	fs.IntVar(&m.context, "context", 0, "context length (default: the model's)")
-	fs.IntVar(&m.threads, "threads", 0, "CPU threads (default: all cores)")
+	fs.IntVar(&m.threads, "threads", 0, "CPU threads, divided among --tp ranks (default: all cores)")
 	fs.StringVar(&m.device, "device", "cpu", "compute backend: cpu")
+	fs.IntVar(&m.tp, "tp", 1, "tensor-parallel ranks the target is split over (heads, MLP and vocabulary must divide)")
 }
 
 // resolveDefault points --model (and --draft) at the embedded default pair
@@ -65,11 +67,24 @@ func (m *modelFlags) specOptions() (engine.SpecOptions, error) {
 	return engine.SpecOptions{Mode: mode, Budget: m.budget, Rollback: rollback}, nil
 }
 
-func (m *modelFlags) backend() (kernels.Backend, error) {
+// backends makes one backend per tensor-parallel rank; CPU ranks share the
+// threads.
+func (m *modelFlags) backends() ([]kernels.Backend, error) {
 	if m.device != "cpu" {
 		return nil, fmt.Errorf("--device %s: this build has the cpu backend only", m.device)
 	}
-	return cpu.New(m.threads), nil
+	if m.tp < 1 {
+		return nil, fmt.Errorf("--tp %d: want at least 1", m.tp)
+	}
+	threads := m.threads
+	if threads <= 0 {
+		threads = runtime.NumCPU()
+	}
+	ranks := make([]kernels.Backend, m.tp)
+	for i := range ranks {
+		ranks[i] = cpu.New(max(1, threads/m.tp))
+	}
+	return ranks, nil
 }
 
 // load builds the engine (and drafter) the flags describe, with room for
@@ -82,7 +97,7 @@ func (m *modelFlags) load(sequences int) (*engine.Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := m.backend()
+	backends, err := m.backends()
 	if err != nil {
 		return nil, err
 	}
@@ -92,12 +107,12 @@ func (m *modelFlags) load(sequences int) (*engine.Engine, error) {
 			return nil, err
 		}
 	}
-	e, err := engine.Load(b, m.model, opts)
+	e, err := engine.LoadParallel(backends, m.model, opts)
 	if err != nil {
 		return nil, err
 	}
 	if spec.Mode != engine.SpecAuto {
-		if err := dflash.Attach(e, b, m.draft, spec); err != nil {
+		if err := dflash.Attach(e, m.draft, spec); err != nil {
 			return nil, err
 		}
 	}

@@ -148,7 +148,7 @@ func (c *serveConfig) plan(log *slog.Logger) (int, error) {
 	}
 	k := &s.knobs
 	k.GPUTotal, k.GPUFree = s.device.Total, s.device.Free
-	k.MaxRunningRequests, k.Context, k.Rollback = c.maxRunning, m.context, spec.Rollback
+	k.MaxRunningRequests, k.Context, k.Rollback, k.TP = c.maxRunning, m.context, spec.Rollback, m.tp
 	if k.Context <= 0 || k.Context > s.models.Target.Config.MaxPositions {
 		k.Context = s.models.Target.Config.MaxPositions
 	}

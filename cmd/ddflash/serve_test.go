@@ -31,14 +31,24 @@ func tinyModelDirs(t *testing.T) (target, draft string) {
 
 // TestServeLifecycle starts `ddflash serve` on a free loopback port with
 // the host's memory plan, waits for /health, completes a request with an
-// API key, and shuts down when its context ends.
+// API key, and shuts down when its context ends; with --tp 2 the greedy
+// completion is the same.
 func TestServeLifecycle(t *testing.T) {
 	target, draft := tinyModelDirs(t)
+	one := serveOnce(t, target, draft, "1")
+	if two := serveOnce(t, target, draft, "2"); two != one {
+		t.Fatalf("--tp 2 completed %q, --tp 1 %q", two, one)
+	}
+}
+
+// serveOnce runs the server at a tensor-parallel degree through one
+// completion and returns its text.
+func serveOnce(t *testing.T, target, draft, tp string) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	addrs := make(chan string, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- serve(ctx, []string{"--model", target, "--draft", draft, "--spec", "ddtree", "--budget", "4",
+		done <- serve(ctx, []string{"--model", target, "--draft", draft, "--spec", "ddtree", "--budget", "4", "--tp", tp,
 			"--addr", "127.0.0.1:0", "--max-running-requests", "2", "--threads", "1", "--api-key", "k"}, func(a string) { addrs <- a })
 	}()
 	var base string
@@ -69,20 +79,22 @@ func TestServeLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got struct {
-		Model string
-		Usage struct {
+		Model   string
+		Choices []struct{ Text string }
+		Usage   struct {
 			CompletionTokens int `json:"completion_tokens"`
 		}
 	}
 	err = json.NewDecoder(resp.Body).Decode(&got)
 	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusOK || got.Model != "tiny" || got.Usage.CompletionTokens != 5 {
-		t.Fatalf("completion: status %d, %+v, %v", resp.StatusCode, got, err)
+	if err != nil || resp.StatusCode != http.StatusOK || got.Model != "tiny" || got.Usage.CompletionTokens != 5 || len(got.Choices) != 1 {
+		t.Fatalf("completion at --tp %s: status %d, %+v, %v", tp, resp.StatusCode, got, err)
 	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("serve after shutdown: %v", err)
 	}
+	return got.Choices[0].Text
 }
 
 // TestServeRefusesWhatCannotFit checks that serve stops at the memory plan,

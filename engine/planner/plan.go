@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"ddflash/dflash"
+	"ddflash/engine/config"
 	"ddflash/kernels"
 	"ddflash/mamba"
 )
@@ -109,7 +110,7 @@ func Compute(m Models, k Knobs) (*Plan, error) {
 	} else {
 		m.Drafter = nil // autoregressive decoding loads no drafter
 	}
-	r, err := splitRank(m, k.TP)
+	r, err := splitRank(m, k.TP, k.Mode == ModeSGLang)
 	if err != nil {
 		return nil, err
 	}
@@ -148,16 +149,26 @@ func (p *Plan) unitCosts(m Models, k Knobs, r rank) {
 	kvPerLayer := func(heads, headDim int) int64 { return int64(2 * heads * headDim * k.KVDtype.Bytes) }
 	p.Bytes.PerKVToken = int64(t.NumFull()) * kvPerLayer(r.kvHeads, t.HeadDim)
 	p.Bytes.PerStateSlot = mamba.SlotBytes(r.state, k.SSMDtype.Bytes, k.ConvDtype.Bytes)
-	p.Bytes.TargetWeights = textParams(t) * int64(dtypeBytes(t.Dtype)) / int64(k.TP)
-	if k.Mode == ModeSGLang {
-		// SGLang loads the vision tower of a multimodal checkpoint too.
-		p.Bytes.TargetWeights += m.Target.Vision.Params * int64(dtypeBytes(t.Dtype)) / int64(k.TP)
-	}
 	d := m.Drafter
+	if k.Mode == ModeSGLang {
+		// SGLang shards everything, the drafter too, and loads the vision
+		// tower of a multimodal checkpoint.
+		p.Bytes.TargetWeights = (textParams(t) + m.Target.Vision.Params) * int64(dtypeBytes(t.Dtype)) / int64(k.TP)
+		if d != nil {
+			p.Bytes.DraftWeights = d.WeightParams() * int64(dtypeBytes(d.Dtype)) / int64(k.TP)
+		}
+	} else {
+		// ddflash replicates the embedding on every rank, splits the rest
+		// (the LM head by vocabulary) and runs the drafter whole on rank 0,
+		// the rank planned here.
+		p.Bytes.TargetWeights = ddflashRankParams(t, k.TP) * int64(dtypeBytes(t.Dtype))
+		if d != nil {
+			p.Bytes.DraftWeights = d.WeightParams() * int64(dtypeBytes(d.Dtype))
+		}
+	}
 	if d == nil {
 		return
 	}
-	p.Bytes.DraftWeights = d.WeightParams() * int64(dtypeBytes(d.Dtype)) / int64(k.TP)
 	draftLayerToken := kvPerLayer(r.draftKVHeads, d.HeadDim)
 	if k.Mode == ModeSGLang {
 		// SGLang's draft pool keeps every drafter layer for every token.
@@ -180,9 +191,26 @@ func rollbackBytes(how mamba.Strategy, s mamba.Shape, k Knobs, draftTokens int) 
 	return how.RollbackBytes(s, k.SSMDtype.Bytes, k.ConvDtype.Bytes, draftTokens, k.Spec == SpecDDTree)
 }
 
+// ddflashRankParams is the target parameters rank 0 holds under ddflash's
+// tensor parallelism: the whole embedding, a 1/tp slice of everything else,
+// including the LM head (its own slice even when tied, once tp > 1).
+func ddflashRankParams(c *config.Config, tp int) int64 {
+	embed := int64(c.VocabSize) * int64(c.HiddenSize)
+	rest := textParams(c) - embed
+	if tp == 1 {
+		return textParams(c)
+	}
+	if c.TieWordEmbeddings {
+		rest += embed
+	}
+	return embed + rest/int64(tp)
+}
+
 // splitRank divides heads over TP ranks. KV heads are replicated when there
-// are fewer of them than ranks, as SGLang and vLLM do.
-func splitRank(m Models, tp int) (rank, error) {
+// are fewer of them than ranks, as SGLang and vLLM do. The drafter is split
+// too when sharded (SGLang), else it stays whole on rank 0 (ddflash), whose
+// LM head slices need the vocabulary to divide.
+func splitRank(m Models, tp int, shardDrafter bool) (rank, error) {
 	t := m.Target.Config
 	var r rank
 	var errs []error
@@ -211,7 +239,14 @@ func splitRank(m Models, tp int) (rank, error) {
 			ValueDim:   t.LinearValueDim,
 		},
 	}
-	if d := m.Drafter; d != nil {
+	exact("MLP intermediate size", t.IntermediateSize)
+	switch d := m.Drafter; {
+	case !shardDrafter:
+		exact("vocabulary rows", t.VocabSize)
+		if d != nil {
+			r.draftKVHeads = d.NumKVHeads
+		}
+	case d != nil:
 		exact("drafter attention heads", d.NumHeads)
 		r.draftKVHeads = kv("drafter KV heads", d.NumKVHeads)
 	}

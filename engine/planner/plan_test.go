@@ -205,9 +205,25 @@ func TestTensorParallel(t *testing.T) {
 	m := qwen(t)
 	one := mustPlan(t, m, Knobs{GPUTotal: rtxPro6000, MaxRunningRequests: 4, Spec: SpecDDTree})
 	two := mustPlan(t, m, Knobs{GPUTotal: rtxPro6000, MaxRunningRequests: 4, Spec: SpecDDTree, TP: 2})
-	if two.Bytes.PerKVToken*2 != one.Bytes.PerKVToken || two.Bytes.PerStateSlot*2 != one.Bytes.PerStateSlot ||
-		two.Bytes.TargetWeights*2 != one.Bytes.TargetWeights {
-		t.Errorf("TP 2 does not halve per-rank costs: %+v vs %+v", two.Bytes, one.Bytes)
+	if two.Bytes.PerKVToken*2 != one.Bytes.PerKVToken || two.Bytes.PerStateSlot*2 != one.Bytes.PerStateSlot {
+		t.Errorf("TP 2 does not halve per-rank caches: %+v vs %+v", two.Bytes, one.Bytes)
+	}
+	// Rank 0 keeps the whole embedding and the whole drafter; the rest
+	// (the untied LM head too) is halved.
+	tc := m.Target.Config
+	embed := int64(tc.VocabSize*tc.HiddenSize) * 2 // bf16
+	if tc.TieWordEmbeddings {
+		t.Fatal("the Qwen3.6-27B preset has an untied LM head")
+	}
+	if want := embed + (one.Bytes.TargetWeights-embed)/2; two.Bytes.TargetWeights != want || two.Bytes.DraftWeights != one.Bytes.DraftWeights {
+		t.Errorf("TP 2 rank 0 weights: target %d, drafter %d; want %d and the whole drafter %d",
+			two.Bytes.TargetWeights, two.Bytes.DraftWeights, want, one.Bytes.DraftWeights)
+	}
+	// SGLang shards all of it.
+	sgOne := mustPlan(t, m, Knobs{GPUTotal: rtxPro6000, MaxRunningRequests: 4, Spec: SpecDDTree, Mode: ModeSGLang})
+	sgTwo := mustPlan(t, m, Knobs{GPUTotal: rtxPro6000, MaxRunningRequests: 4, Spec: SpecDDTree, Mode: ModeSGLang, TP: 2})
+	if sgTwo.Bytes.TargetWeights*2 != sgOne.Bytes.TargetWeights || sgTwo.Bytes.DraftWeights*2 != sgOne.Bytes.DraftWeights {
+		t.Errorf("SGLang TP 2 does not halve the weights: %+v vs %+v", sgTwo.Bytes, sgOne.Bytes)
 	}
 	// 4 KV heads over 8 ranks: each rank keeps one head.
 	eight := mustPlan(t, m, Knobs{GPUTotal: rtxPro6000, MaxRunningRequests: 4, Spec: SpecDDTree, TP: 8})

@@ -29,7 +29,9 @@ type Preset struct {
 }
 
 // Presets are the built-in model sizes. tiny runs in milliseconds in tests;
-// small (~115M parameters) is large enough that a decode step is memory-bound.
+// small (~115M parameters) is large enough that a decode step is memory-bound;
+// tp8 is as tiny, with head counts that split over 2, 4 and 8
+// tensor-parallel ranks and only 2 KV heads (replicated beyond TP 2).
 var Presets = []Preset{
 	{
 		Name: "tiny", Hidden: 64, Layers: 4, FullEvery: 4, Intermediate: 128,
@@ -42,6 +44,12 @@ var Presets = []Preset{
 		Heads: 8, KVHeads: 2, HeadDim: 128, PartialRotary: 0.25,
 		LinearKeyHeads: 4, LinearValueHeads: 8, LinearHeadDim: 128, ConvKernel: 4,
 		MaxPositions: 4096, MaxMerges: 100, VocabSize: 4096,
+	},
+	{
+		Name: "tp8", Hidden: 64, Layers: 4, FullEvery: 4, Intermediate: 128,
+		Heads: 8, KVHeads: 2, HeadDim: 16, PartialRotary: 0.25,
+		LinearKeyHeads: 8, LinearValueHeads: 16, LinearHeadDim: 8, ConvKernel: 4,
+		MaxPositions: 256, MaxMerges: 41, VocabSize: 320,
 	},
 }
 

@@ -1,0 +1,84 @@
+package dflash
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"ddflash/engine"
+	"ddflash/engine/testmodel"
+	"ddflash/kernels"
+	"ddflash/kernels/cpu"
+)
+
+// TestTensorParallelDrafter: with the target split over ranks, the drafter
+// (on rank 0, scoring through the vocabulary-parallel LM head) drafts the
+// same logits as with one rank, to fp32 rounding, and greedy speculative
+// output in every mode equals one rank's autoregressive output.
+func TestTensorParallelDrafter(t *testing.T) {
+	target, draftDir := writePair(t, "tp8", 4, "bf16", testmodel.DraftOptions{Window: 24})
+	load := func(tp int, spec engine.SpecOptions) *engine.Engine {
+		backends := make([]kernels.Backend, tp)
+		for i := range backends {
+			backends[i] = cpu.New(1)
+		}
+		verify, err := VerifyTokens(draftDir, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := engine.LoadParallel(backends, target, engine.Options{Context: 128, VerifyTokens: verify, PageSize: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if spec.Mode != engine.SpecAuto {
+			if err := Attach(e, draftDir, spec); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return e
+	}
+	linear := engine.SpecOptions{Mode: engine.SpecLinear}
+	one, four := load(1, linear), load(4, linear)
+	rng := rand.New(rand.NewPCG(8, 8))
+	features := randomFeatures(rng, 11*len(one.Drafter.TapLayers())*one.Model.Cfg.HiddenSize)
+	draft := func(e *engine.Engine) []float32 {
+		s, err := e.Drafter.NewSession(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		logits, err := s.Draft(features, 17)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return logits
+	}
+	want, got := draft(one), draft(four)
+	diff, scale := 0.0, 1.0
+	for i := range want {
+		diff = math.Max(diff, math.Abs(float64(got[i]-want[i])))
+		scale = math.Max(scale, math.Abs(float64(want[i])))
+	}
+	if diff > 2e-5*scale {
+		t.Fatalf("TP 4 draft logits differ from one rank by %.3g (scale %.3g)", diff, scale)
+	}
+
+	req := engine.Request{Prompt: []int32{5, 80, 33, 140, 7}, MaxTokens: 40}
+	ar, err := load(1, engine.SpecOptions{}).Generate(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, spec := range []engine.SpecOptions{linear, {Mode: engine.SpecTree, Budget: 16}} {
+		for _, tp := range []int{2, 8} {
+			res, err := load(tp, spec).Generate(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(res.Tokens, ar.Tokens) {
+				t.Fatalf("%s at TP %d: output differs from one rank's autoregressive\n got %v\nwant %v", spec.Mode, tp, res.Tokens, ar.Tokens)
+			}
+		}
+	}
+}
