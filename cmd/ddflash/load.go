@@ -9,6 +9,7 @@ import (
 	"ddflash/engine"
 	"ddflash/kernels"
 	"ddflash/kernels/cpu"
+	"ddflash/kernels/device"
 	"ddflash/mamba"
 	"ddflash/models"
 )
@@ -27,7 +28,7 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.rollback, "rollback", "replay", "GDN state rollback after partial acceptance: replay or snapshot")
 	fs.IntVar(&m.context, "context", 0, "context length (default: the model's)")
 	fs.IntVar(&m.threads, "threads", 0, "CPU threads, divided among --tp ranks (default: all cores)")
-	fs.StringVar(&m.device, "device", "cpu", "compute backend: cpu")
+	fs.StringVar(&m.device, "device", "cpu", "compute backend: cpu or cuda (GPUs 0..tp-1), or cuda:N for one GPU")
 	fs.IntVar(&m.tp, "tp", 1, "tensor-parallel ranks the target is split over (heads, MLP and vocabulary must divide)")
 }
 
@@ -67,22 +68,36 @@ func (m *modelFlags) specOptions() (engine.SpecOptions, error) {
 	return engine.SpecOptions{Mode: mode, Budget: m.budget, Rollback: rollback}, nil
 }
 
-// backends makes one backend per tensor-parallel rank; CPU ranks share the
-// threads.
+// backends makes one backend per tensor-parallel rank: CPU ranks share the
+// threads; CUDA ranks take GPUs 0..tp-1 (or the one GPU cuda:N names).
 func (m *modelFlags) backends() ([]kernels.Backend, error) {
-	if m.device != "cpu" {
-		return nil, fmt.Errorf("--device %s: this build has the cpu backend only", m.device)
-	}
 	if m.tp < 1 {
 		return nil, fmt.Errorf("--tp %d: want at least 1", m.tp)
 	}
-	threads := m.threads
-	if threads <= 0 {
-		threads = runtime.NumCPU()
-	}
 	ranks := make([]kernels.Backend, m.tp)
+	if m.device == "cpu" {
+		threads := m.threads
+		if threads <= 0 {
+			threads = runtime.NumCPU()
+		}
+		for i := range ranks {
+			ranks[i] = cpu.New(max(1, threads/m.tp))
+		}
+		return ranks, nil
+	}
+	if m.device != "cuda" && m.tp > 1 {
+		return nil, fmt.Errorf("--device %s names one GPU; with --tp %d use --device cuda", m.device, m.tp)
+	}
 	for i := range ranks {
-		ranks[i] = cpu.New(max(1, threads/m.tp))
+		name := m.device
+		if name == "cuda" {
+			name = fmt.Sprintf("cuda:%d", i)
+		}
+		b, err := device.Open(name)
+		if err != nil {
+			return nil, fmt.Errorf("--device %s: %w", m.device, err)
+		}
+		ranks[i] = b
 	}
 	return ranks, nil
 }

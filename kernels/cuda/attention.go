@@ -1,0 +1,141 @@
+//go:build cgo
+
+package cuda
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"ddflash/kernels"
+)
+
+// Mirrors of attention.cu's limits and of its AttnSeqs kernel argument.
+const (
+	maxAttnSeqs    = 32   // sequences per launch; Attention launches once per group
+	attnSeqDescLen = 32   // bytes of one AttnSeqDesc: pages, mask, 4 ints
+	attnSeqsLen    = 1032 // bytes of AttnSeqs: the descriptors, count, padding
+	attnThreads    = 256  // ATTN_WARPS warps
+	maxHeadDim     = 256
+	// A launch splits each row's keys (then merges) when its (row, head)
+	// blocks would not fill the GPU twice over, in splits of at least
+	// attnSplitKeys keys, at most maxAttnSplits of them.
+	attnSplitKeys = 256
+	maxAttnSplits = 64
+)
+
+// WriteKV stores n rows of k and v into the caches at the given slots.
+func (be *Backend) WriteKV(kCache, vCache, k, v, slots kernels.Buffer, n, kvDim int) {
+	kv, vv := f32s("WriteKV k", k, n*kvDim), f32s("WriteKV v", v, n*kvDim)
+	sl := i32s("WriteKV slots", slots, n)
+	kc, vc := caches("WriteKV", kCache, vCache, kvDim)
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	be.launch("write_kv", be.gridFor(n*kvDim, 256), d1(256), 0, kc, vc, kv, vv, sl, i32(n), i32(kvDim), int64(kc.n/kvDim))
+}
+
+// MoveKV copies cache rows src[i] → dst[i]: all rows go to scratch first,
+// then to their destinations, so every read precedes every write.
+func (be *Backend) MoveKV(kCache, vCache, dst, src kernels.Buffer, n, kvDim int) {
+	dv, sv := i32s("MoveKV dst", dst, n), i32s("MoveKV src", src, n)
+	kc, vc := caches("MoveKV", kCache, vCache, kvDim)
+	if n == 0 {
+		return
+	}
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	half := n * kvDim * 4
+	tmp, err := be.scratchPtr(2 * half)
+	if err != nil {
+		be.fail(err)
+		return
+	}
+	tk, tv := tmp, tmp+devPtr(half)
+	slots := int64(kc.n / kvDim)
+	grid := be.gridFor(n*kvDim, 256)
+	be.launch("move_kv", grid, d1(256), 0, tk, tv, kc, vc, nil, sv, i32(n), i32(kvDim), slots)
+	be.launch("move_kv", grid, d1(256), 0, kc, vc, tk, tv, dv, nil, i32(n), i32(kvDim), slots)
+}
+
+// caches checks the two F32 caches, which must have the same length.
+func caches(op string, kCache, vCache kernels.Buffer, kvDim int) (k, v *buffer) {
+	k, v = f32s(op+" kCache", kCache, 0), f32s(op+" vCache", vCache, 0)
+	if k.n != v.n || kvDim <= 0 {
+		panic(fmt.Sprintf("cuda: %s caches of %d and %d elements with kvDim %d: need equal caches and kvDim > 0", op, k.n, v.n, kvDim))
+	}
+	return k, v
+}
+
+// Attention computes paged, masked softmax attention for every sequence:
+// one block per (query row, head), in launches of up to maxAttnSeqs sequences.
+func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernels.AttnShape, seqs []kernels.AttnSeq) {
+	if shape.NumKVHeads <= 0 || shape.NumHeads%shape.NumKVHeads != 0 || shape.PageSize <= 0 {
+		panic(fmt.Sprintf("cuda: Attention shape %+v: NumHeads must be a positive multiple of NumKVHeads and PageSize > 0", shape))
+	}
+	if shape.HeadDim <= 0 || shape.HeadDim > maxHeadDim {
+		panic(fmt.Sprintf("cuda: Attention head dim %d: the kernel supports 1..%d", shape.HeadDim, maxHeadDim))
+	}
+	qDim := shape.NumHeads * shape.HeadDim
+	kc, vc := caches("Attention", kCache, vCache, shape.NumKVHeads*shape.HeadDim)
+	qRows := 0
+	for _, sq := range seqs {
+		qRows = max(qRows, sq.QueryStart+sq.QueryLen)
+	}
+	qv, ov := f32s("Attention q", q, qRows*qDim), f32s("Attention out", out, qRows*qDim)
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	for lo := 0; lo < len(seqs); lo += maxAttnSeqs {
+		group := seqs[lo:min(lo+maxAttnSeqs, len(seqs))]
+		desc, rows := attnSeqs(group, shape.PageSize)
+		splits := be.attnSplits(group, rows*shape.NumHeads)
+		var parts any
+		if splits > 1 {
+			p, err := be.scratchPtr(rows * shape.NumHeads * splits * (2 + shape.HeadDim) * 4)
+			if err != nil {
+				be.fail(err)
+				return
+			}
+			parts = p
+		}
+		be.launch("attention", dim3{rows, shape.NumHeads, splits}, d1(attnThreads), 0, ov, qv, kc, vc, desc,
+			i32(shape.NumHeads), i32(shape.NumKVHeads), i32(shape.HeadDim), i32(shape.PageSize),
+			int64(kc.n/(shape.NumKVHeads*shape.HeadDim)), shape.Scale, parts, i32(splits))
+		if splits > 1 {
+			be.launch("attention_merge", dim3{rows, shape.NumHeads, 1}, rowThreads(shape.HeadDim, attnThreads), 0,
+				ov, parts, desc, i32(shape.NumHeads), i32(shape.HeadDim), i32(splits))
+		}
+	}
+}
+
+// attnSplits is how many parts to split each row's keys into, given the
+// launch's (row, head) block count.
+func (be *Backend) attnSplits(seqs []kernels.AttnSeq, blocks int) int {
+	keys := 0
+	for _, sq := range seqs {
+		keys = max(keys, sq.Prefix+sq.QueryLen)
+	}
+	if blocks == 0 || blocks >= 2*be.sms || keys < 2*attnSplitKeys {
+		return 1
+	}
+	return min((2*be.sms+blocks-1)/blocks, keys/attnSplitKeys, maxAttnSplits)
+}
+
+// attnSeqs packs up to maxAttnSeqs sequences as attention.cu's AttnSeqs and
+// returns the number of query rows they hold.
+func attnSeqs(seqs []kernels.AttnSeq, pageSize int) ([]byte, int) {
+	b := make([]byte, attnSeqsLen)
+	rows := 0
+	for i, sq := range seqs {
+		pages := i32s("Attention pages", sq.Pages, (sq.Prefix+sq.QueryLen+pageSize-1)/pageSize)
+		d := b[i*attnSeqDescLen:]
+		binary.LittleEndian.PutUint64(d, uint64(pages.addr()))
+		if sq.Mask != nil {
+			binary.LittleEndian.PutUint64(d[8:], uint64(i32s("Attention mask", sq.Mask, sq.QueryLen*sq.QueryLen).addr()))
+		}
+		for j, v := range []int{sq.QueryStart, sq.QueryLen, sq.Prefix, sq.Window} {
+			binary.LittleEndian.PutUint32(d[16+4*j:], uint32(i32(v)))
+		}
+		rows += sq.QueryLen
+	}
+	binary.LittleEndian.PutUint32(b[maxAttnSeqs*attnSeqDescLen:], uint32(len(seqs)))
+	return b, rows
+}

@@ -1,0 +1,94 @@
+//go:build cgo
+
+package cuda
+
+/*
+#include "driver.h"
+*/
+import "C"
+
+import "fmt"
+
+// cudaDataType values (library_types.h).
+const cudaR16BF = 14
+
+// ltWorkspace is the cuBLASLt workspace: NVIDIA recommends 32 MiB on Hopper.
+const ltWorkspace = 32 << 20
+
+// blas is a cuBLASLt handle with its workspace and the plans (layouts and
+// algorithm) of the matmul shapes seen so far.
+type blas struct {
+	be        *Backend
+	handle    C.cublasLtHandle_t
+	workspace allocation
+	plans     map[[4]int]C.ddLtPlan // by (m, n, k, alignment of A); nil: no algorithm
+}
+
+// newBlas opens cuBLASLt, or says why it cannot: MatMul then runs its own
+// kernel for every size.
+func newBlas(be *Backend) (*blas, error) {
+	var msg [512]C.char
+	libMu.Lock()
+	r := C.dd_lt_open(&msg[0], C.size_t(len(msg)))
+	libMu.Unlock()
+	if r != 0 {
+		return nil, fmt.Errorf("%s", C.GoString(&msg[0]))
+	}
+	b := &blas{be: be, plans: map[[4]int]C.ddLtPlan{}}
+	if err := ltError("cublasLtCreate", C.dd_lt_create(be.ctx, &b.handle)); err != nil {
+		return nil, err
+	}
+	var p C.CUdeviceptr
+	if err := check("cuMemAlloc for the cuBLASLt workspace", C.dd_mem_alloc(be.ctx, &p, ltWorkspace)); err != nil {
+		C.dd_lt_destroy(be.ctx, b.handle)
+		return nil, err
+	}
+	b.workspace = allocation{p, ltWorkspace}
+	return b, nil
+}
+
+func (b *blas) close() {
+	for _, p := range b.plans {
+		C.dd_lt_plan_free(p)
+	}
+	b.workspace.free(b.be)
+	C.dd_lt_destroy(b.be.ctx, b.handle)
+}
+
+func ltError(op string, s C.cublasStatus_t) error {
+	if s == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s: %s", op, C.GoString(C.dd_lt_status_name(s)))
+}
+
+// plan returns the plan for D[m rows, n] = B[m, k]·A[n, k]ᵀ with bf16 A
+// (at address a) and B, or nil when cuBLASLt has no algorithm for it.
+// cuBLASLt assumes 256-byte aligned matrices unless told otherwise, so the
+// plan depends on A's alignment (B and D are scratch, 256-byte aligned).
+func (b *blas) plan(m, n, k int, a devPtr) (C.ddLtPlan, error) {
+	align := 256
+	for a%devPtr(align) != 0 {
+		align /= 2
+	}
+	key := [4]int{m, n, k, align}
+	if p, ok := b.plans[key]; ok {
+		return p, nil
+	}
+	var p C.ddLtPlan
+	var found C.int
+	s := C.dd_lt_plan(b.be.ctx, b.handle, cudaR16BF, cudaR16BF, C.uint64_t(m), C.uint64_t(n), C.uint64_t(k),
+		C.uint32_t(align), ltWorkspace, &p, &found)
+	if err := ltError("cublasLtMatmulAlgoGetHeuristic", s); err != nil {
+		return nil, err
+	}
+	b.plans[key] = p // nil when not found
+	return p, nil
+}
+
+// matmul queues the planned GEMM: d (F32) from the weights a and activations x.
+func (b *blas) matmul(p C.ddLtPlan, a, x, d devPtr) error {
+	s := C.dd_lt_matmul(b.be.ctx, b.handle, p, C.CUdeviceptr(a), C.CUdeviceptr(x), C.CUdeviceptr(d),
+		b.workspace.ptr, ltWorkspace, b.be.stream)
+	return ltError("cublasLtMatmul", s)
+}

@@ -1,0 +1,479 @@
+// A stand-in libcuda.so.1 that runs the kernels on the CPU, so that the
+// tests can drive the real backend (kernels/cuda) through the whole
+// kernels.Backend conformance suite without a GPU: emu_test.go builds it
+// with the kernels compiled as C++ and points DDFLASH_LIBCUDA at it.
+//
+// Memory is host memory, every call is synchronous, and a launch runs its
+// blocks one after another, each block's threads as fibers that switch at
+// barriers and warp shuffles (a hand-written x86-64 context switch: ucontext
+// makes a system call per switch, which made the tests slow). Stream
+// capture records launches, with copies of their arguments, for graph replay.
+#if !defined(__x86_64__)
+#error "the CPU emulation's fibers switch with x86-64 code"
+#endif
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../kernels/attention.cu"
+#include "../kernels/conv.cu"
+#include "../kernels/elementwise.cu"
+#include "../kernels/gdn.cu"
+#include "../kernels/matmul.cu"
+#include "../kernels/norms.cu"
+#include "../kernels/rope.cu"
+#include "../kernels/sampling.cu"
+
+emu_dim3 emu_threadIdx, emu_blockIdx, emu_blockDim, emu_gridDim;
+void *emu_dynamic_shared;
+
+// ---- Kernel table: K(name) lines, one per PTX entry, from table.inc (written by the test). ----
+
+// EmuKernel binds a kernel to copies of the arguments cuLaunchKernel
+// points at: a call that any thread of any block may make, now or later.
+struct EmuKernel {
+  const char *name;
+  std::function<void()> (*bind)(void **args);
+};
+
+template <typename T>
+struct Binder;
+template <typename... A>
+struct Binder<void (*)(A...)> {
+  template <void (*F)(A...), size_t... I>
+  static std::function<void()> copy(void **args, std::index_sequence<I...>) {
+    auto values = std::make_tuple(*static_cast<std::remove_reference_t<A> *>(args[I])...);
+    return [values] { std::apply(F, values); };
+  }
+  template <void (*F)(A...)>
+  static std::function<void()> bind(void **args) {
+    return copy<F>(args, std::index_sequence_for<A...>{});
+  }
+};
+#define K(n) {#n, &Binder<decltype(&n)>::bind<&n>},
+static const EmuKernel kernel_table[] = {
+#include "table.inc"
+};
+
+// ---- Fibers ----
+
+// emu_switch saves the callee-saved registers and the stack pointer to
+// *save, then resumes the context whose stack pointer is next.
+extern "C" void emu_switch(void **save, void *next);
+asm(R"(
+.text
+.globl emu_switch
+.type emu_switch, @function
+emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size emu_switch, .-emu_switch
+)");
+
+struct Barrier {
+  int live, arrived;
+  unsigned gen;
+};
+
+struct Fiber {
+  void *sp;
+  emu_dim3 tid;
+  bool done;
+  const Barrier *wait_on;  // the barrier it waits at, until its generation passes wait_gen
+  unsigned wait_gen;
+};
+
+static const size_t fiber_stack = 64 << 10;
+static std::vector<Fiber> fibers;
+static std::vector<char *> stacks;
+static std::vector<Barrier> warp_bars;
+static Barrier block_bar;
+static void *sched_sp;
+static int current, n_threads;
+static const char *cur_name;               // the running kernel
+static const std::function<void()> *cur_call;  // and its bound arguments
+static float shfl_f[1024];
+static int shfl_i[1024];
+
+static void yield() { emu_switch(&fibers[current].sp, sched_sp); }
+
+static void release(Barrier &b) {
+  b.arrived = 0;
+  b.gen++;
+}
+
+// arrive waits at b; the scheduler resumes the fiber once b releases.
+static void arrive(Barrier &b) {
+  if (++b.arrived == b.live) {
+    release(b);
+    return;
+  }
+  Fiber &f = fibers[current];
+  f.wait_on = &b;
+  f.wait_gen = b.gen;
+  yield();
+  f.wait_on = nullptr;
+}
+
+static void drop(Barrier &b) {
+  b.live--;
+  if (b.live > 0 && b.arrived == b.live) release(b);
+}
+
+void emu_barrier() { arrive(block_bar); }
+
+template <typename T>
+static T shfl(T *slots, T v, int lane_mask) {
+  int t = current, p = t ^ lane_mask;
+  slots[t] = v;
+  arrive(warp_bars[t / 32]);
+  T r = p < n_threads && !fibers[p].done ? slots[p] : v;
+  arrive(warp_bars[t / 32]);
+  return r;
+}
+float emu_shfl_f32(float v, int lane_mask) { return shfl(shfl_f, v, lane_mask); }
+int emu_shfl_i32(int v, int lane_mask) { return shfl(shfl_i, v, lane_mask); }
+
+// fiber_main is where a new fiber's first switch returns to; it never
+// returns itself: a finished fiber switches back to the scheduler for good.
+static void fiber_main() {
+  int i = current;
+  (*cur_call)();
+  fibers[i].done = true;
+  drop(block_bar);
+  drop(warp_bars[i / 32]);
+  yield();
+  abort();  // not reached: the scheduler never resumes a finished fiber
+}
+
+static void run_block() {
+  for (int i = 0; i < n_threads; i++) {
+    Fiber &f = fibers[i];
+    f.done = false;
+    f.wait_on = nullptr;
+    f.tid = {(unsigned)i % emu_blockDim.x, (unsigned)i / emu_blockDim.x % emu_blockDim.y,
+             (unsigned)i / (emu_blockDim.x * emu_blockDim.y)};
+    // The stack as emu_switch leaves it: six saved registers, then the
+    // return address at a 16-byte boundary, so fiber_main starts with the
+    // stack aligned as after a call.
+    void **top = (void **)(((uintptr_t)stacks[i] + fiber_stack) & ~(uintptr_t)15) - 2;
+    top[0] = (void *)fiber_main;
+    f.sp = top - 6;
+    memset(f.sp, 0, 6 * sizeof(void *));
+  }
+  block_bar = {n_threads, 0, 0};
+  warp_bars.assign((n_threads + 31) / 32, Barrier{});
+  for (int w = 0; w * 32 < n_threads; w++) warp_bars[w].live = n_threads - 32 * w < 32 ? n_threads - 32 * w : 32;
+  // Passes alternate between ascending and descending thread order, so that
+  // a read of shared memory that lacks a barrier after the write it needs
+  // sees stale data in one order or the other.
+  for (bool down = false;; down = !down) {
+    bool live = false, ran = false;
+    for (int n = 0; n < n_threads; n++) {
+      int i = down ? n_threads - 1 - n : n;
+      Fiber &f = fibers[i];
+      if (f.done) continue;
+      live = true;
+      if (f.wait_on && f.wait_on->gen == f.wait_gen) continue;  // still waiting
+      ran = true;
+      current = i;
+      emu_threadIdx = f.tid;
+      emu_switch(&sched_sp, f.sp);
+    }
+    if (!live) return;
+    if (!ran) {
+      fprintf(stderr, "emulated %s: deadlock (threads wait at barriers that never fill)\n", cur_name);
+      abort();
+    }
+  }
+}
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+enum { OK = 0, ERR_INVALID_VALUE = 1, ERR_NOT_FOUND = 500, ERR_NOT_SUPPORTED = 801, ERR_CAPTURE = 900 };
+
+#define API extern "C" __attribute__((visibility("default"))) CUresult
+
+// ---- Launches and graphs ----
+
+// Launch is a kernel launch with its arguments bound.
+struct Launch {
+  const char *name;
+  std::function<void()> call;
+  emu_dim3 grid, block;
+  unsigned smem;
+};
+typedef std::vector<Launch> Graph;
+static Graph *capture;  // non-null while the stream is being captured
+
+static CUresult run(const Launch &l) {
+  n_threads = (int)(l.block.x * l.block.y * l.block.z);
+  if (n_threads < 1 || n_threads > 1024) return ERR_INVALID_VALUE;
+  while ((int)fibers.size() < n_threads) {
+    fibers.emplace_back();
+    stacks.push_back((char *)malloc(fiber_stack));
+  }
+  std::vector<unsigned char> shared(l.smem, 0xff);  // NaN-filled: unwritten reads show
+  emu_dynamic_shared = shared.data();
+  cur_name = l.name;
+  cur_call = &l.call;
+  emu_blockDim = l.block;
+  emu_gridDim = l.grid;
+  for (unsigned z = 0; z < l.grid.z; z++)
+    for (unsigned y = 0; y < l.grid.y; y++)
+      for (unsigned x = 0; x < l.grid.x; x++) {
+        emu_blockIdx = {x, y, z};
+        run_block();
+      }
+  return OK;
+}
+
+// ---- Driver API ----
+
+
+API cuInit(unsigned) { return OK; }
+API cuGetErrorName(CUresult r, const char **s) {
+  *s = r == ERR_CAPTURE       ? "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+       : r == ERR_NOT_FOUND   ? "CUDA_ERROR_NOT_FOUND"
+       : r == ERR_NOT_SUPPORTED ? "CUDA_ERROR_NOT_SUPPORTED"
+                              : "CUDA_ERROR_INVALID_VALUE";
+  return OK;
+}
+API cuGetErrorString(CUresult r, const char **s) {
+  *s = r == ERR_CAPTURE ? "not allowed while the stream is captured" : "invalid value";
+  return OK;
+}
+API cuDeviceGet(int *dev, int ordinal) {
+  *dev = ordinal;
+  return ordinal == 0 ? OK : ERR_INVALID_VALUE;
+}
+API cuDeviceGetAttribute(int *v, int attr, int) {
+  switch (attr) {
+    case 16: *v = 4; return OK;   // multiprocessors: keeps grid-stride loops looping
+    case 75: *v = 9; return OK;   // compute capability 9.0
+    case 76: *v = 0; return OK;
+  }
+  return ERR_INVALID_VALUE;
+}
+API cuDeviceGetName(char *name, int len, int) {
+  snprintf(name, len, "CPU emulation");
+  return OK;
+}
+static int ctx_token;
+API cuDevicePrimaryCtxRetain(void **ctx, int) {
+  *ctx = &ctx_token;
+  return OK;
+}
+API cuDevicePrimaryCtxRelease_v2(int) { return OK; }
+API cuCtxSetCurrent(void *) { return OK; }
+API cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
+  void *m = aligned_alloc(256, (bytes + 255) & ~(size_t)255);
+  if (!m) return 2;  // CUDA_ERROR_OUT_OF_MEMORY
+  memset(m, 0xa5, bytes);  // garbage, as on a GPU
+  *p = (CUdeviceptr)m;
+  return OK;
+}
+API cuMemFree_v2(CUdeviceptr p) {
+  free((void *)p);
+  return OK;
+}
+API cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, void *) {
+  if (capture) return ERR_CAPTURE;  // only kernels are captured here
+  memset((void *)p, v, n);
+  return OK;
+}
+API cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *) {
+  if (capture) return ERR_CAPTURE;  // only kernels are captured here
+  memcpy((void *)d, s, n);
+  return OK;
+}
+API cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *) {
+  if (capture) return ERR_CAPTURE;  // only kernels are captured here
+  memcpy(d, (const void *)s, n);
+  return OK;
+}
+static int stream_token;
+API cuStreamCreate(void **s, unsigned) {
+  *s = &stream_token;
+  return OK;
+}
+API cuStreamDestroy_v2(void *) { return OK; }
+API cuStreamSynchronize(void *) { return capture ? ERR_CAPTURE : OK; }
+static int module_token;
+API cuModuleLoadDataEx(void **m, const void *, unsigned, int *, void **) {
+  *m = &module_token;
+  return OK;
+}
+API cuModuleGetFunction(const EmuKernel **f, void *, const char *name) {
+  for (const EmuKernel &k : kernel_table)
+    if (!strcmp(k.name, name)) {
+      *f = &k;
+      return OK;
+    }
+  return ERR_NOT_FOUND;
+}
+API cuLaunchKernel(const EmuKernel *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned smem, void *, void **args, void **) {
+  Launch l{f->name, f->bind(args), {gx, gy, gz}, {bx, by, bz}, smem};
+  if (capture) {
+    capture->push_back(std::move(l));
+    return OK;
+  }
+  return run(l);
+}
+struct Event {
+  timespec t;
+};
+API cuEventCreate(Event **e, unsigned) {
+  *e = new Event();
+  return OK;
+}
+API cuEventDestroy_v2(Event *e) {
+  delete e;
+  return OK;
+}
+API cuEventRecord(Event *e, void *) {
+  clock_gettime(CLOCK_MONOTONIC, &e->t);
+  return OK;
+}
+API cuEventSynchronize(Event *) { return OK; }
+API cuEventElapsedTime(float *ms, Event *a, Event *b) {
+  *ms = (float)((b->t.tv_sec - a->t.tv_sec) * 1e3 + (b->t.tv_nsec - a->t.tv_nsec) / 1e6);
+  return OK;
+}
+API cuStreamBeginCapture_v2(void *, int) {
+  if (capture) return ERR_CAPTURE;
+  capture = new Graph;
+  return OK;
+}
+API cuStreamEndCapture(void *, Graph **g) {
+  if (!capture) return ERR_CAPTURE;
+  *g = capture;
+  capture = nullptr;
+  return OK;
+}
+API cuGraphInstantiateWithFlags(Graph **exec, Graph *g, unsigned long long) {
+  *exec = new Graph(*g);
+  return OK;
+}
+API cuGraphLaunch(Graph *exec, void *) {
+  for (const Launch &l : *exec)
+    if (CUresult r = run(l)) return r;
+  return OK;
+}
+API cuGraphExecDestroy(Graph *exec) {
+  delete exec;
+  return OK;
+}
+API cuGraphDestroy(Graph *g) {
+  delete g;
+  return OK;
+}
+
+// ---- cuBLASLt: the one GEMM form blas.go plans, D = op(A)·op(B) with F32 accumulation ----
+
+struct LtDesc {
+  int trans[2];
+};
+struct LtLayout {
+  int type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+struct LtHeuristic {
+  uint64_t algo[8];
+  size_t workspace;
+  int state;
+  float waves;
+  int reserved[4];
+};
+enum { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 };
+
+static float lt_load(const LtLayout *l, const void *p, uint64_t r, uint64_t c) {
+  size_t i = r + c * (size_t)l->ld;
+  switch (l->type) {
+    case CUDA_R_16BF: return to_f32(((const bf16 *)p)[i]);
+    case CUDA_R_16F: return to_f32(((const f16 *)p)[i]);
+    default: return ((const float *)p)[i];
+  }
+}
+
+#define LT extern "C" __attribute__((visibility("default"))) int
+static int lt_token;
+LT cublasLtCreate(void **h) {
+  *h = &lt_token;
+  return 0;
+}
+LT cublasLtDestroy(void *) { return 0; }
+extern "C" __attribute__((visibility("default"))) const char *cublasLtGetStatusName(int) { return "CUBLAS_STATUS_EMULATED"; }
+LT cublasLtMatmulDescCreate(LtDesc **d, int, int) {
+  *d = new LtDesc{{0, 0}};
+  return 0;
+}
+LT cublasLtMatmulDescDestroy(LtDesc *d) {
+  delete d;
+  return 0;
+}
+LT cublasLtMatmulDescSetAttribute(LtDesc *d, int attr, const void *buf, size_t) {
+  if (attr == 3 || attr == 4) d->trans[attr - 3] = *(const int *)buf;  // TRANSA, TRANSB
+  return 0;
+}
+LT cublasLtMatrixLayoutCreate(LtLayout **l, int type, uint64_t rows, uint64_t cols, int64_t ld) {
+  *l = new LtLayout{type, rows, cols, ld};
+  return 0;
+}
+LT cublasLtMatrixLayoutDestroy(LtLayout *l) {
+  delete l;
+  return 0;
+}
+LT cublasLtMatmulPreferenceCreate(void **p) {
+  *p = &lt_token;
+  return 0;
+}
+LT cublasLtMatmulPreferenceDestroy(void *) { return 0; }
+LT cublasLtMatmulPreferenceSetAttribute(void *, int, const void *, size_t) { return 0; }
+LT cublasLtMatmulAlgoGetHeuristic(void *, LtDesc *, LtLayout *, LtLayout *, LtLayout *, LtLayout *, void *, int,
+                                  LtHeuristic *res, int *n) {
+  memset(res, 0, sizeof *res);
+  *n = 1;
+  return 0;
+}
+LT cublasLtMatmul(void *, LtDesc *d, const float *alpha, const void *A, LtLayout *a, const void *B, LtLayout *b,
+                  const float *beta, const void *C, LtLayout *c, void *D, LtLayout *dl, const void *, void *, size_t,
+                  void *) {
+  uint64_t n = dl->rows, m = dl->cols, k = d->trans[0] ? a->rows : a->cols;
+  for (uint64_t j = 0; j < m; j++)
+    for (uint64_t i = 0; i < n; i++) {
+      float acc = 0;
+      for (uint64_t l = 0; l < k; l++) {
+        float av = d->trans[0] ? lt_load(a, A, l, i) : lt_load(a, A, i, l);
+        float bv = d->trans[1] ? lt_load(b, B, j, l) : lt_load(b, B, l, j);
+        acc = __builtin_fmaf(av, bv, acc);
+      }
+      float *out = (float *)D + i + j * (size_t)dl->ld;
+      *out = *alpha * acc + (*beta != 0 ? *beta * lt_load(c, C, i, j) : 0.0f);
+    }
+  return 0;
+}

@@ -1,0 +1,214 @@
+//go:build cgo
+
+package cuda
+
+import (
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"ddflash/kernels"
+	"ddflash/kernels/cpu"
+	"ddflash/kernels/kerneltest"
+)
+
+// TestEmulator runs the backend, host code and kernels both, without a
+// GPU: emu/driver.cc is a stand-in libcuda (and libcublasLt) that runs the
+// kernels, compiled as C++, on the CPU. A child test process loads it
+// through DDFLASH_LIBCUDA and runs the TestEmulated* tests: the
+// kernels.Backend conformance suite, MatMul on both paths, split-key
+// attention, graph capture and replay, the benchmark's layer step and whole
+// tiny models against the CPU backend. This checks the kernels' logic
+// (indexing, masks, recurrences, top-k, the math) and the host code in CI;
+// the PTX itself, races between threads and timing need the GPU run
+// (scripts/gpu-check.sh).
+func TestEmulator(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the CPU emulation (about 10 s)")
+	}
+	lib := buildEmulator(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestEmulated", "-test.v")
+	cmd.Env = append(os.Environ(), "DDFLASH_LIBCUDA="+lib, "DDFLASH_LIBCUBLASLT="+lib)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("emulated tests: %v\n%s", err, out)
+	}
+	for _, name := range []string{"TestEmulatedConformance", "TestEmulatedMatMul", "TestEmulatedAttentionSplit", "TestEmulatedGDNChunked", "TestEmulatedGraph", "TestEmulatedLayerStep", "TestEmulatedModel"} {
+		if !strings.Contains(string(out), "--- PASS: "+name) {
+			t.Errorf("the child process did not pass %s:\n%s", name, out)
+		}
+	}
+}
+
+// buildEmulator compiles emu/driver.cc with every kernel of the embedded
+// PTX in its table and returns the library's path.
+func buildEmulator(t *testing.T) string {
+	t.Helper()
+	cxx := "clang++-16"
+	if _, err := exec.LookPath(cxx); err != nil {
+		cxx = "c++"
+	}
+	dir := t.TempDir()
+	names := make([]string, 0, len(kernelParams))
+	for name := range kernelParams {
+		names = append(names, "K("+name+")\n")
+	}
+	slices.Sort(names)
+	must(t, os.WriteFile(filepath.Join(dir, "table.inc"), []byte(strings.Join(names, "")), 0o644))
+	lib := filepath.Join(dir, "libcuda-emu.so")
+	cmd := exec.Command(cxx, "-std=c++17", "-O1", "-w", "-shared", "-fPIC", "-DDDFLASH_EMU", "-I", dir,
+		"-o", lib, "emu/driver.cc")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the CPU emulation with %s: %v\n%s", cxx, err, out)
+	}
+	return lib
+}
+
+// emulated opens the backend on the CPU emulation, in TestEmulator's child.
+func emulated(t *testing.T) *Backend {
+	t.Helper()
+	if os.Getenv("DDFLASH_LIBCUDA") == "" {
+		t.Skip("runs as a child of TestEmulator")
+	}
+	be, err := open(0)
+	must(t, err)
+	return be
+}
+
+func TestEmulatedConformance(t *testing.T) {
+	be := emulated(t)
+	kerneltest.Run(t, func() kernels.Backend { return be })
+}
+
+func TestEmulatedMatMul(t *testing.T) {
+	be := emulated(t)
+	if be.blas == nil {
+		t.Fatal("the emulated cuBLASLt did not load")
+	}
+	checkMatMul(t, be, 24, 136)
+}
+
+// TestEmulatedGDNChunked compares GDNChunked with the CPU backend at
+// dims that use several row groups and column tiles and a partial last
+// chunk, which the conformance suite's small heads do not reach.
+func TestEmulatedGDNChunked(t *testing.T) {
+	be := emulated(t)
+	shape := kernels.GDNShape{KeyHeads: 2, ValueHeads: 4, KeyDim: 72, ValueDim: 40}
+	const T = 37
+	rng := rand.New(rand.NewPCG(13, 14))
+	qk, vd := T*shape.KeyHeads*shape.KeyDim, T*shape.ValueHeads*shape.ValueDim
+	q, k, v := randomF32(rng, qk), randomF32(rng, qk), randomF32(rng, vd)
+	for i := range q { // unit-length-ish rows, as after L2Norm
+		q[i] *= 0.1
+		k[i] *= 0.1
+	}
+	g, beta := make([]float32, T*shape.ValueHeads), make([]float32, T*shape.ValueHeads)
+	for i := range g {
+		g[i], beta[i] = -0.3*rng.Float32(), rng.Float32()
+	}
+	state := randomF32(rng, shape.StateLen())
+	var outs, states [2][]float32
+	for i, b := range []kernels.Backend{cpu.New(2), be} {
+		up := func(v []float32) kernels.Buffer {
+			buf := mustAlloc(t, b, kernels.F32, len(v))
+			must(t, b.UploadF32(buf, 0, v))
+			return buf
+		}
+		out, st := mustAlloc(t, b, kernels.F32, vd), up(state)
+		b.GDNChunked(out, up(q), up(k), up(v), up(g), up(beta), st, st, T, 64, shape)
+		outs[i], states[i] = make([]float32, vd), make([]float32, shape.StateLen())
+		must(t, b.DownloadF32(out, 0, outs[i]))
+		must(t, b.DownloadF32(st, 0, states[i]))
+	}
+	if d := relNorm(outs[1], outs[0]); !(d < 1e-5) {
+		t.Errorf("out: ‖emulated−cpu‖/‖cpu‖ = %.2g", d)
+	}
+	if d := relNorm(states[1], states[0]); !(d < 1e-5) {
+		t.Errorf("state: ‖emulated−cpu‖/‖cpu‖ = %.2g", d)
+	}
+}
+
+func TestEmulatedGraph(t *testing.T) { checkGraphReplay(t, emulated(t)) }
+
+// TestEmulatedLayerStep runs the step-time benchmark's step at toy sizes,
+// decode and tree verify, and compares it with the CPU backend.
+func TestEmulatedLayerStep(t *testing.T) {
+	be := emulated(t)
+	s := layerShape{
+		hidden: 64, inter: 96, heads: 4, kvHeads: 2, headDim: 32, rotDim: 8,
+		gdn: kernels.GDNShape{KeyHeads: 2, ValueHeads: 4, KeyDim: 40, ValueDim: 36}, convK: 4, pageSize: 4,
+	}
+	for _, rows := range []int{1, 9} {
+		var out [2][]float32
+		for i, b := range []kernels.Backend{cpu.New(2), be} {
+			h := &stepHarness{tb: t, be: b, rng: rand.New(rand.NewPCG(1, 2))}
+			l := newLayerStep(h, newLayerWeights(h, s), s, rows, 13)
+			l.run()
+			out[i] = make([]float32, rows*s.hidden)
+			must(t, b.DownloadF32(l.x, 0, out[i]))
+		}
+		if d := relNorm(out[1], out[0]); !(d < 1e-4) || math.IsNaN(d) {
+			t.Errorf("rows %d: ‖emulated−cpu‖/‖cpu‖ = %.2g", rows, d)
+		}
+	}
+}
+
+// TestEmulatedAttentionSplit checks the split-key path of Attention (few
+// rows, long context), which the conformance suite's short sequences do not
+// reach, against the CPU backend: causal decode, a windowed row and a tree.
+func TestEmulatedAttentionSplit(t *testing.T) {
+	be := emulated(t)
+	shape := kernels.AttnShape{NumHeads: 2, NumKVHeads: 1, HeadDim: 40, PageSize: 8, Scale: 0.15}
+	const prefix, rows = 1500, 3
+	kvDim, qDim := shape.NumKVHeads*shape.HeadDim, shape.NumHeads*shape.HeadDim
+	slots := prefix + rows + shape.PageSize
+	rng := rand.New(rand.NewPCG(9, 10))
+	k, v, q := randomF32(rng, slots*kvDim), randomF32(rng, slots*kvDim), randomF32(rng, rows*qDim)
+	pages := make([]int32, slots/shape.PageSize)
+	for i := range pages {
+		pages[i] = int32(len(pages) - 1 - i) // scattered pages
+	}
+	for _, c := range []struct {
+		name   string
+		rows   int
+		mask   []int32
+		window int
+	}{
+		{"decode", 1, nil, 0},
+		{"window", 1, nil, 700},
+		{"tree", 3, []int32{1, 0, 0, 1, 1, 0, 1, 0, 1}, 0},
+	} {
+		var out [2][]float32
+		for i, b := range []kernels.Backend{cpu.New(2), be} {
+			up := func(v []float32) kernels.Buffer {
+				buf := mustAlloc(t, b, kernels.F32, len(v))
+				must(t, b.UploadF32(buf, 0, v))
+				return buf
+			}
+			upI := func(v []int32) kernels.Buffer {
+				buf := mustAlloc(t, b, kernels.I32, len(v))
+				must(t, b.UploadI32(buf, 0, v))
+				return buf
+			}
+			seq := kernels.AttnSeq{QueryLen: c.rows, Prefix: prefix, Pages: upI(pages), Window: c.window}
+			if c.mask != nil {
+				seq.Mask = upI(c.mask)
+			}
+			o := mustAlloc(t, b, kernels.F32, c.rows*qDim)
+			b.Attention(o, up(q[:c.rows*qDim]), up(k), up(v), shape, []kernels.AttnSeq{seq})
+			out[i] = make([]float32, c.rows*qDim)
+			must(t, b.DownloadF32(o, 0, out[i]))
+		}
+		if n := be.attnSplits([]kernels.AttnSeq{{QueryLen: c.rows, Prefix: prefix}}, c.rows*shape.NumHeads); n < 2 {
+			t.Errorf("%s: %d (row, head) blocks on %d SMs run in %d split", c.name, c.rows*shape.NumHeads, be.sms, n)
+		}
+		if d := relNorm(out[1], out[0]); !(d < 1e-5) {
+			t.Errorf("%s: ‖emulated−cpu‖/‖cpu‖ = %.2g", c.name, d)
+		}
+	}
+}

@@ -1,0 +1,42 @@
+// Elementwise ops, copies and the embedding gather.
+#include "common.cuh"
+
+// copy_rows copies rows×cols elements of T with strides (Copy).
+template <typename T>
+INLINE void copy_rows(T *dst, const T *src, int rows, int cols, int dst_stride, int src_stride) {
+  GRID_LOOP(i, (i64)rows * cols) {
+    i64 r = i / cols, c = i % cols;
+    dst[r * dst_stride + c] = src[r * src_stride + c];
+  }
+}
+KERNEL copy_rows_b32(u32 *dst, const u32 *src, int rows, int cols, int ds, int ss) { copy_rows(dst, src, rows, cols, ds, ss); }
+KERNEL copy_rows_b16(u16 *dst, const u16 *src, int rows, int cols, int ds, int ss) { copy_rows(dst, src, rows, cols, ds, ss); }
+
+KERNEL fill_f32(float *dst, i64 n, float v) {
+  GRID_LOOP(i, n) dst[i] = v;
+}
+
+// embedding gathers rows of a table of table_rows rows: out[i,:] = table[ids[i],:].
+template <typename W>
+INLINE void embedding(float *out, const W *table, const int *ids, int n, int dim, i64 table_rows) {
+  GRID_LOOP(i, (i64)n * dim) {
+    i64 r = i / dim, c = i % dim;
+    int id = ids[r];
+    if (id < 0 || id >= table_rows) trap();
+    out[i] = to_f32(table[(i64)id * dim + c]);
+  }
+}
+WEIGHT_KERNELS(embedding, (float *out, const void *table, const int *ids, int n, int dim, i64 table_rows),
+               (out, (const W *)table, ids, n, dim, table_rows))
+
+KERNEL add_f32(float *out, const float *a, const float *b, i64 n) {
+  GRID_LOOP(i, n) out[i] = a[i] + b[i];
+}
+
+KERNEL swiglu(float *out, const float *gate, const float *up, i64 n) {
+  GRID_LOOP(i, n) out[i] = siluf_(gate[i]) * up[i];
+}
+
+KERNEL mul_sigmoid(float *x, const float *gate, i64 n) {
+  GRID_LOOP(i, n) x[i] *= sigmoidf_(gate[i]);
+}

@@ -1,0 +1,80 @@
+//go:build cgo
+
+package cuda
+
+import (
+	"fmt"
+
+	"ddflash/kernels"
+)
+
+const (
+	// gemvMaxRows is the most rows MatMul runs on its own kernel (decode and
+	// small verify blocks, where reading the weights is the whole cost);
+	// more rows with BF16 weights go to cuBLASLt.
+	gemvMaxRows = 8
+	// matmulWarps is the block size of the matmul kernel in warps, one
+	// weight row each.
+	matmulWarps = 8
+	// matmulRowsPerPass is MR in matmul.cu.
+	matmulRowsPerPass = 8
+)
+
+// MatMul computes out[m,n] = x[m,k]·w[n,k]ᵀ with F32 accuracy (see the package doc).
+func (be *Backend) MatMul(out, x, w kernels.Buffer, m, n, k int) {
+	o, xv := f32s("MatMul out", out, m*n), f32s("MatMul x", x, m*k)
+	wv, variant := weights("MatMul w", w, n*k)
+	if m == 0 || n == 0 {
+		return
+	}
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	if m > gemvMaxRows && wv.dt == kernels.BF16 && be.blas != nil && k%8 == 0 && wv.addr()%16 == 0 {
+		if be.matmulSplitBF16(o, xv, wv, m, n, k) {
+			return
+		}
+	}
+	vec := int32(0)
+	if k%8 == 0 && wv.addr()%16 == 0 && xv.addr()%16 == 0 {
+		vec = 1
+	}
+	grid := dim3{(n + matmulWarps - 1) / matmulWarps, min((m+matmulRowsPerPass-1)/matmulRowsPerPass, 65535), 1}
+	be.launch("matmul"+variant, grid, d1(32*matmulWarps), 0, o, xv, wv, i32(m), i32(n), i32(k), vec)
+}
+
+// matmulSplitBF16 runs MatMul on cuBLASLt's bf16 tensor cores: x splits
+// into bf16 terms stacked as [terms·m, k], one GEMM gives their partial
+// products [terms·m, n] in F32, and sum_parts adds them. The products of
+// the terms with the (exact) bf16 weights are exact; what the terms leave
+// of x is below 2^-18·|x| with two terms and 2^-27·|x| with three. Two
+// suffice when k >= 64: 2^-18 = 64u (u = 2^-24) is then within the k·u of
+// the F32 accumulation itself. It reports false (having queued nothing)
+// when cuBLASLt has no algorithm for the shape.
+func (be *Backend) matmulSplitBF16(out, x, w *buffer, m, n, k int) bool {
+	terms := 3
+	if k >= 64 {
+		terms = 2
+	}
+	plan, err := be.blas.plan(terms*m, n, k, w.addr())
+	if err != nil {
+		be.fail(err)
+		return true
+	}
+	if plan == nil {
+		return false
+	}
+	xsBytes := (terms*m*k*2 + 255) &^ 255
+	tmp, err := be.scratchPtr(xsBytes + terms*m*n*4)
+	if err != nil {
+		be.fail(err)
+		return true
+	}
+	xs, parts := tmp, tmp+devPtr(xsBytes)
+	be.launch("split_bf16", be.gridFor(m*k, 256), d1(256), 0, xs, x, int64(m*k), i32(terms))
+	if err := be.blas.matmul(plan, w.addr(), xs, parts); err != nil {
+		be.fail(fmt.Errorf("cuda: MatMul m=%d n=%d k=%d on cuBLASLt: %w", m, n, k, err))
+		return true
+	}
+	be.launch("sum_parts", be.gridFor(m*n, 256), d1(256), 0, out, parts, int64(m*n), i32(terms))
+	return true
+}

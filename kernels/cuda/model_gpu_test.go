@@ -1,0 +1,38 @@
+//go:build cuda
+
+package cuda_test
+
+import (
+	"sync"
+	"testing"
+
+	"ddflash/kernels"
+	"ddflash/kernels/cuda"
+)
+
+var (
+	gpuOnce    sync.Once
+	gpuBackend kernels.Backend
+	gpuErr     error
+)
+
+func gpu(t *testing.T) kernels.Backend {
+	t.Helper()
+	gpuOnce.Do(func() { gpuBackend, gpuErr = cuda.New(0) })
+	if gpuErr != nil {
+		t.Fatalf("CUDA backend: %v", gpuErr)
+	}
+	return gpuBackend
+}
+
+// TestModelLogits compares whole-model logits of the tiny and small presets
+// with the CPU backend's, on the GPU.
+func TestModelLogits(t *testing.T) {
+	for _, preset := range []string{"tiny", "small"} {
+		t.Run(preset, func(t *testing.T) { checkModelLogits(t, gpu(t), preset) })
+	}
+}
+
+// TestSpecGeneration compares greedy DFlash and DDTree decoding with the
+// CPU backend's, on the GPU.
+func TestSpecGeneration(t *testing.T) { checkSpecGeneration(t, gpu(t)) }
