@@ -6,7 +6,6 @@ package ddtree
 import (
 	"container/heap"
 	"math"
-	"sort"
 )
 
 // Candidate is a token proposed at some depth with its draft log-probability.
@@ -57,14 +56,25 @@ func TopK(logits []float32, valid, k int) []Candidate {
 		sum += math.Exp(float64(v) - m)
 	}
 	lse := m + math.Log(sum)
-	idx := make([]int, len(row))
-	for i := range idx {
-		idx[i] = i
+	// Keep the best k so far, sorted; a later entry equal to one kept goes
+	// after it, so ties stay in token order. A draft row is scanned once,
+	// where sorting the whole vocabulary costs about as much as the drafter.
+	out := make([]Candidate, 0, min(k, len(row)))
+	for i, v := range row {
+		if len(out) == cap(out) && (len(out) == 0 || float64(v) <= out[len(out)-1].Logprob) {
+			continue
+		}
+		if len(out) < cap(out) {
+			out = append(out, Candidate{})
+		}
+		j := len(out) - 1
+		for ; j > 0 && float64(v) > out[j-1].Logprob; j-- {
+			out[j] = out[j-1]
+		}
+		out[j] = Candidate{Token: int32(i), Logprob: float64(v)}
 	}
-	sort.SliceStable(idx, func(a, b int) bool { return row[idx[a]] > row[idx[b]] })
-	out := make([]Candidate, min(k, len(idx)))
 	for i := range out {
-		out[i] = Candidate{Token: int32(idx[i]), Logprob: float64(row[idx[i]]) - lse}
+		out[i].Logprob -= lse
 	}
 	return out
 }

@@ -198,6 +198,34 @@ func TestKVMovesAndMask(t *testing.T) {
 	}
 }
 
+// TestTopKMatchesSort checks TopK against a stable sort of the whole row,
+// on coarse logits where ties are common.
+func TestTopKMatchesSort(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 200 {
+		n := 1 + rng.IntN(40)
+		logits := make([]float32, n+rng.IntN(3)) // padding past the valid entries
+		for i := range logits {
+			logits[i] = float32(rng.IntN(6)) / 2
+		}
+		k := 1 + rng.IntN(n+2)
+		got := TopK(logits, n, k)
+		idx := make([]int, n)
+		for i := range idx {
+			idx[i] = i
+		}
+		sort.SliceStable(idx, func(a, b int) bool { return logits[idx[a]] > logits[idx[b]] })
+		if len(got) != min(k, n) {
+			t.Fatalf("%d candidates, want %d", len(got), min(k, n))
+		}
+		for i, c := range got {
+			if c.Token != int32(idx[i]) {
+				t.Fatalf("logits %v k %d: rank %d is token %d, want %d", logits[:n], k, i, c.Token, idx[i])
+			}
+		}
+	}
+}
+
 func TestTopK(t *testing.T) {
 	logits := []float32{1, 3, 3, 0.5, 100}
 	got := TopK(logits, 4, 3)

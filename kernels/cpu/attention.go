@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"sync"
 
 	"ddflash/kernels"
 )
@@ -53,12 +54,20 @@ func checkSlot(op string, slot int32, cache []float32, kvDim int) {
 	}
 }
 
-// attnRow is one (sequence, query row) pair.
-type attnRow struct {
-	seq, i int // index into seqs, row within the sequence's block
+// attnBlockRows is the most query rows of one work item: all the query
+// heads of these rows that read one KV head share its key and value loads.
+const attnBlockRows = 16
+
+// attnItem is one work item: rows [row0, row0+rows) of sequence seq, and
+// the query heads of KV head kvHead.
+type attnItem struct {
+	seq, row0, rows, kvHead int
 }
 
 // Attention computes paged, masked softmax attention for every sequence.
+// Each query row's result depends only on its query and the keys and
+// values it sees, in order (see attendBlock): a verify row equals the same
+// row decoded alone, bit for bit.
 func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernels.AttnShape, seqs []kernels.AttnSeq) {
 	if shape.NumKVHeads <= 0 || shape.NumHeads%shape.NumKVHeads != 0 || shape.PageSize <= 0 {
 		panic(fmt.Sprintf("cpu: Attention shape %+v: NumHeads must be a positive multiple of NumKVHeads and PageSize > 0", shape))
@@ -66,14 +75,18 @@ func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernel
 	qDim := shape.NumHeads * shape.HeadDim
 	kvDim := shape.NumKVHeads * shape.HeadDim
 	kc, vc := cacheRows("Attention", kCache, vCache, kvDim)
-	var rows []attnRow
-	maxKeys, qRows := 0, 0
+	var items []attnItem
+	maxKeys, maxRows, qRows := 0, 0, 0
 	for s := range seqs {
 		sq := &seqs[s]
 		qRows = max(qRows, sq.QueryStart+sq.QueryLen)
 		maxKeys = max(maxKeys, sq.Prefix+sq.QueryLen)
-		for i := range sq.QueryLen {
-			rows = append(rows, attnRow{s, i})
+		for r0 := 0; r0 < sq.QueryLen; r0 += attnBlockRows {
+			rows := min(attnBlockRows, sq.QueryLen-r0)
+			maxRows = max(maxRows, rows)
+			for g := range shape.NumKVHeads {
+				items = append(items, attnItem{s, r0, rows, g})
+			}
 		}
 	}
 	qv, ov := f32s("Attention q", q, qRows*qDim), f32s("Attention out", out, qRows*qDim)
@@ -86,69 +99,150 @@ func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernel
 			masks[s] = i32s("Attention mask", sq.Mask, sq.QueryLen*sq.QueryLen)
 		}
 	}
-	// Work items are (row, head) pairs, so that a decode row still spreads over the workers.
-	heads := shape.NumHeads
-	be.pool.parallelFor(len(rows)*heads, maxKeys*shape.HeadDim, func(lo, hi int) {
-		slots := make([]int, 0, maxKeys)
-		scores := make([]float32, maxKeys)
-		for item := lo; item < hi; item++ {
-			r, h := rows[item/heads], item%heads
-			sq := &seqs[r.seq]
-			if item == lo || h == 0 {
-				slots = visibleSlots(slots[:0], sq, r.i, pages[r.seq], masks[r.seq], shape.PageSize)
-			}
-			row := sq.QueryStart + r.i
-			kvOff := (h / (heads / shape.NumKVHeads)) * shape.HeadDim
-			qh := qv[row*qDim+h*shape.HeadDim : row*qDim+(h+1)*shape.HeadDim]
-			oh := ov[row*qDim+h*shape.HeadDim : row*qDim+(h+1)*shape.HeadDim]
-			be.kern.attend(oh, qh, kc, vc, slots, scores[:len(slots)], kvDim, kvOff, shape.Scale)
+	group := shape.NumHeads / shape.NumKVHeads
+	be.pool.parallelFor(len(items), 2*maxRows*group*maxKeys*shape.HeadDim, func(lo, hi int) {
+		sc := attnScratchPool.Get().(*attnScratch)
+		defer attnScratchPool.Put(sc)
+		for _, it := range items[lo:hi] {
+			sq := &seqs[it.seq]
+			qs := qv[(sq.QueryStart+it.row0)*qDim : (sq.QueryStart+it.row0+it.rows)*qDim]
+			os := ov[(sq.QueryStart+it.row0)*qDim : (sq.QueryStart+it.row0+it.rows)*qDim]
+			be.kern.attendBlock(sc, os, qs, kc, vc, shape, sq, pages[it.seq], masks[it.seq], it)
 		}
 	})
 }
 
-// visibleSlots appends the physical cache rows query row i may attend to.
-func visibleSlots(slots []int, sq *kernels.AttnSeq, i int, pages, mask []int32, pageSize int) []int {
-	for p := range sq.Prefix + sq.QueryLen {
-		if j := p - sq.Prefix; j >= 0 {
-			if mask == nil && j > i || mask != nil && mask[i*sq.QueryLen+j] == 0 {
-				continue
-			}
-		}
-		if sq.Window > 0 && sq.Prefix+i-p >= sq.Window {
-			continue
-		}
-		slots = append(slots, int(pages[p/pageSize])*pageSize+p%pageSize)
-	}
-	return slots
+// attnScratch holds one worker's buffers for attendBlock.
+type attnScratch struct {
+	sees         []bool
+	keys         []int
+	k, v, q, out []float32
+	scores, row  []float32
+	inv          []float32
 }
 
-// attendHead computes one head's softmax(q·K/scale)·V over the given slots.
-// A row that sees no key gets zeros.
-func attendHead(out, q, kc, vc []float32, slots []int, scores []float32, kvDim, kvOff int, scale float32) {
-	clear(out)
-	if len(slots) == 0 {
-		return
+var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
+
+// grow returns s resized to n elements, reallocating only when it is too short.
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
 	}
-	hd := len(q)
-	top := float32(math.Inf(-1))
-	for j, s := range slots {
-		base := s*kvDim + kvOff
-		if base+hd > len(kc) {
-			panic(fmt.Sprintf("cpu: Attention page table points at slot %d outside the cache's %d slots", s, len(kc)/kvDim))
+	return s[:n]
+}
+
+// attendBlock computes one work item. It gathers the keys any of its rows
+// sees (in position order) and the rows' query heads into dense arrays,
+// scores every query against every gathered key with rows4, takes the
+// softmax of each row's own visible scores, in order, and sets the others
+// to zero, then sums the values in key order. A score is a fixed function
+// of its query and key, and adding a zero-weighted value changes no bit
+// (values are finite), so a row's result depends only on what it sees.
+func (kern *kernelSet) attendBlock(sc *attnScratch, out, q, kc, vc []float32, shape kernels.AttnShape, sq *kernels.AttnSeq, pages, mask []int32, it attnItem) {
+	hd, total := shape.HeadDim, sq.Prefix+sq.QueryLen
+	group := shape.NumHeads / shape.NumKVHeads
+	kvDim, qDim := shape.NumKVHeads*hd, shape.NumHeads*hd
+	sc.sees = grow(sc.sees, it.rows*total)
+	sc.keys = sc.keys[:0]
+	for p := range total {
+		seen := false
+		for r := range it.rows {
+			v := sees(sq, it.row0+r, p, mask)
+			sc.sees[r*total+p] = v
+			seen = seen || v
 		}
-		scores[j] = dot(q, kc[base:base+hd]) * scale
-		top = max(top, scores[j])
+		if seen {
+			sc.keys = append(sc.keys, p)
+		}
+	}
+	n := len(sc.keys)
+	n4 := (n + matmulTile - 1) &^ (matmulTile - 1) // whole tiles of keys, zero-padded
+	hd16 := (hd + 15) &^ 15                        // value rows are padded to whole vectors
+	sc.k, sc.v = grow(sc.k, n4*hd), grow(sc.v, n*hd16)
+	clear(sc.k[n*hd:])
+	for u, p := range sc.keys {
+		slot := int(pages[p/shape.PageSize])*shape.PageSize + p%shape.PageSize
+		base := slot*kvDim + it.kvHead*hd
+		if base+hd > len(kc) {
+			panic(fmt.Sprintf("cpu: Attention page table points at slot %d outside the cache's %d slots", slot, len(kc)/kvDim))
+		}
+		copy(sc.k[u*hd:(u+1)*hd], kc[base:base+hd])
+		copy(sc.v[u*hd16:u*hd16+hd], vc[base:base+hd])
+		clear(sc.v[u*hd16+hd : (u+1)*hd16])
+	}
+	// Query heads kvHead·group … +group-1 are adjacent in each row.
+	nq := it.rows * group
+	sc.q = grow(sc.q, nq*hd)
+	for r := range it.rows {
+		copy(sc.q[r*group*hd:(r+1)*group*hd], q[r*qDim+it.kvHead*group*hd:])
+	}
+	sc.scores = grow(sc.scores, nq*n4)
+	kern.rows4(sc.scores, n4, sc.q, nq, hd, sc.k)
+	sc.row, sc.inv = grow(sc.row, n), grow(sc.inv, nq)
+	for i := range nq {
+		scores, visible := sc.scores[i*n4:i*n4+n], sc.sees[i/group*total:]
+		row := sc.row[:0]
+		for u, p := range sc.keys {
+			if visible[p] {
+				row = append(row, scores[u]*shape.Scale)
+			}
+		}
+		sc.inv[i] = kern.softmax(row)
+		for u, p := range sc.keys {
+			if visible[p] {
+				scores[u], row = row[0], row[1:]
+			} else {
+				scores[u] = 0
+			}
+		}
+	}
+	sc.out = grow(sc.out, nq*hd)
+	kern.mixValues(sc.out, sc.scores, n4, nq, n, sc.v, hd, sc.inv)
+	for r := range it.rows {
+		copy(out[r*qDim+it.kvHead*group*hd:], sc.out[r*group*hd:(r+1)*group*hd])
+	}
+}
+
+// sees reports whether query row i of sq may attend to key position p.
+func sees(sq *kernels.AttnSeq, i, p int, mask []int32) bool {
+	if j := p - sq.Prefix; j >= 0 {
+		if mask == nil && j > i || mask != nil && mask[i*sq.QueryLen+j] == 0 {
+			return false
+		}
+	}
+	return sq.Window <= 0 || sq.Prefix+i-p < sq.Window
+}
+
+// softmaxPortable sets s[j] = exp(s[j] - max s) and returns 1/Σ s[j], or 0
+// for an empty row.
+func softmaxPortable(s []float32) float32 {
+	if len(s) == 0 {
+		return 0
+	}
+	top := float32(math.Inf(-1))
+	for _, v := range s {
+		top = max(top, v)
 	}
 	var sum float32
-	for j := range scores {
-		scores[j] = float32(math.Exp(float64(scores[j] - top)))
-		sum += scores[j]
+	for j, v := range s {
+		s[j] = float32(math.Exp(float64(v - top)))
+		sum += s[j]
 	}
-	for j, s := range slots {
-		p := scores[j] / sum
-		v := vc[s*kvDim+kvOff : s*kvDim+kvOff+hd]
-		for d := range out {
-			out[d] += p * v[d]
+	return 1 / sum
+}
+
+// mixValuesPortable sets out[i] = inv[i]·Σ_j p[i·pStride+j]·v_j over the
+// n value rows v_j (of stride hd rounded up to 16), for the nq rows of out [nq, hd].
+func mixValuesPortable(out, p []float32, pStride, nq, n int, v []float32, hd int, inv []float32) {
+	hd16 := (hd + 15) &^ 15
+	for i := range nq {
+		o := out[i*hd : (i+1)*hd]
+		clear(o)
+		for j, pj := range p[i*pStride : i*pStride+n] {
+			axpy(o, v[j*hd16:j*hd16+hd], pj)
+		}
+		for d := range o {
+			o[d] *= inv[i]
 		}
 	}
 }

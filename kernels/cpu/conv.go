@@ -56,31 +56,45 @@ func treeParents(op string, parents kernels.Buffer, T int) []int32 {
 }
 
 // CausalConv runs the depthwise causal conv + SiLU over rows whose history
-// is their ancestor chain.
+// is their ancestor chain. Each row is computed alone from its window, so
+// a verify block matches decoding.
 func (be *Backend) CausalConv(out, x, state, w, parents kernels.Buffer, T, channels, K int) {
 	o, xv := f32s("CausalConv out", out, T*channels), f32s("CausalConv x", x, T*channels)
 	st := f32s("CausalConv state", state, (K-1)*channels)
 	wv := widened("CausalConv w", w, channels*K)
+	wT := make([]float32, K*channels) // [K, channels]: tap j of every channel is contiguous
+	for c := range channels {
+		for j := range K {
+			wT[j*channels+c] = wv[c*K+j]
+		}
+	}
 	history := convHistory(treeParents("CausalConv", parents, T), T, K)
-	be.pool.parallelFor(channels, T*K, func(lo, hi int) {
-		for t := range T {
-			srcs := history[t*K : (t+1)*K]
-			for c := lo; c < hi; c++ {
-				var sum float32
-				for j, s := range srcs {
-					var in float32
-					if s >= 0 {
-						in = xv[int(s)*channels+c]
-					} else {
-						in = st[(-1-int(s))*channels+c]
-					}
-					sum += wv[c*K+j] * in
+	be.pool.parallelFor(T, K*channels, func(lo, hi int) {
+		window := make([][]float32, K)
+		for t := lo; t < hi; t++ {
+			for j, s := range history[t*K : (t+1)*K] {
+				if s >= 0 {
+					window[j] = xv[int(s)*channels : int(s+1)*channels]
+				} else {
+					window[j] = st[(-1-int(s))*channels : -int(s)*channels]
 				}
-				o[t*channels+c] = sum
 			}
-			be.kern.silu(o[t*channels+lo : t*channels+hi])
+			row := o[t*channels : (t+1)*channels]
+			be.kern.conv(row, window, wT)
+			be.kern.silu(row)
 		}
 	})
+}
+
+func convPortable(out []float32, window [][]float32, wT []float32) {
+	n := len(out)
+	for c := range out {
+		var sum float32
+		for j, in := range window {
+			sum += wT[j*n+c] * in[c]
+		}
+		out[c] = sum
+	}
 }
 
 // ConvCommit sets state to the last K-1 inputs of the chain ending at node.

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
+	"ddflash/internal/half"
 	"ddflash/kernels"
 	"ddflash/kernels/kerneltest"
 )
@@ -15,10 +17,8 @@ import (
 // every op however small, with the portable kernels, and with the SIMD ones
 // when this build and CPU have them.
 func TestConformance(t *testing.T) {
-	variants := []kernelSet{portableKernels}
-	if simd, ok := simdKernels(); ok {
-		variants = append(variants, simd)
-	} else {
+	variants := kernelVariants()
+	if len(variants) == 1 {
 		t.Log("no SIMD kernels in this build or on this CPU: testing the portable ones only")
 	}
 	for _, kern := range variants {
@@ -30,59 +30,166 @@ func TestConformance(t *testing.T) {
 	}
 }
 
-// TestMatMulBatchInvariant checks that each row of a multi-row MatMul
-// equals the same row computed alone, bit for bit, with every kernel set:
-// a speculative verify block then reproduces plain decoding exactly.
-func TestMatMulBatchInvariant(t *testing.T) {
+// kernelVariants are the kernel sets this build and CPU can run.
+func kernelVariants() []kernelSet {
 	variants := []kernelSet{portableKernels}
 	if simd, ok := simdKernels(); ok {
 		variants = append(variants, simd)
 	}
-	const m, n, k = 5, 12, 53
+	return variants
+}
+
+// TestMatMulBatchInvariant checks that each row of a multi-row MatMul
+// equals the same row computed alone, bit for bit, with every kernel set:
+// a speculative verify block then reproduces plain decoding exactly. The
+// row counts cross the kernels' pairs of x rows, and n and k include
+// partial tiles and vector tails.
+func TestMatMulBatchInvariant(t *testing.T) {
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 3))
-	xs := make([]float32, m*k)
-	for i := range xs {
-		xs[i] = float32(rng.NormFloat64())
-	}
-	raw := make([]byte, 0, 4*n*k)
-	for range n * k {
-		raw = binary.LittleEndian.AppendUint32(raw, math.Float32bits(float32(rng.NormFloat64())))
-	}
-	for _, kern := range variants {
-		be := newBackend(2, kern, 1)
-		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
-			w, _ := be.Alloc(dt, n*k)
-			weightBytes := raw
-			if dt == kernels.BF16 { // the top half of each float32
-				weightBytes = make([]byte, 0, 2*n*k)
-				for i := 0; i < len(raw); i += 4 {
-					weightBytes = append(weightBytes, raw[i+2], raw[i+3])
-				}
+	for _, nk := range [][2]int{{12, 53}, {13, 64}, {7, 16}, {36, 48}, {20, 192}} {
+		n, k := nk[0], nk[1]
+		raw := make([]byte, 0, 4*n*k)
+		for range n * k {
+			raw = binary.LittleEndian.AppendUint32(raw, math.Float32bits(float32(rng.NormFloat64())))
+		}
+		for _, m := range []int{2, 3, 4, 5, 7, 8, 9, 16, 17, 33} {
+			xs := make([]float32, m*k)
+			for i := range xs {
+				xs[i] = float32(rng.NormFloat64())
 			}
-			if err := be.Upload(w, 0, weightBytes); err != nil {
-				t.Fatal(err)
-			}
-			x, _ := be.Alloc(kernels.F32, m*k)
-			if err := be.UploadF32(x, 0, xs); err != nil {
-				t.Fatal(err)
-			}
-			all, one := make([]float32, m*n), make([]float32, n)
-			out, _ := be.Alloc(kernels.F32, m*n)
-			be.MatMul(out, x, w, m, n, k)
-			if err := be.DownloadF32(out, 0, all); err != nil {
-				t.Fatal(err)
-			}
-			for i := range m {
-				be.MatMul(out, be.Slice(x, i*k, k), w, 1, n, k)
-				if err := be.DownloadF32(out, 0, one); err != nil {
-					t.Fatal(err)
-				}
-				for j := range n {
-					if one[j] != all[i*n+j] {
-						t.Errorf("%s %v: row %d col %d alone = %g, in a batch of %d = %g", kern.name, dt, i, j, one[j], m, all[i*n+j])
+			for _, kern := range kernelVariants() {
+				be := newBackend(2, kern, 1)
+				for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+					w, _ := be.Alloc(dt, n*k)
+					if err := be.Upload(w, 0, weightBytes(raw, dt)); err != nil {
+						t.Fatal(err)
+					}
+					x, _ := be.Alloc(kernels.F32, m*k)
+					if err := be.UploadF32(x, 0, xs); err != nil {
+						t.Fatal(err)
+					}
+					all, one := make([]float32, m*n), make([]float32, n)
+					out, _ := be.Alloc(kernels.F32, m*n)
+					be.MatMul(out, x, w, m, n, k)
+					if err := be.DownloadF32(out, 0, all); err != nil {
+						t.Fatal(err)
+					}
+					for i := range m {
+						be.MatMul(out, be.Slice(x, i*k, k), w, 1, n, k)
+						if err := be.DownloadF32(out, 0, one); err != nil {
+							t.Fatal(err)
+						}
+						for j := range n {
+							if one[j] != all[i*n+j] {
+								t.Errorf("%s %v n=%d k=%d: row %d col %d alone = %g, in a batch of %d = %g", kern.name, dt, n, k, i, j, one[j], m, all[i*n+j])
+							}
+						}
 					}
 				}
 			}
 		}
 	}
+}
+
+// weightBytes converts little-endian float32s to dt: BF16 keeps the top
+// half of each, F16 rounds (small normal values are exact enough here).
+func weightBytes(raw []byte, dt kernels.DType) []byte {
+	if dt == kernels.F32 {
+		return raw
+	}
+	out := make([]byte, 0, len(raw)/2)
+	for i := 0; i < len(raw); i += 4 {
+		bits := binary.LittleEndian.Uint32(raw[i:])
+		h := uint16(bits >> 16)
+		if dt == kernels.F16 {
+			h = half.Float32ToF16(math.Float32frombits(bits))
+		}
+		out = binary.LittleEndian.AppendUint16(out, h)
+	}
+	return out
+}
+
+// TestAttentionBatchInvariant checks that each query row of a block (causal
+// or tree-masked, longer than one work item) equals, bit for bit, the same
+// row computed alone over the keys it sees, with every kernel set.
+func TestAttentionBatchInvariant(t *testing.T) {
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 4))
+	for _, hd := range []int{48, 10} {
+		shape := kernels.AttnShape{NumHeads: 4, NumKVHeads: 2, HeadDim: hd, PageSize: 1, Scale: 0.3}
+		qDim, kvDim := shape.NumHeads*hd, shape.NumKVHeads*hd
+		const prefix, rows = 23, attnBlockRows + 5
+		total := prefix + rows
+		normal := func(n int) []float32 {
+			v := make([]float32, n)
+			for i := range v {
+				v[i] = float32(rng.NormFloat64())
+			}
+			return v
+		}
+		keys, values, qs := normal(total*kvDim), normal(total*kvDim), normal(rows*qDim)
+		parents := make([]int32, rows) // a random tree over the block
+		for i := range parents {
+			parents[i] = int32(rng.IntN(i+1)) - 1
+		}
+		mask := make([]int32, rows*rows)
+		for i := range rows {
+			for j := i; j >= 0; j = int(parents[j]) {
+				mask[i*rows+j] = 1
+			}
+		}
+		identity := make([]int32, total)
+		for p := range identity {
+			identity[p] = int32(p)
+		}
+		for _, kern := range kernelVariants() {
+			be := newBackend(2, kern, 1)
+			kc, vc := upload(t, be, keys), upload(t, be, values)
+			for _, m := range [][]int32{nil, mask} {
+				seq := kernels.AttnSeq{QueryLen: rows, Prefix: prefix, Pages: uploadI32(t, be, identity)}
+				if m != nil {
+					seq.Mask = uploadI32(t, be, m)
+				}
+				out, _ := be.Alloc(kernels.F32, rows*qDim)
+				be.Attention(out, upload(t, be, qs), kc, vc, shape, []kernels.AttnSeq{seq})
+				all := make([]float32, rows*qDim)
+				if err := be.DownloadF32(out, 0, all); err != nil {
+					t.Fatal(err)
+				}
+				for i := range rows {
+					var seen []int32 // the slots row i sees, in order; its own last
+					for p := range total {
+						if j := p - prefix; j < 0 || m == nil && j <= i || m != nil && m[i*rows+j] != 0 {
+							seen = append(seen, int32(p))
+						}
+					}
+					alone := kernels.AttnSeq{QueryLen: 1, Prefix: len(seen) - 1, Pages: uploadI32(t, be, seen)}
+					one, _ := be.Alloc(kernels.F32, qDim)
+					be.Attention(one, upload(t, be, qs[i*qDim:(i+1)*qDim]), kc, vc, shape, []kernels.AttnSeq{alone})
+					got := make([]float32, qDim)
+					if err := be.DownloadF32(one, 0, got); err != nil {
+						t.Fatal(err)
+					}
+					if !slices.Equal(got, all[i*qDim:(i+1)*qDim]) {
+						t.Errorf("%s hd %d tree %v: row %d alone differs from the block of %d", kern.name, hd, m != nil, i, rows)
+					}
+				}
+			}
+		}
+	}
+}
+
+func upload(t *testing.T, be kernels.Backend, v []float32) kernels.Buffer {
+	b, _ := be.Alloc(kernels.F32, len(v))
+	if err := be.UploadF32(b, 0, v); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func uploadI32(t *testing.T, be kernels.Backend, v []int32) kernels.Buffer {
+	b, _ := be.Alloc(kernels.I32, len(v))
+	if err := be.UploadI32(b, 0, v); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -46,10 +46,21 @@ func (be *Backend) Add(out, a, b kernels.Buffer, n int) {
 
 // invRMS returns rsqrt(mean(x²)+eps), accumulated in float64.
 func invRMS(x []float32, eps float32) float32 {
-	var ss float64
-	for _, v := range x {
-		ss += float64(v) * float64(v)
+	// Four partial sums: one chain of dependent adds would cost more than
+	// the rest of the norm.
+	var s0, s1, s2, s3 float64
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		v := x[i : i+4]
+		s0 += float64(v[0]) * float64(v[0])
+		s1 += float64(v[1]) * float64(v[1])
+		s2 += float64(v[2]) * float64(v[2])
+		s3 += float64(v[3]) * float64(v[3])
 	}
+	for _, v := range x[i:] {
+		s0 += float64(v) * float64(v)
+	}
+	ss := (s0 + s1) + (s2 + s3)
 	return float32(1 / math.Sqrt(ss/float64(len(x))+float64(eps)))
 }
 

@@ -3,18 +3,21 @@ package cpu
 import "ddflash/kernels"
 
 // kernelSet holds the inner loops that a SIMD build replaces: MatMul's
-// loops over one tile of weight rows, and the activations (a scalar exp
-// costs about as much as a whole verify block's matmul work per element).
+// loops over tiles of weight rows, attention's softmax and value sums, the
+// GDN and conv steps, and the activations (a scalar exp costs about as
+// much as a whole verify block's matmul work per element).
 // The portable set is always available and always tested.
 type kernelSet struct {
 	name string
-	// rows4 sets out[i*outStride+r] = x_i·w_r for the m rows x_i of x [m,k]
-	// and the four float32 rows w_r of tile [4,k].
-	rows4 func(out []float32, outStride int, x []float32, m, k int, tile []float32)
-	// rows4BF16 is rows4 for one x row and bfloat16 weights, widened on the
-	// fly (decode streams each weight once, so widening into a buffer first
-	// would cost a second pass).
-	rows4BF16 func(out []float32, x []float32, k int, tile []uint16)
+	// rows4 sets out[i*outStride+j] = x_i·w_j for the m rows x_i of x [m,k]
+	// and the float32 rows w_j of w, whole tiles of four. Each output is a
+	// fixed function of its x row and weight row, whatever m is (the SIMD
+	// kernel: one 16-lane FMA chain over k, then one fixed tree over the lanes).
+	rows4 func(out []float32, outStride int, x []float32, m, k int, w []float32)
+	// rows4BF16 is rows4 for bfloat16 weight rows, widened in registers as
+	// they are loaded (widening is exact: the outputs equal rows4's on the
+	// widened rows, bit for bit).
+	rows4BF16 func(out []float32, outStride int, x []float32, m, k int, w []uint16)
 	// widen converts BF16 or F16 weights to float32.
 	widen func(dst []float32, src []uint16, dt kernels.DType)
 	// swiglu sets out[i] = silu(gate[i])·up[i]; out may alias gate or up.
@@ -25,9 +28,16 @@ type kernelSet struct {
 	mulSigmoid func(x, gate []float32)
 	// deltaStep applies one token to one head's GDN state (see deltaStepPortable).
 	deltaStep func(S, q, k, v []float32, g, beta float32, out, delta []float32)
-	// attend computes one query head's softmax attention over the given
-	// cache slots (see attendHead).
-	attend func(out, q, kc, vc []float32, slots []int, scores []float32, kvDim, kvOff int, scale float32)
+	// conv sets out[c] = Σ_j wT[j·len(out)+c]·window[j][c], summing over the
+	// taps j in order.
+	conv func(out []float32, window [][]float32, wT []float32)
+	// softmax sets s[j] = exp(s[j] - max s) and returns 1/Σ s[j] (0 when s
+	// is empty), each a fixed function of s.
+	softmax func(s []float32) float32
+	// mixValues sets out[i] = inv[i]·Σ_j p[i·pStride+j]·v_j for the nq rows
+	// of out [nq, hd], summing the n rows v_j (stride hd rounded up to 16,
+	// zero-padded) in order.
+	mixValues func(out, p []float32, pStride, nq, n int, v []float32, hd int, inv []float32)
 }
 
 var portableKernels = kernelSet{
@@ -39,7 +49,9 @@ var portableKernels = kernelSet{
 	silu:       siluPortable,
 	mulSigmoid: mulSigmoidPortable,
 	deltaStep:  deltaStepPortable,
-	attend:     attendHead,
+	conv:       convPortable,
+	softmax:    softmaxPortable,
+	mixValues:  mixValuesPortable,
 }
 
 func swigluPortable(out, gate, up []float32) {

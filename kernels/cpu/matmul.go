@@ -8,9 +8,9 @@ import (
 	"ddflash/kernels"
 )
 
-// matmulTile is the number of weight rows loaded together: each tile is
-// widened to float32 once and dotted against every x row, so a 16-row
-// verify block reads the weights once, like a single decode row.
+// matmulTile is the number of weight rows loaded together: each weight
+// vector loaded feeds every x row of a pair (verify blocks read the weights
+// once per pair of rows), and one horizontal reduction yields four outputs.
 const matmulTile = 4
 
 // scratchPool recycles the float32 buffers that hold widened weight tiles.
@@ -34,27 +34,33 @@ func (be *Backend) MatMul(out, x, w kernels.Buffer, m, n, k int) {
 	})
 }
 
-// columns computes output columns [nLo, nHi) of out [m,n].
+// columns computes output columns [nLo, nHi) of out [m,n]. Each output is
+// computed the same way whatever m is (see kernelSet.rows4), so a verify
+// row equals the same row decoded alone.
 func (kern *kernelSet) columns(out, x []float32, w *buffer, m, n, k, nLo, nHi int) {
-	var scratch *[]float32
-	if w.dt != kernels.F32 {
-		scratch = scratchPool.Get().(*[]float32)
-		defer scratchPool.Put(scratch)
-		if cap(*scratch) < matmulTile*k {
-			*scratch = make([]float32, matmulTile*k)
-		}
+	full := nLo + (nHi-nLo)&^(matmulTile-1) // whole tiles end here
+	switch w.dt {
+	case kernels.BF16:
+		kern.rows4BF16(out[nLo:], n, x, m, k, w.u16[nLo*k:full*k])
+	case kernels.F32:
+		kern.rows4(out[nLo:], n, x, m, k, w.f32[nLo*k:full*k])
+	default:
+		full = nLo // F16 weights take the widening path below
 	}
-	for j := nLo; j < nHi; j += matmulTile {
+	if full == nHi {
+		return
+	}
+	scratch := scratchPool.Get().(*[]float32)
+	defer scratchPool.Put(scratch)
+	if cap(*scratch) < matmulTile*k {
+		*scratch = make([]float32, matmulTile*k)
+	}
+	for j := full; j < nHi; j += matmulTile {
 		rows := min(matmulTile, nHi-j)
-		if rows == matmulTile && m == 1 && w.dt == kernels.BF16 {
-			kern.rows4BF16(out[j:j+matmulTile], x, k, w.u16[j*k:(j+matmulTile)*k])
-			continue
-		}
-		var tile []float32
+		tile := (*scratch)[:rows*k]
 		if w.dt == kernels.F32 {
-			tile = w.f32[j*k : (j+rows)*k]
+			copy(tile, w.f32[j*k:])
 		} else {
-			tile = (*scratch)[:rows*k]
 			kern.widen(tile, w.u16[j*k:(j+rows)*k], w.dt)
 		}
 		if rows == matmulTile {
@@ -69,25 +75,33 @@ func (kern *kernelSet) columns(out, x []float32, w *buffer, m, n, k, nLo, nHi in
 	}
 }
 
-func rows4Portable(out []float32, outStride int, x []float32, m, k int, tile []float32) {
-	w0, w1, w2, w3 := tile[:k], tile[k:2*k], tile[2*k:3*k], tile[3*k:4*k]
-	for i := range m {
-		d0, d1, d2, d3 := dot4(x[i*k:(i+1)*k], w0, w1, w2, w3)
-		o := out[i*outStride : i*outStride+4]
-		o[0], o[1], o[2], o[3] = d0, d1, d2, d3
+func rows4Portable(out []float32, outStride int, x []float32, m, k int, w []float32) {
+	for j := 0; j*k < len(w); j += 4 {
+		w0, w1, w2, w3 := w[j*k:(j+1)*k], w[(j+1)*k:(j+2)*k], w[(j+2)*k:(j+3)*k], w[(j+3)*k:(j+4)*k]
+		for i := range m {
+			d0, d1, d2, d3 := dot4(x[i*k:(i+1)*k], w0, w1, w2, w3)
+			o := out[i*outStride+j : i*outStride+j+4]
+			o[0], o[1], o[2], o[3] = d0, d1, d2, d3
+		}
 	}
 }
 
-func rows4BF16Portable(out []float32, x []float32, k int, tile []uint16) {
-	w0, w1, w2, w3 := tile[:k], tile[k:2*k], tile[2*k:3*k], tile[3*k:4*k]
-	var d0, d1, d2, d3 float32
-	for i, xi := range x[:k] {
-		d0 += xi * half.BF16ToFloat32(w0[i])
-		d1 += xi * half.BF16ToFloat32(w1[i])
-		d2 += xi * half.BF16ToFloat32(w2[i])
-		d3 += xi * half.BF16ToFloat32(w3[i])
+// rows4BF16Portable is rows4Portable on the widened rows.
+func rows4BF16Portable(out []float32, outStride int, x []float32, m, k int, w []uint16) {
+	for j := 0; j*k < len(w); j += 4 {
+		w0, w1, w2, w3 := w[j*k:(j+1)*k], w[(j+1)*k:(j+2)*k], w[(j+2)*k:(j+3)*k], w[(j+3)*k:(j+4)*k]
+		for i := range m {
+			var d0, d1, d2, d3 float32
+			for l, xl := range x[i*k : (i+1)*k] {
+				d0 += xl * half.BF16ToFloat32(w0[l])
+				d1 += xl * half.BF16ToFloat32(w1[l])
+				d2 += xl * half.BF16ToFloat32(w2[l])
+				d3 += xl * half.BF16ToFloat32(w3[l])
+			}
+			o := out[i*outStride+j : i*outStride+j+4]
+			o[0], o[1], o[2], o[3] = d0, d1, d2, d3
+		}
 	}
-	out[0], out[1], out[2], out[3] = d0, d1, d2, d3
 }
 
 // dot4 returns the dot products of x with four rows, reading x once.

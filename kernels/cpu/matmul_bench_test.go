@@ -10,13 +10,15 @@ import (
 	"ddflash/kernels"
 )
 
-// BenchmarkMatMul measures decode (m=1) and 16-token verify (m=16) shapes
-// and reports GFLOP/s (2·m·n·k per op).
+// BenchmarkMatMul measures decode (m=1) and verify-block (m=16) shapes
+// and reports GFLOP/s (2·m·n·k per op) and ns per x row: a verify block is
+// cheap when its ns/row is far below decode's.
 func BenchmarkMatMul(b *testing.B) {
 	be := New(0)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
-		for _, kn := range [][2]int{{1024, 1024}, {1024, 4096}} {
+		// The default pair's projections (k=192 in, k=512 MLP down) and a larger model's.
+		for _, kn := range [][2]int{{192, 512}, {512, 192}, {1024, 1024}, {1024, 4096}} {
 			k, n := kn[0], kn[1]
 			w := benchWeights(b, be, dt, n*k, rng)
 			for _, m := range []int{1, 16} {
@@ -34,6 +36,7 @@ func BenchmarkMatMul(b *testing.B) {
 						be.MatMul(out, x, w, m, n, k)
 					}
 					b.ReportMetric(2*float64(m*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+					b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*m), "ns/row")
 				})
 			}
 		}

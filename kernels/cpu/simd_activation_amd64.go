@@ -67,3 +67,17 @@ func mulSigmoidAVX512(x, gate []float32) {
 		return v.Mul(sigmoid16(g))
 	})
 }
+
+// convAVX512 is convPortable on 16 channels at a time, one FMA per tap.
+func convAVX512(out []float32, window [][]float32, wT []float32) {
+	n := len(out)
+	for c := 0; c < n; c += 16 {
+		m := min(16, n-c)
+		var acc archsimd.Float32x16
+		for j, in := range window {
+			acc = loadN(wT[j*n+c:], m).MulAdd(loadN(in[c:], m), acc)
+		}
+		storeN(acc, out[c:], m)
+	}
+	archsimd.ClearAVXUpperBits()
+}

@@ -23,7 +23,9 @@ func simdKernels() (kernelSet, bool) {
 		silu:       siluAVX512,
 		mulSigmoid: mulSigmoidAVX512,
 		deltaStep:  deltaStepAVX512,
-		attend:     attendAVX512,
+		conv:       convAVX512,
+		softmax:    softmaxAVX512,
+		mixValues:  mixValuesAVX512,
 	}, true
 }
 
@@ -61,26 +63,146 @@ func rowPtr[T float32 | uint16](s []T, k int) unsafe.Pointer {
 	return unsafe.Pointer(unsafe.SliceData(s[:k]))
 }
 
-// rows4AVX512 computes pairs of x rows against the four weight rows with
-// dot4x2, then a last odd x row with dot4x1.
-func rows4AVX512(out []float32, outStride int, x []float32, m, k int, tile []float32) {
-	w := [4][]float32{tile[:k], tile[k : 2*k], tile[2*k : 3*k], tile[3*k : 4*k]}
-	p0, p1, p2, p3 := rowPtr(w[0], k), rowPtr(w[1], k), rowPtr(w[2], k), rowPtr(w[3], k)
+// rows4AVX512 computes each tile's pairs of x rows with dot4x2, then a
+// last odd x row with dot4x1.
+func rows4AVX512(out []float32, outStride int, x []float32, m, k int, w []float32) {
+	rows4Tiles(out, outStride, x, m, k, w, nil)
+}
+
+// rows4BF16AVX512 is rows4AVX512 with bfloat16 weight rows, each weight
+// vector widened in registers right before its FMAs: no widened copy of
+// the weights is written, which for a few x rows costs more than the FMAs.
+func rows4BF16AVX512(out []float32, outStride int, x []float32, m, k int, w []uint16) {
+	rows4Tiles(out, outStride, x, m, k, nil, w)
+}
+
+// rows4Tiles runs the tiles of four weight rows of wf (float32) or wh
+// (bfloat16): rowsQuad over fours of x rows (bfloat16 without k%16 tails),
+// dot4x2 or dot4x2BF16 over pairs of the rest, dot4x1 or dot4x1BF16 over a
+// last odd one, then the k%16 tails, then the sums.
+func rows4Tiles(out []float32, outStride int, x []float32, m, k int, wf []float32, wh []uint16) {
+	bf16 := wh != nil
 	k16 := k &^ 15
-	i := 0
-	for ; i+2 <= m; i += 2 {
-		x0, x1 := x[i*k:(i+1)*k], x[(i+1)*k:(i+2)*k]
-		a0, a1, a2, a3, b0, b1, b2, b3 := dot4x2(p0, p1, p2, p3, rowPtr(x0, k), rowPtr(x1, k), k16)
-		storeSums(out[i*outStride:], x0[k16:], &w, k16, a0, a1, a2, a3)
-		storeSums(out[(i+1)*outStride:], x1[k16:], &w, k16, b0, b1, b2, b3)
-	}
-	if i < m {
-		xr := x[i*k : (i+1)*k]
-		a0, a1, a2, a3 := dot4x1(p0, p1, p2, p3, rowPtr(xr, k), k16)
-		storeSums(out[i*outStride:], xr[k16:], &w, k16, a0, a1, a2, a3)
+	for j := 0; j*k < len(wf)+len(wh); j += 4 {
+		var p0, p1, p2, p3 unsafe.Pointer
+		if bf16 {
+			p0, p1, p2, p3 = rowPtr(wh[j*k:], k), rowPtr(wh[(j+1)*k:], k), rowPtr(wh[(j+2)*k:], k), rowPtr(wh[(j+3)*k:], k)
+		} else {
+			p0, p1, p2, p3 = rowPtr(wf[j*k:], k), rowPtr(wf[(j+1)*k:], k), rowPtr(wf[(j+2)*k:], k), rowPtr(wf[(j+3)*k:], k)
+		}
+		i := 0
+		for ; bf16 && k16 == k && i+4 <= m; i += 4 {
+			rowsQuad(out[i*outStride+j:], outStride, x[i*k:(i+4)*k], k, p0, p1, p2, p3)
+		}
+		for ; i+2 <= m; i += 2 {
+			x0, x1 := x[i*k:(i+1)*k], x[(i+1)*k:(i+2)*k]
+			var a0, a1, a2, a3, b0, b1, b2, b3 archsimd.Float32x16
+			if bf16 {
+				a0, a1, a2, a3, b0, b1, b2, b3 = dot4x2BF16(p0, p1, p2, p3, rowPtr(x0, k), rowPtr(x1, k), k16)
+			} else {
+				a0, a1, a2, a3, b0, b1, b2, b3 = dot4x2(p0, p1, p2, p3, rowPtr(x0, k), rowPtr(x1, k), k16)
+			}
+			if k16 < k {
+				a0, a1, a2, a3 = addTail(x0[k16:], wf, wh, j, k, a0, a1, a2, a3)
+				b0, b1, b2, b3 = addTail(x1[k16:], wf, wh, j, k, b0, b1, b2, b3)
+			}
+			s := sums8(a0, a1, a2, a3, b0, b1, b2, b3)
+			s.GetLo().StoreSlice(out[i*outStride+j:][:4])
+			s.GetHi().StoreSlice(out[(i+1)*outStride+j:][:4])
+		}
+		if i < m {
+			xr := x[i*k : (i+1)*k]
+			var a0, a1, a2, a3 archsimd.Float32x16
+			if bf16 {
+				a0, a1, a2, a3 = dot4x1BF16(p0, p1, p2, p3, rowPtr(xr, k), k16)
+			} else {
+				a0, a1, a2, a3 = dot4x1(p0, p1, p2, p3, rowPtr(xr, k), k16)
+			}
+			if k16 < k {
+				a0, a1, a2, a3 = addTail(xr[k16:], wf, wh, j, k, a0, a1, a2, a3)
+			}
+			sum4(a0, a1, a2, a3).StoreSlice(out[i*outStride+j:][:4])
+		}
 	}
 	archsimd.ClearAVXUpperBits()
 }
+
+// rowsQuad stores x_i·w_r for four x rows (x [4,k], k a multiple of 16) and
+// the four bfloat16 weight rows at p0…p3 to out[i*outStride+r], with
+// dot2x4BF16 on each half of the tile: widening a weight vector costs as
+// much as two FMAs, and here it feeds four.
+func rowsQuad(out []float32, outStride int, x []float32, k int, p0, p1, p2, p3 unsafe.Pointer) {
+	q0, q1, q2, q3 := rowPtr(x, k), rowPtr(x[k:], k), rowPtr(x[2*k:], k), rowPtr(x[3*k:], k)
+	a0, a1, b0, b1, c0, c1, d0, d1 := dot2x4BF16(p0, p1, q0, q1, q2, q3, k)
+	lo := sums8(a0, a1, b0, b1, c0, c1, d0, d1) // x rows 0…3 against w0, w1
+	a0, a1, b0, b1, c0, c1, d0, d1 = dot2x4BF16(p2, p3, q0, q1, q2, q3, k)
+	hi := sums8(a0, a1, b0, b1, c0, c1, d0, d1) // against w2, w3
+	var both archsimd.Float32x16
+	s := both.SetLo(lo).SetHi(hi).Permute(archsimd.LoadUint32x16(&quadRows))
+	s.GetLo().GetLo().StoreSlice(out[:4])
+	s.GetLo().GetHi().StoreSlice(out[outStride:][:4])
+	s.GetHi().GetLo().StoreSlice(out[2*outStride:][:4])
+	s.GetHi().GetHi().StoreSlice(out[3*outStride:][:4])
+}
+
+// quadRows gathers rowsQuad's sums row by row: x row r's w0, w1 sums are
+// lanes 2r, 2r+1 and its w2, w3 sums lanes 8+2r, 9+2r.
+var quadRows = [16]uint32{0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15}
+
+// addTail adds the last k%16 elements of an x row (xTail) times those of
+// weight rows j…j+3 (zero-padded) to the four accumulators.
+func addTail(xTail, wf []float32, wh []uint16, j, k int, a0, a1, a2, a3 archsimd.Float32x16) (archsimd.Float32x16, archsimd.Float32x16, archsimd.Float32x16, archsimd.Float32x16) {
+	u := loadPart(xTail)
+	var w [4]archsimd.Float32x16
+	for r := range w {
+		lo, hi := (j+r)*k+k&^15, (j+r+1)*k
+		if wh != nil {
+			w[r] = loadPartBF16(wh[lo:hi])
+		} else {
+			w[r] = loadPart(wf[lo:hi])
+		}
+	}
+	return w[0].MulAdd(u, a0), w[1].MulAdd(u, a1), w[2].MulAdd(u, a2), w[3].MulAdd(u, a3)
+}
+
+// sums8 returns the lane sums of a0…a3 then b0…b3, each by one fixed tree:
+// lanes i and i+8, then i and i+4, then adjacent pairs, then the two pair
+// sums. It transposes as it adds, so the eight sums take 17 shuffles (the
+// shuffle port is the bottleneck) where reducing each vector alone takes 28.
+func sums8(a0, a1, a2, a3, b0, b1, b2, b3 archsimd.Float32x16) archsimd.Float32x8 {
+	a := fold(fold(a0, a1, 0), fold(a2, a3, 0), 1) // a_g's four lanes in 128-bit group g
+	b := fold(fold(b0, b1, 0), fold(b2, b3, 0), 1)
+	// Per group: a_g's and b_g's adjacent pairs, then the two pair sums (lanes 0 and 2).
+	pairs := a.SelectFromPairGrouped(0, 2, 4, 6, b).Add(a.SelectFromPairGrouped(1, 3, 5, 7, b))
+	s := pairs.Add(pairs.SelectFromPairGrouped(1, 0, 7, 6, pairs))
+	return s.Permute(archsimd.LoadUint32x16(&gatherSums)).GetLo()
+}
+
+// sum4 returns the lane sums of four vectors by sums8's tree, one vector
+// at a time: fewer instructions than sums8 when there is a single x row.
+func sum4(a0, a1, a2, a3 archsimd.Float32x16) archsimd.Float32x4 {
+	half := func(v archsimd.Float32x16) archsimd.Float32x4 {
+		h := v.GetLo().Add(v.GetHi())
+		return h.GetLo().Add(h.GetHi())
+	}
+	return half(a0).AddPairs(half(a1)).AddPairs(half(a2).AddPairs(half(a3)))
+}
+
+// fold adds the two selections of step s from the lanes of x‖y.
+func fold(x, y archsimd.Float32x16, s int) archsimd.Float32x16 {
+	lo := x.ConcatPermute(y, archsimd.LoadUint32x16(&foldIdx[s][0]))
+	return lo.Add(x.ConcatPermute(y, archsimd.LoadUint32x16(&foldIdx[s][1])))
+}
+
+// foldIdx selects, per step of sums8, the two halves of each sum's lanes
+// (of x and of y) to add.
+var foldIdx = [2][2][16]uint32{
+	{{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}, {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}},
+	{{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}, {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}},
+}
+
+// gatherSums moves sums8's a sums (lane 0 of each group) then b sums (lane 2) to the front.
+var gatherSums = [16]uint32{0, 4, 8, 12, 2, 6, 10, 14, 0, 4, 8, 12, 2, 6, 10, 14}
 
 // dot4x2 returns the vector partial sums of two x rows (q0, q1) against
 // four weight rows over n elements (a multiple of 16): 8 accumulators, 6
@@ -116,47 +238,45 @@ func dot4x1(p0, p1, p2, p3, q unsafe.Pointer, n int) (a0, a1, a2, a3 archsimd.Fl
 	return
 }
 
-// storeSums adds the k%16 tail (xTail against w[r][k16:]) to the four
-// accumulators and stores their sums to out[0:4].
-func storeSums(out, xTail []float32, w *[4][]float32, k16 int, a0, a1, a2, a3 archsimd.Float32x16) {
-	if len(xTail) > 0 {
-		u := loadPart(xTail)
-		a0 = loadPart(w[0][k16:]).MulAdd(u, a0)
-		a1 = loadPart(w[1][k16:]).MulAdd(u, a1)
-		a2 = loadPart(w[2][k16:]).MulAdd(u, a2)
-		a3 = loadPart(w[3][k16:]).MulAdd(u, a3)
+// dot4x2BF16 is dot4x2 with bfloat16 weight rows; widening is exact, so
+// it matches dot4x2 on the widened rows bit for bit.
+//
+//go:noinline
+func dot4x2BF16(p0, p1, p2, p3, q0, q1 unsafe.Pointer, n int) (a0, a1, a2, a3, b0, b1, b2, b3 archsimd.Float32x16) {
+	for l := 0; l < n; l += 16 {
+		u, t := f32x16(q0, l), f32x16(q1, l)
+		v := bf16x16(p0, l)
+		a0, b0 = v.MulAdd(u, a0), v.MulAdd(t, b0)
+		v = bf16x16(p1, l)
+		a1, b1 = v.MulAdd(u, a1), v.MulAdd(t, b1)
+		v = bf16x16(p2, l)
+		a2, b2 = v.MulAdd(u, a2), v.MulAdd(t, b2)
+		v = bf16x16(p3, l)
+		a3, b3 = v.MulAdd(u, a3), v.MulAdd(t, b3)
 	}
-	sum4(a0, a1, a2, a3).StoreSlice(out[:4])
+	return
 }
 
-// sum4 returns the lane sums of four vectors as one vector.
-func sum4(a0, a1, a2, a3 archsimd.Float32x16) archsimd.Float32x4 {
-	half := func(v archsimd.Float32x16) archsimd.Float32x4 {
-		h := v.GetLo().Add(v.GetHi())
-		return h.GetLo().Add(h.GetHi())
+// dot2x4BF16 is dot4x2BF16 for two weight rows and four x rows (q0…q3):
+// each widened weight vector feeds four FMAs.
+//
+//go:noinline
+func dot2x4BF16(p0, p1, q0, q1, q2, q3 unsafe.Pointer, n int) (a0, a1, b0, b1, c0, c1, d0, d1 archsimd.Float32x16) {
+	for l := 0; l < n; l += 16 {
+		v, w := bf16x16(p0, l), bf16x16(p1, l)
+		u := f32x16(q0, l)
+		a0, a1 = v.MulAdd(u, a0), w.MulAdd(u, a1)
+		u = f32x16(q1, l)
+		b0, b1 = v.MulAdd(u, b0), w.MulAdd(u, b1)
+		u = f32x16(q2, l)
+		c0, c1 = v.MulAdd(u, c0), w.MulAdd(u, c1)
+		u = f32x16(q3, l)
+		d0, d1 = v.MulAdd(u, d0), w.MulAdd(u, d1)
 	}
-	return half(a0).AddPairs(half(a1)).AddPairs(half(a2).AddPairs(half(a3)))
+	return
 }
 
-// rows4BF16AVX512 is the decode kernel for bfloat16 weights: each weight
-// vector is widened in registers right before its FMA.
-func rows4BF16AVX512(out []float32, x []float32, k int, tile []uint16) {
-	w := [4][]uint16{tile[:k], tile[k : 2*k], tile[2*k : 3*k], tile[3*k : 4*k]}
-	k16 := k &^ 15
-	a0, a1, a2, a3 := dot4x1BF16(rowPtr(w[0], k), rowPtr(w[1], k), rowPtr(w[2], k), rowPtr(w[3], k), rowPtr(x, k), k16)
-	if k16 < k {
-		u := loadPart(x[k16:])
-		a0 = loadPartBF16(w[0][k16:]).MulAdd(u, a0)
-		a1 = loadPartBF16(w[1][k16:]).MulAdd(u, a1)
-		a2 = loadPartBF16(w[2][k16:]).MulAdd(u, a2)
-		a3 = loadPartBF16(w[3][k16:]).MulAdd(u, a3)
-	}
-	sum4(a0, a1, a2, a3).StoreSlice(out[:4])
-	archsimd.ClearAVXUpperBits()
-}
-
-// dot4x1BF16 is dot4x1 with bfloat16 weight rows; widening is exact, so
-// it matches dot4x1 on the widened rows bit for bit.
+// dot4x1BF16 is dot4x2BF16 for one x row.
 //
 //go:noinline
 func dot4x1BF16(p0, p1, p2, p3, q unsafe.Pointer, n int) (a0, a1, a2, a3 archsimd.Float32x16) {

@@ -3,84 +3,99 @@
 package cpu
 
 import (
-	"fmt"
 	"math"
 	"simd/archsimd"
+	"unsafe"
 )
 
-// attendAVX512 is attendHead on 16-lane vectors: scores four keys at a time
-// (q·k over chunks of the head dimension, lane sums by sum4), exp16 over the
-// scores, then Σ p_j·v_j per 16-lane chunk of the output. Each row's result
-// depends only on its own keys, in slot order, so a verify row equals the
-// same row decoded alone.
-func attendAVX512(out, q, kc, vc []float32, slots []int, scores []float32, kvDim, kvOff int, scale float32) {
-	clear(out)
-	if len(slots) == 0 {
-		return
+// softmaxAVX512 is softmaxPortable on 16-lane vectors: the sum adds lane j
+// of every chunk, then the lanes by sum4's tree.
+func softmaxAVX512(s []float32) float32 {
+	if len(s) == 0 {
+		return 0
 	}
-	hd := len(q)
-	for _, s := range slots {
-		if s*kvDim+kvOff+hd > len(kc) {
-			panic(fmt.Sprintf("cpu: Attention page table points at slot %d outside the cache's %d slots", s, len(kc)/kvDim))
+	top := splat(float32(math.Inf(-1)))
+	for j := 0; j < len(s); j += 16 {
+		n := min(16, len(s)-j)
+		v := loadN(s[j:], n)
+		if n < 16 {
+			v = v.Add(archsimd.LoadFloat32x16((*[16]float32)(negPad[16-n:]))) // padding lanes -Inf, not 0
 		}
+		top = top.Max(v)
 	}
-	// Head dims are multiples of 16 in practice; a tail is zero-padded.
-	full := hd &^ 15
-	qTail := loadPart(q[full:])
-	var four [4]float32
-	for j := 0; j < len(slots); j += 4 {
-		var a [4]archsimd.Float32x16
-		for r := range min(4, len(slots)-j) {
-			k := kc[slots[j+r]*kvDim+kvOff:][:hd]
-			var acc archsimd.Float32x16
-			for d := 0; d < full; d += 16 {
-				acc = archsimd.LoadFloat32x16Slice(k[d:]).MulAdd(archsimd.LoadFloat32x16Slice(q[d:]), acc)
-			}
-			if full < hd {
-				acc = loadPart(k[full:]).MulAdd(qTail, acc)
-			}
-			a[r] = acc
-		}
-		sum4(a[0], a[1], a[2], a[3]).Store(&four)
-		archsimd.ClearAVXUpperBits() // scalar float code follows: avoid the transition stall
-		copy(scores[j:min(j+4, len(slots))], four[:])
-	}
-	top := float32(math.Inf(-1))
-	for j := range scores {
-		scores[j] *= scale
-		top = max(top, scores[j])
-	}
+	top = splat(maxLanes(top))
 	var total archsimd.Float32x16
-	for j := 0; j < len(scores); j += 16 {
-		n := min(16, len(scores)-j)
-		e := exp16(loadN(scores[j:], n).Sub(splat(top)))
+	for j := 0; j < len(s); j += 16 {
+		n := min(16, len(s)-j)
+		e := exp16(loadN(s[j:], n).Sub(top))
 		if n < 16 {
 			e = e.Mul(loadPart(ones[:n])) // the padding lanes held exp(-top), not 0
 		}
-		storeN(e, scores[j:], n)
+		storeN(e, s[j:], n)
 		total = total.Add(e)
 	}
-	h := total.GetLo().Add(total.GetHi())
-	var lanes [4]float32
-	h.GetLo().Add(h.GetHi()).Store(&lanes)
+	var sums [4]float32
+	sum4(total, total, total, total).Store(&sums)
 	archsimd.ClearAVXUpperBits()
-	inv := splat(1 / ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])))
-	for d := 0; d < full; d += 16 {
-		var acc archsimd.Float32x16
-		for j, s := range slots {
-			acc = archsimd.LoadFloat32x16Slice(vc[s*kvDim+kvOff+d:]).MulAdd(splat(scores[j]), acc)
-		}
-		acc.Mul(inv).StoreSlice(out[d:])
+	return 1 / sums[0]
+}
+
+// maxLanes returns the largest lane of x.
+func maxLanes(x archsimd.Float32x16) float32 {
+	var lanes [16]float32
+	x.Store(&lanes)
+	archsimd.ClearAVXUpperBits()
+	m := lanes[0]
+	for _, v := range lanes[1:] {
+		m = max(m, v)
 	}
-	if full < hd {
-		var acc archsimd.Float32x16
-		for j, s := range slots {
-			acc = loadPart(vc[s*kvDim+kvOff+full:][:hd-full]).MulAdd(splat(scores[j]), acc)
+	return m
+}
+
+// mixValuesAVX512 is mixValuesPortable for four rows of out at a time, one
+// 16-lane chunk of the head dimension at a time: each value vector loaded
+// feeds four FMAs, one per row, in key order.
+func mixValuesAVX512(out, p []float32, pStride, nq, n int, v []float32, hd int, inv []float32) {
+	hd16 := (hd + 15) &^ 15
+	vp := rowPtr(v, n*hd16)
+	for i := 0; i < nq; i += 4 {
+		var w [4]unsafe.Pointer
+		for r := range w { // past nq, repeat the last row and drop its sums
+			w[r] = rowPtr(p[min(i+r, nq-1)*pStride:], n)
 		}
-		storePart(acc.Mul(inv), out[full:])
+		for d := 0; d < hd; d += 16 {
+			var a [4]archsimd.Float32x16
+			a[0], a[1], a[2], a[3] = mix4(w[0], w[1], w[2], w[3], unsafe.Add(vp, 4*d), n, hd16)
+			for r := range min(4, nq-i) {
+				storeN(a[r].Mul(splat(inv[i+r])), out[(i+r)*hd+d:], min(16, hd-d))
+			}
+		}
 	}
 	archsimd.ClearAVXUpperBits()
 }
+
+// mix4 returns Σ_j w_r[j]·v_j for the four weight rows w_r over the n
+// vectors v_j at v + j·stride floats.
+//
+//go:noinline
+func mix4(w0, w1, w2, w3, v unsafe.Pointer, n, stride int) (a0, a1, a2, a3 archsimd.Float32x16) {
+	for j := range n {
+		x := f32x16(v, j*stride)
+		a0 = splat(*(*float32)(unsafe.Add(w0, 4*j))).MulAdd(x, a0)
+		a1 = splat(*(*float32)(unsafe.Add(w1, 4*j))).MulAdd(x, a1)
+		a2 = splat(*(*float32)(unsafe.Add(w2, 4*j))).MulAdd(x, a2)
+		a3 = splat(*(*float32)(unsafe.Add(w3, 4*j))).MulAdd(x, a3)
+	}
+	return
+}
+
+// negPad[16-n:32-n] is n zeros, then -Inf.
+var negPad = func() (p [32]float32) {
+	for i := 16; i < 32; i++ {
+		p[i] = float32(math.Inf(-1))
+	}
+	return p
+}()
 
 // ones masks the valid lanes of a partial vector.
 var ones = [16]float32{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}
