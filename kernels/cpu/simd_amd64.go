@@ -128,15 +128,15 @@ func rows4Tiles(out []float32, outStride int, x []float32, m, k int, wf []float3
 }
 
 // rowsQuad stores x_i·w_r for four x rows (x [4,k], k a multiple of 16) and
-// the four bfloat16 weight rows at p0…p3 to out[i*outStride+r], with
-// dot2x4BF16 on each half of the tile: widening a weight vector costs as
-// much as two FMAs, and here it feeds four.
+// the four bfloat16 weight rows at p0…p3 to out[i*outStride+r]. Widening a
+// weight vector costs as much as two FMAs; dot4x4BF16 feeds each to four x
+// rows, with the registers this needs.
 func rowsQuad(out []float32, outStride int, x []float32, k int, p0, p1, p2, p3 unsafe.Pointer) {
-	q0, q1, q2, q3 := rowPtr(x, k), rowPtr(x[k:], k), rowPtr(x[2*k:], k), rowPtr(x[3*k:], k)
-	a0, a1, b0, b1, c0, c1, d0, d1 := dot2x4BF16(p0, p1, q0, q1, q2, q3, k)
-	lo := sums8(a0, a1, b0, b1, c0, c1, d0, d1) // x rows 0…3 against w0, w1
-	a0, a1, b0, b1, c0, c1, d0, d1 = dot2x4BF16(p2, p3, q0, q1, q2, q3, k)
-	hi := sums8(a0, a1, b0, b1, c0, c1, d0, d1) // against w2, w3
+	var acc [16][16]float32 // acc[4*s+r]: x row s against weight row r
+	dot4x4BF16(p0, p1, p2, p3, rowPtr(x, 4*k), k, &acc)
+	v := func(i int) archsimd.Float32x16 { return archsimd.LoadFloat32x16(&acc[i]) }
+	lo := sums8(v(0), v(1), v(4), v(5), v(8), v(9), v(12), v(13))   // x rows 0…3 against w0, w1
+	hi := sums8(v(2), v(3), v(6), v(7), v(10), v(11), v(14), v(15)) // against w2, w3
 	var both archsimd.Float32x16
 	s := both.SetLo(lo).SetHi(hi).Permute(archsimd.LoadUint32x16(&quadRows))
 	s.GetLo().GetLo().StoreSlice(out[:4])
@@ -144,6 +144,15 @@ func rowsQuad(out []float32, outStride int, x []float32, k int, p0, p1, p2, p3 u
 	s.GetHi().GetLo().StoreSlice(out[2*outStride:][:4])
 	s.GetHi().GetHi().StoreSlice(out[3*outStride:][:4])
 }
+
+// dot4x4BF16 builds, in assembly, the sixteen accumulators that dot4x1BF16
+// would build for each x row: lane by lane, one FMA per 16 elements in k
+// order, so rows stay bit-identical to the row alone. Go's register
+// allocator leaves archsimd code too few vector registers for this 4×4
+// block; the assembly uses 24 (dot_amd64.s).
+//
+//go:noescape
+func dot4x4BF16(p0, p1, p2, p3, x unsafe.Pointer, k int, acc *[16][16]float32)
 
 // quadRows gathers rowsQuad's sums row by row: x row r's w0, w1 sums are
 // lanes 2r, 2r+1 and its w2, w3 sums lanes 8+2r, 9+2r.
@@ -253,25 +262,6 @@ func dot4x2BF16(p0, p1, p2, p3, q0, q1 unsafe.Pointer, n int) (a0, a1, a2, a3, b
 		a2, b2 = v.MulAdd(u, a2), v.MulAdd(t, b2)
 		v = bf16x16(p3, l)
 		a3, b3 = v.MulAdd(u, a3), v.MulAdd(t, b3)
-	}
-	return
-}
-
-// dot2x4BF16 is dot4x2BF16 for two weight rows and four x rows (q0…q3):
-// each widened weight vector feeds four FMAs.
-//
-//go:noinline
-func dot2x4BF16(p0, p1, q0, q1, q2, q3 unsafe.Pointer, n int) (a0, a1, b0, b1, c0, c1, d0, d1 archsimd.Float32x16) {
-	for l := 0; l < n; l += 16 {
-		v, w := bf16x16(p0, l), bf16x16(p1, l)
-		u := f32x16(q0, l)
-		a0, a1 = v.MulAdd(u, a0), w.MulAdd(u, a1)
-		u = f32x16(q1, l)
-		b0, b1 = v.MulAdd(u, b0), w.MulAdd(u, b1)
-		u = f32x16(q2, l)
-		c0, c1 = v.MulAdd(u, c0), w.MulAdd(u, c1)
-		u = f32x16(q3, l)
-		d0, d1 = v.MulAdd(u, d0), w.MulAdd(u, d1)
 	}
 	return
 }
