@@ -2,12 +2,14 @@
 
 #include "textflag.h"
 
-// func dot4x4BF16(p0, p1, p2, p3, x unsafe.Pointer, k int, acc *[16][16]float32)
+// func dot4x4BF16(p0, p1, p2, p3, x unsafe.Pointer, k int, sums *[16]float32)
 //
-// acc[4*s+r] gets, lane by lane, the FMA chain over l = 0, 16, …, k-16 of
-// bfloat16 weight row r (p0…p3, widened exactly) times x row s (x, rows k
-// floats apart). Z0-Z15 hold the accumulators, Z16-Z19 the widened weights,
-// Z20-Z23 the x vectors.
+// sums[4*r+s] = bfloat16 weight row r (p0…p3, widened exactly) · x row s (x,
+// rows k floats apart), k a multiple of 16. Each of the 16 products is
+// accumulated lane by lane, one FMA per 16 elements in k order (Z0-Z15,
+// Z(4s+r)), then its lanes are added by sum4's tree: halves of 256, then of
+// 128 bits, then adjacent pairs twice. That is exactly what the single-row
+// kernel computes, so every row stays bit-identical to the row alone.
 TEXT ·dot4x4BF16(SB), NOSPLIT, $0-56
 	MOVQ p0+0(FP), R8
 	MOVQ p1+8(FP), R9
@@ -15,7 +17,7 @@ TEXT ·dot4x4BF16(SB), NOSPLIT, $0-56
 	MOVQ p3+24(FP), R11
 	MOVQ x+32(FP), SI
 	MOVQ k+40(FP), CX
-	MOVQ acc+48(FP), DI
+	MOVQ sums+48(FP), DI
 	LEAQ (SI)(CX*4), R12
 	LEAQ (R12)(CX*4), R13
 	LEAQ (R13)(CX*4), R14
@@ -37,7 +39,7 @@ TEXT ·dot4x4BF16(SB), NOSPLIT, $0-56
 	VPXORD Z15, Z15, Z15
 	XORQ AX, AX
 	TESTQ CX, CX
-	JZ done
+	JZ reduce
 
 loop:
 	VPMOVZXWD (R8)(AX*2), Z16
@@ -72,22 +74,56 @@ loop:
 	CMPQ AX, CX
 	JLT loop
 
-done:
-	VMOVUPS Z0, 0(DI)
-	VMOVUPS Z1, 64(DI)
-	VMOVUPS Z2, 128(DI)
-	VMOVUPS Z3, 192(DI)
-	VMOVUPS Z4, 256(DI)
-	VMOVUPS Z5, 320(DI)
-	VMOVUPS Z6, 384(DI)
-	VMOVUPS Z7, 448(DI)
-	VMOVUPS Z8, 512(DI)
-	VMOVUPS Z9, 576(DI)
-	VMOVUPS Z10, 640(DI)
-	VMOVUPS Z11, 704(DI)
-	VMOVUPS Z12, 768(DI)
-	VMOVUPS Z13, 832(DI)
-	VMOVUPS Z14, 896(DI)
-	VMOVUPS Z15, 960(DI)
+reduce:
+	// 256-bit halves: Z16+i = [acc 2i | acc 2i+1], 8 lanes each.
+	VSHUFF32X4 $0x44, Z1, Z0, Z24
+	VSHUFF32X4 $0xEE, Z1, Z0, Z25
+	VADDPS Z25, Z24, Z16
+	VSHUFF32X4 $0x44, Z3, Z2, Z24
+	VSHUFF32X4 $0xEE, Z3, Z2, Z25
+	VADDPS Z25, Z24, Z17
+	VSHUFF32X4 $0x44, Z5, Z4, Z24
+	VSHUFF32X4 $0xEE, Z5, Z4, Z25
+	VADDPS Z25, Z24, Z18
+	VSHUFF32X4 $0x44, Z7, Z6, Z24
+	VSHUFF32X4 $0xEE, Z7, Z6, Z25
+	VADDPS Z25, Z24, Z19
+	VSHUFF32X4 $0x44, Z9, Z8, Z24
+	VSHUFF32X4 $0xEE, Z9, Z8, Z25
+	VADDPS Z25, Z24, Z20
+	VSHUFF32X4 $0x44, Z11, Z10, Z24
+	VSHUFF32X4 $0xEE, Z11, Z10, Z25
+	VADDPS Z25, Z24, Z21
+	VSHUFF32X4 $0x44, Z13, Z12, Z24
+	VSHUFF32X4 $0xEE, Z13, Z12, Z25
+	VADDPS Z25, Z24, Z22
+	VSHUFF32X4 $0x44, Z15, Z14, Z24
+	VSHUFF32X4 $0xEE, Z15, Z14, Z25
+	VADDPS Z25, Z24, Z23
+	// 128-bit halves: Zq = accs 4q…4q+3, 4 lanes each.
+	VSHUFF32X4 $0x88, Z17, Z16, Z24
+	VSHUFF32X4 $0xDD, Z17, Z16, Z25
+	VADDPS Z25, Z24, Z0
+	VSHUFF32X4 $0x88, Z19, Z18, Z24
+	VSHUFF32X4 $0xDD, Z19, Z18, Z25
+	VADDPS Z25, Z24, Z1
+	VSHUFF32X4 $0x88, Z21, Z20, Z24
+	VSHUFF32X4 $0xDD, Z21, Z20, Z25
+	VADDPS Z25, Z24, Z2
+	VSHUFF32X4 $0x88, Z23, Z22, Z24
+	VSHUFF32X4 $0xDD, Z23, Z22, Z25
+	VADDPS Z25, Z24, Z3
+	// Adjacent pairs: Z4 lane group g = [acc g, acc 4+g] pair sums, Z5 the same for 8+g, 12+g.
+	VSHUFPS $0x88, Z1, Z0, Z24
+	VSHUFPS $0xDD, Z1, Z0, Z25
+	VADDPS Z25, Z24, Z4
+	VSHUFPS $0x88, Z3, Z2, Z24
+	VSHUFPS $0xDD, Z3, Z2, Z25
+	VADDPS Z25, Z24, Z5
+	// Pairs again: lane 4g+c holds acc 4c+g, i.e. x row c against weight row g.
+	VSHUFPS $0x88, Z5, Z4, Z24
+	VSHUFPS $0xDD, Z5, Z4, Z25
+	VADDPS Z25, Z24, Z6
+	VMOVUPS Z6, (DI)
 	VZEROUPPER
 	RET

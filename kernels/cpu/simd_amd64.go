@@ -132,31 +132,22 @@ func rows4Tiles(out []float32, outStride int, x []float32, m, k int, wf []float3
 // weight vector costs as much as two FMAs; dot4x4BF16 feeds each to four x
 // rows, with the registers this needs.
 func rowsQuad(out []float32, outStride int, x []float32, k int, p0, p1, p2, p3 unsafe.Pointer) {
-	var acc [16][16]float32 // acc[4*s+r]: x row s against weight row r
-	dot4x4BF16(p0, p1, p2, p3, rowPtr(x, 4*k), k, &acc)
-	v := func(i int) archsimd.Float32x16 { return archsimd.LoadFloat32x16(&acc[i]) }
-	lo := sums8(v(0), v(1), v(4), v(5), v(8), v(9), v(12), v(13))   // x rows 0…3 against w0, w1
-	hi := sums8(v(2), v(3), v(6), v(7), v(10), v(11), v(14), v(15)) // against w2, w3
-	var both archsimd.Float32x16
-	s := both.SetLo(lo).SetHi(hi).Permute(archsimd.LoadUint32x16(&quadRows))
-	s.GetLo().GetLo().StoreSlice(out[:4])
-	s.GetLo().GetHi().StoreSlice(out[outStride:][:4])
-	s.GetHi().GetLo().StoreSlice(out[2*outStride:][:4])
-	s.GetHi().GetHi().StoreSlice(out[3*outStride:][:4])
+	var sums [16]float32 // sums[4*r+s]: x row s against weight row r
+	dot4x4BF16(p0, p1, p2, p3, rowPtr(x, 4*k), k, &sums)
+	for s := range 4 {
+		o := out[s*outStride : s*outStride+4]
+		o[0], o[1], o[2], o[3] = sums[s], sums[4+s], sums[8+s], sums[12+s]
+	}
 }
 
-// dot4x4BF16 builds, in assembly, the sixteen accumulators that dot4x1BF16
-// would build for each x row: lane by lane, one FMA per 16 elements in k
-// order, so rows stay bit-identical to the row alone. Go's register
-// allocator leaves archsimd code too few vector registers for this 4×4
-// block; the assembly uses 24 (dot_amd64.s).
+// dot4x4BF16 computes, in assembly (dot_amd64.s), the sixteen dot products
+// of four weight rows and four x rows exactly as dot4x1BF16 and sum4 compute
+// each one (the same FMA chain per lane, the same tree over the lanes), with
+// all 26 vector registers it needs: Go's register allocator leaves archsimd
+// code too few for this 4×4 block.
 //
 //go:noescape
-func dot4x4BF16(p0, p1, p2, p3, x unsafe.Pointer, k int, acc *[16][16]float32)
-
-// quadRows gathers rowsQuad's sums row by row: x row r's w0, w1 sums are
-// lanes 2r, 2r+1 and its w2, w3 sums lanes 8+2r, 9+2r.
-var quadRows = [16]uint32{0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15}
+func dot4x4BF16(p0, p1, p2, p3, x unsafe.Pointer, k int, sums *[16]float32)
 
 // addTail adds the last k%16 elements of an x row (xTail) times those of
 // weight rows j…j+3 (zero-padded) to the four accumulators.
