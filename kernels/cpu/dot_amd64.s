@@ -2,22 +2,44 @@
 
 #include "textflag.h"
 
-// func dot4x4BF16(p0, p1, p2, p3, x unsafe.Pointer, k int, sums *[16]float32)
+// rowMajor reorders the 16 sums from lane 4r+s (weight row r, x row s) to
+// lane 4s+r, so each x row's four sums are one 128-bit lane.
+DATA rowMajor<>+0(SB)/4, $0
+DATA rowMajor<>+4(SB)/4, $4
+DATA rowMajor<>+8(SB)/4, $8
+DATA rowMajor<>+12(SB)/4, $12
+DATA rowMajor<>+16(SB)/4, $1
+DATA rowMajor<>+20(SB)/4, $5
+DATA rowMajor<>+24(SB)/4, $9
+DATA rowMajor<>+28(SB)/4, $13
+DATA rowMajor<>+32(SB)/4, $2
+DATA rowMajor<>+36(SB)/4, $6
+DATA rowMajor<>+40(SB)/4, $10
+DATA rowMajor<>+44(SB)/4, $14
+DATA rowMajor<>+48(SB)/4, $3
+DATA rowMajor<>+52(SB)/4, $7
+DATA rowMajor<>+56(SB)/4, $11
+DATA rowMajor<>+60(SB)/4, $15
+GLOBL rowMajor<>(SB), RODATA|NOPTR, $64
+
+// func dot4x4BF16(p0, p1, p2, p3, x unsafe.Pointer, k int, out unsafe.Pointer, outStride int)
 //
-// sums[4*r+s] = bfloat16 weight row r (p0…p3, widened exactly) · x row s (x,
-// rows k floats apart), k a multiple of 16. Each of the 16 products is
+// out[s*outStride+r] = bfloat16 weight row r (p0…p3, widened exactly) · x row
+// s (x, rows k floats apart), k a multiple of 16. Each of the 16 products is
 // accumulated lane by lane, one FMA per 16 elements in k order (Z0-Z15,
 // Z(4s+r)), then its lanes are added by sum4's tree: halves of 256, then of
 // 128 bits, then adjacent pairs twice. That is exactly what the single-row
 // kernel computes, so every row stays bit-identical to the row alone.
-TEXT ·dot4x4BF16(SB), NOSPLIT, $0-56
+TEXT ·dot4x4BF16(SB), NOSPLIT, $0-64
 	MOVQ p0+0(FP), R8
 	MOVQ p1+8(FP), R9
 	MOVQ p2+16(FP), R10
 	MOVQ p3+24(FP), R11
 	MOVQ x+32(FP), SI
 	MOVQ k+40(FP), CX
-	MOVQ sums+48(FP), DI
+	MOVQ out+48(FP), DI
+	MOVQ outStride+56(FP), BX
+	SHLQ $2, BX
 	LEAQ (SI)(CX*4), R12
 	LEAQ (R12)(CX*4), R13
 	LEAQ (R13)(CX*4), R14
@@ -124,6 +146,14 @@ reduce:
 	VSHUFPS $0x88, Z5, Z4, Z24
 	VSHUFPS $0xDD, Z5, Z4, Z25
 	VADDPS Z25, Z24, Z6
-	VMOVUPS Z6, (DI)
+	VMOVUPS rowMajor<>(SB), Z26
+	VPERMPS Z6, Z26, Z7
+	VEXTRACTF32X4 $0, Z7, (DI)
+	ADDQ BX, DI
+	VEXTRACTF32X4 $1, Z7, (DI)
+	ADDQ BX, DI
+	VEXTRACTF32X4 $2, Z7, (DI)
+	ADDQ BX, DI
+	VEXTRACTF32X4 $3, Z7, (DI)
 	VZEROUPPER
 	RET

@@ -132,22 +132,18 @@ func rows4Tiles(out []float32, outStride int, x []float32, m, k int, wf []float3
 // weight vector costs as much as two FMAs; dot4x4BF16 feeds each to four x
 // rows, with the registers this needs.
 func rowsQuad(out []float32, outStride int, x []float32, k int, p0, p1, p2, p3 unsafe.Pointer) {
-	var sums [16]float32 // sums[4*r+s]: x row s against weight row r
-	dot4x4BF16(p0, p1, p2, p3, rowPtr(x, 4*k), k, &sums)
-	for s := range 4 {
-		o := out[s*outStride : s*outStride+4]
-		o[0], o[1], o[2], o[3] = sums[s], sums[4+s], sums[8+s], sums[12+s]
-	}
+	_ = out[3*outStride+3] // the assembly writes rows 0…3, columns 0…3
+	dot4x4BF16(p0, p1, p2, p3, rowPtr(x, 4*k), k, unsafe.Pointer(&out[0]), outStride)
 }
 
 // dot4x4BF16 computes, in assembly (dot_amd64.s), the sixteen dot products
 // of four weight rows and four x rows exactly as dot4x1BF16 and sum4 compute
 // each one (the same FMA chain per lane, the same tree over the lanes), with
-// all 26 vector registers it needs: Go's register allocator leaves archsimd
-// code too few for this 4×4 block.
+// the 28 vector registers it needs (Go's register allocator leaves archsimd
+// code too few for this 4×4 block), and stores them to rows of out.
 //
 //go:noescape
-func dot4x4BF16(p0, p1, p2, p3, x unsafe.Pointer, k int, sums *[16]float32)
+func dot4x4BF16(p0, p1, p2, p3, x unsafe.Pointer, k int, out unsafe.Pointer, outStride int)
 
 // addTail adds the last k%16 elements of an x row (xTail) times those of
 // weight rows j…j+3 (zero-padded) to the four accumulators.
