@@ -14,25 +14,30 @@ import (
 	"ddflash/tokenizer"
 )
 
-// Prompter turns a conversation into prompt tokens and output tokens back
-// into text (for the next turn).
+// Prompter turns a request's conversation into prompt tokens and output
+// tokens back into text (for the next turn).
 type Prompter interface {
-	Prompt(msgs []Message, thinking bool) ([]int32, error)
+	Prompt(r Request) ([]int32, error)
 	Text(tokens []int32) (string, error)
 }
 
 // ChatPrompter renders the checkpoint's chat template and encodes it.
 type ChatPrompter struct{ Dir *tokenizer.Dir }
 
-// Prompt renders msgs with the generation prompt and encodes the text.
-func (c ChatPrompter) Prompt(msgs []Message, thinking bool) ([]int32, error) {
-	if c.Dir.ChatTemplate == nil {
-		return nil, errors.New("the model has no chat template (chat_template.jinja or tokenizer_config.json's chat_template); bench workloads are chats")
+// Prompt renders the messages with the generation prompt and encodes the
+// text; a raw request encodes RawText instead.
+func (c ChatPrompter) Prompt(r Request) ([]int32, error) {
+	if r.Raw {
+		return c.Dir.Encode(RawText(r.Messages)), nil
 	}
-	raw, err := json.Marshal(msgs)
+	if c.Dir.ChatTemplate == nil {
+		return nil, errors.New("the model has no chat template (chat_template.jinja or tokenizer_config.json's chat_template): use --raw for a base model")
+	}
+	raw, err := json.Marshal(r.Messages)
 	if err != nil {
 		return nil, err
 	}
+	thinking := r.EnableThinking
 	text, err := c.Dir.ChatTemplate.Render(tokenizer.ChatRequest{Messages: raw, AddGenerationPrompt: true, EnableThinking: &thinking})
 	if err != nil {
 		return nil, err
@@ -153,7 +158,7 @@ func (t *engineTarget) Close() error {
 }
 
 func (t *engineTarget) Generate(ctx context.Context, r Request) (*Response, error) {
-	prompt, err := t.p.Prompter.Prompt(r.Messages, r.EnableThinking)
+	prompt, err := t.p.Prompter.Prompt(r)
 	if err != nil {
 		return nil, err
 	}

@@ -120,6 +120,7 @@ func (o *OpenAI) Close() error { return nil }
 // chatChunk is the part of a streamed chat completion chunk the bench reads.
 type chatChunk struct {
 	Choices []struct {
+		Text  string `json:"text"` // text completions
 		Delta struct {
 			Content          string `json:"content"`
 			ReasoningContent string `json:"reasoning_content"`
@@ -160,13 +161,20 @@ func (o *OpenAI) Generate(ctx context.Context, r Request) (*Response, error) {
 	return readStream(resp.Body, start)
 }
 
-// post sends a streaming chat completion request; start is when.
+// post sends a streaming chat completion request (a text completion of
+// RawText when r.Raw); start is when.
 func (o *OpenAI) post(ctx context.Context, r Request, tokenIDs bool) (resp *http.Response, start time.Time, err error) {
 	fields := map[string]any{
-		"model": o.model, "messages": r.Messages, "max_tokens": r.MaxTokens,
+		"model": o.model, "max_tokens": r.MaxTokens,
 		"temperature": r.Temperature, "seed": r.Seed, "ignore_eos": r.IgnoreEOS,
 		"stream": true, "stream_options": map[string]any{"include_usage": true},
-		"chat_template_kwargs": map[string]any{"enable_thinking": r.EnableThinking},
+	}
+	path := "/v1/chat/completions"
+	if r.Raw {
+		path, fields["prompt"] = "/v1/completions", RawText(r.Messages)
+	} else {
+		fields["messages"] = r.Messages
+		fields["chat_template_kwargs"] = map[string]any{"enable_thinking": r.EnableThinking}
 	}
 	if tokenIDs {
 		fields["return_token_ids"] = true
@@ -175,7 +183,7 @@ func (o *OpenAI) post(ctx context.Context, r Request, tokenIDs bool) (resp *http
 	if err != nil {
 		return nil, start, err
 	}
-	req, err := o.newRequest(ctx, http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
+	req, err := o.newRequest(ctx, http.MethodPost, path, bytes.NewReader(body))
 	if err != nil {
 		return nil, start, err
 	}
@@ -184,7 +192,7 @@ func (o *OpenAI) post(ctx context.Context, r Request, tokenIDs bool) (resp *http
 	return resp, start, err
 }
 
-// readStream reads a server-sent event stream of chat completion chunks.
+// readStream reads a server-sent event stream of chat or text completion chunks.
 func readStream(body io.Reader, start time.Time) (*Response, error) {
 	out := &Response{}
 	var text strings.Builder
@@ -218,7 +226,7 @@ func readStream(body io.Reader, start time.Time) (*Response, error) {
 			out.PromptTokens, out.OutputTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
 		}
 		for _, ch := range c.Choices {
-			piece := ch.Delta.ReasoningContent + ch.Delta.Reasoning + ch.Delta.Content
+			piece := ch.Delta.ReasoningContent + ch.Delta.Reasoning + ch.Delta.Content + ch.Text
 			if piece != "" || len(ch.TokenIDs) > 0 {
 				out.Chunks = append(out.Chunks, Chunk{At: time.Since(start), Tokens: len(ch.TokenIDs)})
 				exact = exact && len(ch.TokenIDs) > 0

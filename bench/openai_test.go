@@ -26,6 +26,7 @@ type fakeServer struct {
 	mu                             sync.Mutex
 	inFlight, maxInFlight, maxMsgs int
 	thinking                       []bool
+	prompts                        []string // raw prompts of /v1/completions
 	drafts, draftTokens, accepted  int
 	acceptedPos                    [2]int
 	requests                       int
@@ -46,7 +47,7 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(w, "vllm:spec_decode_num_accepted_tokens_per_pos_total{engine=\"0\",model_name=\"fake-model\",position=\"%d\"} %d.0\n", i, n)
 		}
 		fmt.Fprint(w, "vllm:num_requests_running{model_name=\"fake-model\"} 0.0\n")
-	case "/v1/chat/completions":
+	case "/v1/chat/completions", "/v1/completions":
 		f.chat(w, r)
 	default:
 		http.NotFound(w, r)
@@ -57,6 +58,7 @@ func (f *fakeServer) chat(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Model     string    `json:"model"`
 		Messages  []Message `json:"messages"`
+		Prompt    *string   `json:"prompt"`
 		MaxTokens int       `json:"max_tokens"`
 		Stream    bool      `json:"stream"`
 		Kwargs    struct {
@@ -73,7 +75,8 @@ func (f *fakeServer) chat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data, _ := json.Marshal(raw)
-	if err := json.Unmarshal(data, &req); err != nil || !req.Stream || req.Model != "fake-model" {
+	completion := r.URL.Path == "/v1/completions"
+	if err := json.Unmarshal(data, &req); err != nil || !req.Stream || req.Model != "fake-model" || completion != (req.Prompt != nil) {
 		http.Error(w, `{"error":{"message":"bad request"}}`, http.StatusBadRequest)
 		return
 	}
@@ -82,6 +85,9 @@ func (f *fakeServer) chat(w http.ResponseWriter, r *http.Request) {
 	f.maxInFlight = max(f.maxInFlight, f.inFlight)
 	f.maxMsgs = max(f.maxMsgs, len(req.Messages))
 	f.thinking = append(f.thinking, req.Kwargs.EnableThinking)
+	if completion {
+		f.prompts = append(f.prompts, *req.Prompt)
+	}
 	f.requests++
 	f.mu.Unlock()
 	defer func() {
@@ -100,7 +106,9 @@ func (f *fakeServer) chat(w http.ResponseWriter, r *http.Request) {
 		w.(http.Flusher).Flush()
 	}
 	type choice = map[string]any
-	send(map[string]any{"choices": []choice{{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}}}})
+	if !completion {
+		send(map[string]any{"choices": []choice{{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}}}})
+	}
 	n := req.MaxTokens
 	if f.fail == "empty" {
 		n = 0
@@ -114,6 +122,9 @@ func (f *fakeServer) chat(w http.ResponseWriter, r *http.Request) {
 			text += fmt.Sprintf("w%d ", sent+i)
 		}
 		c := choice{"index": 0, "delta": map[string]any{"content": text}, "finish_reason": nil}
+		if completion {
+			c = choice{"index": 0, "text": text, "finish_reason": nil}
+		}
 		if f.tokenIDs {
 			c["token_ids"] = ids
 		}
@@ -247,6 +258,32 @@ func TestSweepAgainstAnOpenAIServer(t *testing.T) {
 	}
 	if tr := trace[0]; len(tr.Chunks) != 4 || tr.Chunks[0].Tokens != 3 || len(tr.Tokens) != 12 || !strings.HasPrefix(tr.Text, "w0 w1 w2") {
 		t.Errorf("first traced request %+v", tr)
+	}
+}
+
+// TestRawPromptsAreTextCompletions: with Raw, each turn goes to
+// /v1/completions as one document (earlier turns and replies joined by
+// newlines), the streamed text is read back, and the record says so.
+func TestRawPromptsAreTextCompletions(t *testing.T) {
+	f := &fakeServer{tokenIDs: true}
+	dir := t.TempDir()
+	backend, url := openFake(t, f)
+	sum, err := Sweep(context.Background(), Options{
+		Plan: chatPlan(t, "auto", 1, 3, 1, 1), Backend: backend, Store: Store{Dir: dir}, Argv: []string{"ddflash", "bench", "--raw", "--url", url},
+		IgnoreEOS: true, Raw: true, GPUs: &fakeGPUs{},
+	})
+	if err != nil || sum.Saved != 1 {
+		t.Fatalf("sweep: %v, %+v", err, sum)
+	}
+	chat := builtins[3].Conversations[0]
+	reply := "w0 w1 w2 "
+	want := []string{chat[0], chat[0], chat[0] + "\n" + reply + "\n" + chat[1], chat[0] + "\n" + reply + "\n" + chat[1] + "\n" + reply + "\n" + chat[2]}
+	if !slices.Equal(f.prompts, want) { // the warmup request, then the measured conversation
+		t.Errorf("raw prompts\n got %q\nwant %q", f.prompts, want)
+	}
+	rec, err := Store{Dir: dir}.ReadRecord("tp1-auto")
+	if err != nil || !rec.Setup.Knobs.RawPrompts || rec.Runs[0].OutputTokens != 9 {
+		t.Fatalf("record: %v, knobs %+v", err, rec.Setup.Knobs)
 	}
 }
 

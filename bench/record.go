@@ -121,6 +121,7 @@ type Knobs struct {
 	Seed           uint64  `json:"seed"`
 	IgnoreEOS      bool    `json:"ignore_eos"`
 	EnableThinking bool    `json:"enable_thinking"`
+	RawPrompts     bool    `json:"raw_prompts,omitempty"` // plain-text completions, no chat template
 	Repeats        int     `json:"repeats"`
 	Warmup         int     `json:"warmup"`
 }

@@ -167,7 +167,7 @@ func (s *sweeper) generate(ctx context.Context, t Target, msgs []Message, maxTok
 	}
 	resp, err := t.Generate(ctx, Request{
 		Messages: msgs, MaxTokens: maxTokens, Temperature: s.o.Temperature, Seed: s.o.Seed,
-		IgnoreEOS: s.o.IgnoreEOS, EnableThinking: s.o.Thinking,
+		IgnoreEOS: s.o.IgnoreEOS, EnableThinking: s.o.Thinking, Raw: s.o.Raw,
 	})
 	if err != nil {
 		return nil, err

@@ -34,6 +34,7 @@ type Options struct {
 	Seed               uint64
 	IgnoreEOS          bool
 	Thinking           bool
+	Raw                bool          // prompts as plain text (Request.Raw)
 	RequestTimeout     time.Duration // 0: none
 	GPUs               GPUReader
 	Log                io.Writer // progress and one line per saved run
@@ -188,7 +189,7 @@ func (s *sweeper) baseSetup() (Setup, error) {
 func (s *sweeper) setup(tp int, m Mode) Setup {
 	set := s.base
 	k := s.o.Backend.Knobs(tp, m)
-	k.Temperature, k.Seed, k.IgnoreEOS, k.EnableThinking = s.o.Temperature, s.o.Seed, s.o.IgnoreEOS, s.o.Thinking
+	k.Temperature, k.Seed, k.IgnoreEOS, k.EnableThinking, k.RawPrompts = s.o.Temperature, s.o.Seed, s.o.IgnoreEOS, s.o.Thinking, s.o.Raw
 	k.Repeats, k.Warmup = s.o.Plan.Repeats, s.o.Plan.Warmup
 	set.Knobs = k
 	return set

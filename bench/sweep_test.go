@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -207,5 +208,27 @@ func TestPromptTooLongIsAFailure(t *testing.T) {
 	rec, rerr := Store{Dir: out}.ReadRecord("tp1-auto")
 	if rerr != nil || len(rec.Runs) != 1 || rec.Complete {
 		t.Errorf("the valid run should be saved and the record incomplete: %+v, %v", rec, rerr)
+	}
+}
+
+// TestChatPrompterRaw: a raw request encodes the conversation's text joined
+// by newlines, with no chat template around it.
+func TestChatPrompterRaw(t *testing.T) {
+	model, _ := tinyPair(t)
+	tok, err := tokenizer.LoadDir(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []Message{{Role: "user", Content: "the fox"}, {Role: "assistant", Content: " ran"}, {Role: "user", Content: "away"}}
+	got, err := ChatPrompter{Dir: tok}.Prompt(Request{Messages: msgs, Raw: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := tok.Encode("the fox\n ran\naway"); !slices.Equal(got, want) {
+		t.Errorf("raw prompt %v, want %v", got, want)
+	}
+	chat, err := ChatPrompter{Dir: tok}.Prompt(Request{Messages: msgs})
+	if err != nil || len(chat) <= len(got) {
+		t.Errorf("chat prompt of %d tokens (%v): the template should wrap the turns", len(chat), err)
 	}
 }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"strings"
 	"time"
 )
 
@@ -19,6 +20,20 @@ type Request struct {
 	Seed           uint64
 	IgnoreEOS      bool
 	EnableThinking bool
+	// Raw sends the conversation as one plain-text document for completion
+	// (RawText; base models, /v1/completions) instead of through the chat
+	// template.
+	Raw bool
+}
+
+// RawText is a conversation as one document: its turns' texts joined by
+// newlines, the model's earlier replies included.
+func RawText(msgs []Message) string {
+	parts := make([]string, len(msgs))
+	for i, m := range msgs {
+		parts[i] = m.Content
+	}
+	return strings.Join(parts, "\n")
 }
 
 // Chunk is one streamed piece of output.

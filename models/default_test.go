@@ -232,3 +232,47 @@ func TestDefaultPairExtracts(t *testing.T) {
 		t.Fatalf("second call: %q, %v; want the cached %q", again, err, target)
 	}
 }
+
+// TestHeldoutWorkload: default/heldout.jsonl, the bench workload of the
+// pair's own domain (`ddflash bench --raw --workloads
+// models/default/heldout.jsonl`), holds exactly eval.json's held-out prompt
+// texts, one single-turn conversation each.
+func TestHeldoutWorkload(t *testing.T) {
+	data, err := os.ReadFile("default/eval.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev struct {
+		Prompts []struct {
+			Text string `json:"prompt_text"`
+		} `json:"prompts"`
+	}
+	if err := json.Unmarshal(data, &ev); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open("default/heldout.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var got []string
+	dec := json.NewDecoder(f)
+	for dec.More() {
+		var conv struct{ Turns []string }
+		if err := dec.Decode(&conv); err != nil {
+			t.Fatal(err)
+		}
+		if len(conv.Turns) != 1 {
+			t.Fatalf("conversation %d has %d turns, want 1", len(got), len(conv.Turns))
+		}
+		got = append(got, conv.Turns[0])
+	}
+	if len(got) != len(ev.Prompts) {
+		t.Fatalf("%d conversations, eval.json has %d prompts", len(got), len(ev.Prompts))
+	}
+	for i, p := range ev.Prompts {
+		if got[i] != p.Text {
+			t.Errorf("conversation %d: %q, eval.json %q", i, got[i], p.Text)
+		}
+	}
+}

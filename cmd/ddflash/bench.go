@@ -69,6 +69,7 @@ OpenAI-compatible server with --url. Each finished run is saved at once
 	out := fs.String("out", "bench_results", "results directory")
 	resume := fs.Bool("resume", false, "continue the sweep in --out, skipping finished runs")
 	thinking := fs.Bool("thinking", false, "enable_thinking for the chat template (recorded; it changes acceptance)")
+	raw := fs.Bool("raw", false, "send each conversation as plain text for completion, not through the chat template (base models such as the default pair; /v1/completions with --url)")
 	ignoreEOS := fs.Bool("ignore-eos", true, "generate max tokens even past end-of-sequence")
 	temperature := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
 	seed := fs.Uint64("seed", 0, "sampling seed")
@@ -100,7 +101,7 @@ OpenAI-compatible server with --url. Each finished run is saved at once
 		Plan: plan, Backend: backend, Store: bench.Store{Dir: *out}, Resume: *resume,
 		Argv:     append([]string{"ddflash", "bench"}, args...),
 		ModelDir: mf.model, DraftDir: mf.draft,
-		Temperature: *temperature, Seed: *seed, IgnoreEOS: *ignoreEOS, Thinking: *thinking,
+		Temperature: *temperature, Seed: *seed, IgnoreEOS: *ignoreEOS, Thinking: *thinking, Raw: *raw,
 		RequestTimeout: *timeout, GPUs: bench.NVML(), Log: os.Stderr,
 	})
 	if sum != nil {
