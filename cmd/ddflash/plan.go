@@ -44,7 +44,7 @@ func (f *planFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.gpuName, "gpu", "", "GPU by name: "+strings.Join(gpu.PresetNames(), ", ")+" (default: the local GPU through NVML)")
 	fs.StringVar(&f.gpuMem, "gpu-mem", "", "GPU memory instead of --gpu, e.g. 97887MiB or 80GB")
 	fs.StringVar(&f.gpuFree, "gpu-free", "", "memory free before loading (default: all of it, or what NVML reports)")
-	fs.IntVar(&f.tp, "tp", 1, "tensor-parallel degree; figures are per GPU")
+	fs.IntVar(&f.tp, "tp", 1, "tensor-parallel degree; figures are per GPU (rank 0, the most loaded, under ddflash rules)")
 	fs.IntVar(&f.maxRunning, "max-running-requests", 0, "requests running at once")
 	fs.StringVar(&f.spec, "spec", "ddtree", "decoding: auto (autoregressive, no drafter), linear (DFlash chain) or ddtree")
 	fs.IntVar(&f.budget, "budget", 0, "DDTree nodes per step (default: drafter block_size-1)")
@@ -254,19 +254,23 @@ func writePlan(w io.Writer, s *planSetup, p *planner.Plan) {
 		{"GDN state per slot", b.PerStateSlot},
 		{fmt.Sprintf("rollback per request (%s, %d tokens)", rollbackName(k), p.DraftTokens), b.RollbackPerRequest},
 	}
-	fmt.Fprintln(w, "unit costs, per GPU")
+	perGPU, rankNote := "per GPU", ""
+	if k.TP > 1 && k.Mode == planner.ModeDDFlash {
+		perGPU, rankNote = "per GPU (rank 0)", "  rank 0 holds the whole embedding and the drafter; the other ranks hold less\n"
+	}
+	fmt.Fprintln(w, "unit costs, "+perGPU)
 	for _, c := range costs {
 		if c.n > 0 {
 			fmt.Fprintf(w, "  %-44s %12s\n", c.what, planner.FormatBytes(c.n))
 		}
 	}
-	fmt.Fprintf(w, "\n%-46s %12s %7s\n", "memory, per GPU", "GiB", "share")
+	fmt.Fprintf(w, "\n%-46s %12s %7s\n", "memory, "+perGPU, "GiB", "share")
 	for _, seg := range p.Memory {
 		if seg.Bytes >= 1<<20 || seg.Bytes <= -1<<20 {
 			fmt.Fprintf(w, "  %-44s %12.2f %6.1f%%\n", seg.Use, float64(seg.Bytes)/(1<<30), 100*float64(seg.Bytes)/float64(k.GPUTotal))
 		}
 	}
-	fmt.Fprintf(w, "  %-44s %12.2f\n\n", "total", float64(k.GPUTotal)/(1<<30))
+	fmt.Fprintf(w, "  %-44s %12.2f\n%s\n", "total", float64(k.GPUTotal)/(1<<30), rankNote)
 	writeResult(w, p)
 	fmt.Fprintf(w, "\n%s\n", serveFlags(s, p))
 }
