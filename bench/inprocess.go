@@ -72,11 +72,12 @@ func (p *InProcess) Info() BackendInfo { return BackendInfo{Kind: "in-process"} 
 
 // engineFor returns the engine of a tensor-parallel degree, loading it on first use.
 func (p *InProcess) engineFor(tp int) (*engine.Engine, error) {
-	if p.tp != tp || (p.engine == nil && p.err == nil) {
-		p.engine, p.err = nil, nil // let the previous engine go before loading
-		p.engine, p.err = p.Load(tp)
-		p.tp = tp
+	if p.tp == tp && (p.engine != nil || p.err != nil) {
+		return p.engine, p.err
 	}
+	p.engine, p.err = nil, nil // let the previous engine go before loading
+	p.engine, p.err = p.Load(tp)
+	p.tp = tp
 	return p.engine, p.err
 }
 

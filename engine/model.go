@@ -129,9 +129,6 @@ func NewModel(cfg *config.Config, shards []Shard, kv *KVCache, states *mamba.Poo
 	return m, nil
 }
 
-// TP is the tensor-parallel degree.
-func (m *Model) TP() int { return len(m.ranks) }
-
 // Backend is rank 0's backend, where the drafter runs and outputs are read.
 func (m *Model) Backend() kernels.Backend { return m.ranks[0].b }
 
