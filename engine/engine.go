@@ -128,6 +128,24 @@ type Request struct {
 	MaxTokens int
 	Sampling  SamplingParams
 	IgnoreEOS bool
+	// StopTokenIDs end generation like the engine's EOS ids (kept in the output).
+	StopTokenIDs []int32
+	// MinTokens: EOS and stop tokens cannot be chosen before this many tokens.
+	MinTokens int
+	// Constraint, when set, restricts which tokens may come next
+	// (grammar-constrained decoding); nil means none.
+	Constraint Constraint
+}
+
+// Constraint restricts the tokens that may follow an output prefix, for
+// grammar-constrained decoding (tool_choice, response_format). It must depend
+// only on the prefix it is given, so a speculative tree node can be checked
+// along its own path; implementations may cache per prefix.
+type Constraint interface {
+	// Mask sets to -Inf the logits of the tokens that may not follow output
+	// (every token this request has generated so far, in order, including a
+	// speculative path's). Row covers the valid vocabulary.
+	Mask(output []int32, row []float32)
 }
 
 // Finish reasons, as in the OpenAI API.

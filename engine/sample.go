@@ -12,8 +12,16 @@ type SamplingParams struct {
 	Temperature float64 // 0 means greedy
 	TopK        int     // 0 means no limit
 	TopP        float64 // 0 or 1 means no limit
-	Seed        uint64
-	Logprobs    int // how many top alternatives to report per step (0: none)
+	MinP        float64 // 0 means no limit: drop tokens below MinP × the top token's probability
+	// Penalties over the request's output so far (presence and frequency as
+	// in the OpenAI API, additive; repetition as in HF/vLLM, over prompt and
+	// output, multiplicative; 0 or 1 means none).
+	PresencePenalty   float64
+	FrequencyPenalty  float64
+	RepetitionPenalty float64
+	LogitBias         map[int32]float32 // added to the raw logits
+	Seed              uint64
+	Logprobs          int // how many top alternatives to report per step (0: none)
 }
 
 // Validate reports parameters that cannot be honoured.
