@@ -6,11 +6,18 @@ import (
 	"testing"
 
 	"ddflash/engine/testmodel"
+	"ddflash/kernels"
 	"ddflash/kernels/cpu"
 )
 
 // newTestEngine writes a random checkpoint of the preset and loads it.
 func newTestEngine(t testing.TB, preset string, seed uint64, opts Options) *Engine {
+	t.Helper()
+	return newTestEngineOn(t, cpu.New(2), preset, seed, opts)
+}
+
+// newTestEngineOn loads a random model of the preset on backend b.
+func newTestEngineOn(t testing.TB, b kernels.Backend, preset string, seed uint64, opts Options) *Engine {
 	t.Helper()
 	p, err := testmodel.PresetByName(preset)
 	if err != nil {
@@ -20,7 +27,7 @@ func newTestEngine(t testing.TB, preset string, seed uint64, opts Options) *Engi
 	if err := testmodel.Write(dir, testmodel.Options{Preset: p, Seed: seed, DType: "f32"}); err != nil {
 		t.Fatal(err)
 	}
-	e, err := Load(cpu.New(2), dir, opts)
+	e, err := Load(b, dir, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

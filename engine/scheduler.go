@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 )
 
@@ -31,6 +32,36 @@ type Event struct {
 	Tokens   []int32
 	Logprobs []StepLogprobs
 }
+
+// PanicError is a request's failure from a panic in the engine while it ran.
+// Its message holds the panic's value, which is for the server's log, not
+// for clients.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("engine panic: %v", e.Value) }
+
+// recovered turns a recovered panic value into a PanicError.
+func recovered(v any) *PanicError { return &PanicError{Value: v, Stack: debug.Stack()} }
+
+// guard runs f, which works on one request, and makes a panic in it that
+// request's error.
+func guard(f func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = recovered(v)
+		}
+	}()
+	return f()
+}
+
+// eventBuffer is a Stream's channel capacity. The scheduler never blocks on
+// a slow reader: while an event waits unread, new tokens are held back and go
+// out together in the next one, and the last slot is kept for the final
+// event. So a request's buffer is a constant, whatever its max tokens.
+const eventBuffer = 2
 
 // Stream is a submitted request: events as tokens are produced, then the result.
 type Stream struct {
@@ -84,6 +115,7 @@ type pending struct {
 	job    *job
 	pages  int // worst-case KV pages reserved at admission
 	sent   int // tokens already delivered as events
+	ended  bool
 }
 
 // NewScheduler makes a scheduler over the engine; call Run to start it.
@@ -136,12 +168,12 @@ func (s *Scheduler) Submit(ctx context.Context, r Request) (*Stream, error) {
 	if need, total := s.worstCasePages(r), s.e.Model.KV.Pages(); need > total {
 		return nil, fmt.Errorf("%w: prompt plus max tokens needs %d KV pages, the cache has %d", ErrPromptTooLong, need, total)
 	}
-	p := &pending{ctx: ctx, req: r, stream: &Stream{events: make(chan Event, r.MaxTokens+1), done: make(chan struct{})}}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.queued >= s.opts.MaxQueue {
 		return nil, ErrQueueFull
 	}
+	p := &pending{ctx: ctx, req: r, stream: &Stream{events: make(chan Event, eventBuffer), done: make(chan struct{})}}
 	s.queued++
 	s.state.Queued = s.queued
 	s.incoming <- p // never blocks: the channel holds MaxQueue
@@ -180,11 +212,31 @@ func (s *Scheduler) Run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		s.waiting = append(s.waiting, s.drain()...)
-		running, reserved = s.admit(running, reserved)
-		running, reserved = s.step(running, reserved)
+		running, reserved = s.round(running, reserved)
 		s.publish(len(running))
 	}
+}
+
+// round admits what it can and runs one step. A panic that no single
+// request's work can be blamed for (in the batched forward, say) fails every
+// running request, which frees their pages and slots, and the scheduler
+// goes on with the queue.
+func (s *Scheduler) round(running []*pending, reserved int) (stillRunning []*pending, stillReserved int) {
+	defer func() {
+		if v := recover(); v != nil {
+			err := recovered(v)
+			// step filters running in place: a panic midway leaves every
+			// live request in it, some twice, next to ended ones (end skips those).
+			for _, p := range running {
+				_ = guard(func() error { s.end(p, err); return nil })
+			}
+			stillRunning, stillReserved = nil, 0
+		}
+	}()
+	s.waiting = append(s.waiting, s.drain()...)
+	running, reserved = s.admit(running, reserved)
+	running, reserved = s.step(running, reserved)
+	return running, reserved
 }
 
 // drain takes every request waiting in the channel.
@@ -216,7 +268,8 @@ func (s *Scheduler) admit(running []*pending, reserved int) ([]*pending, int) {
 			kept = append(kept, s.waiting[i:]...)
 			break
 		}
-		j, err := s.e.newJob(p.req)
+		var j *job
+		err := guard(func() (err error) { j, err = s.e.newJob(p.req); return err })
 		if err != nil {
 			s.end(p, err)
 			continue
@@ -246,7 +299,8 @@ func (s *Scheduler) step(running []*pending, reserved int) ([]*pending, int) {
 		if p.job.prefilling() && budget == 0 {
 			continue // its next chunk waits for a later step
 		}
-		in, err := p.job.prepare(max(budget, 1))
+		var in SeqInput
+		err := guard(func() (err error) { in, err = p.job.prepare(max(budget, 1)); return err })
 		if err != nil {
 			active = active[:len(active)-1]
 			reserved -= s.end(p, err)
@@ -268,8 +322,7 @@ func (s *Scheduler) step(running []*pending, reserved int) ([]*pending, int) {
 	failed := map[*pending]error{}
 	for i, p := range batch {
 		if err == nil {
-			err := p.job.complete(&outs[i])
-			if err != nil {
+			if err := guard(func() error { return p.job.complete(&outs[i]) }); err != nil {
 				failed[p] = err
 			}
 		} else {
@@ -278,7 +331,7 @@ func (s *Scheduler) step(running []*pending, reserved int) ([]*pending, int) {
 	}
 	kept := running[:0]
 	for _, p := range running {
-		s.deliver(p)
+		s.deliver(p, false)
 		switch {
 		case failed[p] != nil:
 			reserved -= s.end(p, failed[p])
@@ -291,10 +344,12 @@ func (s *Scheduler) step(running []*pending, reserved int) ([]*pending, int) {
 	return kept, reserved
 }
 
-// deliver sends the tokens produced since the last delivery.
-func (s *Scheduler) deliver(p *pending) {
+// deliver sends the tokens produced since the last delivery, unless the
+// reader has not taken the previous event yet (see eventBuffer) and this is
+// not the request's final delivery.
+func (s *Scheduler) deliver(p *pending, final bool) {
 	res := p.job.result()
-	if len(res.Tokens) == p.sent {
+	if len(res.Tokens) == p.sent || (!final && len(p.stream.events) >= eventBuffer-1) {
 		return
 	}
 	ev := Event{Tokens: res.Tokens[p.sent:]}
@@ -302,20 +357,28 @@ func (s *Scheduler) deliver(p *pending) {
 		ev.Logprobs = res.Logprobs[p.sent:]
 	}
 	p.sent = len(res.Tokens)
-	p.stream.events <- ev
+	p.stream.events <- ev // never blocks: only this goroutine sends, and a slot is free
 }
 
-// end finishes a request with err (nil on success), frees its resources at
-// once and returns the KV pages it had reserved. A request that ran keeps
-// its (partial) result even when it failed, so its statistics still count.
+// end finishes a request with err (nil on success), delivers its last
+// tokens, frees its resources at once and returns the KV pages it had
+// reserved. A request that ran keeps its (partial) result even when it
+// failed, so its statistics still count. Ending an ended request does nothing.
 func (s *Scheduler) end(p *pending, err error) int {
+	if p.ended {
+		return 0
+	}
+	p.ended = true
+	defer func() { // even if closing the job panics, the reader is told
+		p.stream.err = err
+		close(p.stream.events)
+		close(p.stream.done)
+	}()
 	if p.job != nil {
+		s.deliver(p, true)
 		p.stream.res = p.job.result()
 		p.job.close()
 	}
-	p.stream.err = err
-	close(p.stream.events)
-	close(p.stream.done)
 	return p.pages
 }
 
