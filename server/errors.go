@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 
@@ -56,12 +57,29 @@ func writeError(w http.ResponseWriter, err error) {
 	}{e})
 }
 
+// asAPIError is err as the client may see it. An error that is not already
+// an apiError is the server's own failure; its text (a panic's value, a
+// file's path) is for the server's log, and the client gets a plain 500.
 func asAPIError(err error) *apiError {
 	var e *apiError
 	if errors.As(err, &e) {
 		return e
 	}
-	return newError(http.StatusInternalServerError, serverError, "", "", "internal error: %v", err)
+	return errInternal
+}
+
+var errInternal = newError(http.StatusInternalServerError, serverError, "internal_error", "",
+	"the server failed while answering this request; its log has the details")
+
+// logFailure logs a server-side failure with what the client is not told:
+// the error's text and, for a panic, where it happened.
+func (s *Server) logFailure(msg string, err error) {
+	var p *engine.PanicError
+	if errors.As(err, &p) {
+		s.log.Error(msg, "error", err, "stack", string(p.Stack))
+		return
+	}
+	s.log.Error(msg, "error", err)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -90,12 +108,16 @@ func submitError(err error) *apiError {
 // decodeError explains why a request body could not be read into v.
 func decodeError(err error) *apiError {
 	var (
+		timeout net.Error
 		tooBig  *http.MaxBytesError
 		syntax  *json.SyntaxError
 		typeErr *json.UnmarshalTypeError
 		field   *apiError
 	)
 	switch {
+	case errors.As(err, &timeout) && timeout.Timeout():
+		return newError(http.StatusRequestTimeout, invalidRequest, "timeout", "",
+			"the request body did not arrive within the server's read timeout")
 	case errors.As(err, &tooBig):
 		return newError(http.StatusRequestEntityTooLarge, invalidRequest, "body_too_large", "",
 			"the request body is over the server's limit of %d bytes", tooBig.Limit)

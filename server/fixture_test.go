@@ -150,7 +150,7 @@ func serveTiny(t testing.TB, o harnessOptions) *harness {
 		target = o.target
 	}
 	e := loadEngine(t, target, o.spec, max(o.sched.MaxRunning, 1))
-	m := &Model{Engine: e, Scheduler: engine.NewScheduler(e, o.sched), Tokenizer: tok, Root: "tiny"}
+	m := &Model{Engine: e, Scheduler: engine.NewScheduler(e, o.sched), Tokenizer: tok}
 	srv := New(Options{ModelName: testModel, APIKey: o.apiKey})
 	ts := httptest.NewServer(srv)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -138,6 +138,10 @@ func (gen *generation) end(finish string, spec *engine.SpecStats) outcome {
 func (gen *generation) abort(err error) (outcome, error) {
 	defer gen.cancel()
 	gen.timer.end("abort", gen.res.promptTokens, gen.res.completionTokens, nil)
+	var limit *apiError
+	if errors.As(context.Cause(gen.ctx), &limit) { // the server's own deadline
+		return gen.res, limit
+	}
 	if errors.Is(err, errWrite) || (gen.ctx.Err() != nil && errors.Is(err, gen.ctx.Err())) {
 		return gen.res, errClientGone
 	}
@@ -193,7 +197,7 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, m *Model, g *ge
 		writeJSON(w, http.StatusOK, env)
 		return
 	}
-	sse := startSSE(w)
+	sse := startSSE(w, s.opts.Timeouts.Write)
 	chunk := func(choice any) error {
 		env.Choices = []any{choice}
 		return sse.send(env)
@@ -216,7 +220,7 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, m *Model, g *ge
 	case errors.Is(err, errClientGone):
 		return
 	case err != nil:
-		s.log.Error("generation failed", "error", err)
+		s.logFailure("generation failed", err)
 		_ = sse.send(struct {
 			Error *apiError `json:"error"`
 		}{asAPIError(err)}) // the status line is sent already: the error goes in the stream
@@ -230,26 +234,27 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 		return
 	}
 	if e := asAPIError(err); e.Status >= 500 {
-		s.log.Error("generation failed", "error", err)
+		s.logFailure("request failed", err)
 	}
 	writeError(w, err)
 }
 
 // sseWriter writes Server-Sent Events: one JSON object per data line.
 type sseWriter struct {
-	w  http.ResponseWriter
-	rc *http.ResponseController
+	w            http.ResponseWriter
+	rc           *http.ResponseController
+	writeTimeout time.Duration // for each write: a stream as a whole has no deadline
 }
 
 var errWrite = errors.New("writing to the client failed")
 
-func startSSE(w http.ResponseWriter) *sseWriter {
+func startSSE(w http.ResponseWriter, writeTimeout time.Duration) *sseWriter {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no") // proxies must not hold tokens back
 	w.WriteHeader(http.StatusOK)
-	return &sseWriter{w: w, rc: http.NewResponseController(w)}
+	return &sseWriter{w: w, rc: http.NewResponseController(w), writeTimeout: writeTimeout}
 }
 
 func (e *sseWriter) send(v any) error {
@@ -267,6 +272,9 @@ func (e *sseWriter) send(v any) error {
 func (e *sseWriter) done() error { return e.write([]byte("data: [DONE]\n\n")) }
 
 func (e *sseWriter) write(b []byte) error {
+	if e.writeTimeout > 0 {
+		_ = e.rc.SetWriteDeadline(time.Now().Add(e.writeTimeout))
+	}
 	if _, err := e.w.Write(b); err != nil {
 		return errWrite
 	}

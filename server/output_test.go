@@ -1,7 +1,9 @@
 package server
 
 import (
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -106,4 +108,166 @@ func streamDecoded(t *testing.T, tok *tokenizer.Tokenizer, ids []int32) string {
 		b.WriteString(s)
 	}
 	return b.String()
+}
+
+// naiveOut is textOut as it was before the automaton, the reference the
+// automaton must agree with: after every token it searches the held text for
+// each stop string, and for the longest end of it that begins one.
+type naiveOut struct {
+	stops   []string
+	text    string
+	heldLen []int
+	sent    int
+	stopped string
+}
+
+func (o *naiveOut) add(piece string) (released string, tokens int) {
+	o.heldLen = append(o.heldLen, len(piece))
+	o.text += piece
+	if at := o.matchStop(); at >= 0 {
+		return o.release(len(o.heldLen), at)
+	}
+	free := len(o.text) - o.partialStop()
+	n, end := 0, 0
+	for n < len(o.heldLen) && end+o.heldLen[n] <= free {
+		end += o.heldLen[n]
+		n++
+	}
+	return o.release(n, end)
+}
+
+func (o *naiveOut) release(n, end int) (string, int) {
+	text := o.text[:end]
+	o.text, o.heldLen, o.sent = o.text[end:], o.heldLen[n:], o.sent+end
+	return text, n
+}
+
+func (o *naiveOut) matchStop() int {
+	at := -1
+	for _, s := range o.stops {
+		if i := strings.Index(o.text, s); i >= 0 && (at < 0 || i < at) {
+			at, o.stopped = i, s
+		}
+	}
+	return at
+}
+
+func (o *naiveOut) partialStop() int {
+	longest := 0
+	for _, s := range o.stops {
+		for n := min(len(s)-1, len(o.text)); n > longest; n-- {
+			if strings.HasSuffix(o.text, s[:n]) {
+				longest = n
+				break
+			}
+		}
+	}
+	return longest
+}
+
+// TestTextOutMatchesNaive streams random pieces over a small alphabet (so
+// that stop strings overlap, nest and repeat; a two-byte character
+// included) through textOut and the naive reference: every step must
+// release the same text and tokens, and stop on the same string.
+func TestTextOutMatchesNaive(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	alphabet := []string{"a", "b", "c", "é"}
+	randText := func(maxParts int) string {
+		var b strings.Builder
+		for range rng.IntN(maxParts + 1) {
+			b.WriteString(alphabet[rng.IntN(len(alphabet))])
+		}
+		return b.String()
+	}
+	stopped := 0
+	for trial := range 3000 {
+		var stops []string
+		for range 1 + rng.IntN(6) {
+			if s := randText(5); s != "" {
+				stops = append(stops, s)
+			}
+		}
+		o, ref := &textOut{stops: newStopMatcher(stops)}, &naiveOut{stops: stops}
+		for step := range 30 {
+			piece := randText(3)
+			got := o.addText(token{id: int32(step)}, piece)
+			wantText, wantTokens := ref.add(piece)
+			if got.text != wantText || len(got.tokens) != wantTokens || o.stopped != ref.stopped {
+				t.Fatalf("trial %d step %d, stops %q, piece %q: released %q in %d tokens (stop %q), want %q in %d (stop %q)",
+					trial, step, stops, piece, got.text, len(got.tokens), o.stopped, wantText, wantTokens, ref.stopped)
+			}
+			if o.stopped != "" {
+				stopped++
+				break
+			}
+			// Only tokens whose text may begin a stop string stay held.
+			if len(o.held) > 0 && len(o.text)-o.heldLen[0] >= ref.partialStop() {
+				t.Fatalf("trial %d step %d: held %q, of which only the last %d bytes may begin a stop", trial, step, o.text, ref.partialStop())
+			}
+		}
+	}
+	if stopped < 1000 {
+		t.Fatalf("only %d trials stopped", stopped)
+	}
+}
+
+// TestTextOutCases spells out what stop strings do to streamed output.
+func TestTextOutCases(t *testing.T) {
+	cases := []struct {
+		name          string
+		pieces, stops []string
+		steps         []string // text released after each piece (and after finish, if no stop)
+		stopped       string
+	}{
+		{"in the middle of a token", []string{"abc", "dXYe", "fg"}, []string{"XY"}, []string{"abc", "d"}, "XY"},
+		{"across tokens", []string{"ab", "cX", "Yd"}, []string{"XY"}, []string{"ab", "", "c"}, "XY"},
+		{"earliest start among those ending in one token", []string{"a", "bcde"}, []string{"cd", "bcde"}, []string{"a", ""}, "bcde"},
+		{"the first to complete wins", []string{"ab", "c", "d"}, []string{"abcd", "bc"}, []string{"", "a"}, "bc"},
+		{"a tie goes to the first listed", []string{"xabc"}, []string{"abc", "ab"}, []string{"x"}, "abc"},
+		{"a tie goes to the first listed, reversed", []string{"xabc"}, []string{"ab", "abc"}, []string{"x"}, "ab"},
+		{"only a possible prefix is held", []string{"xx", "ab", "zz", "a"}, []string{"abc"}, []string{"xx", "", "abzz", "", "a"}, ""},
+		{"a prefix that stops being one is released", []string{"a", "b", "d"}, []string{"abc", "bb"}, []string{"", "", "abd", ""}, ""},
+		{"no stop strings", []string{"abc", "d"}, nil, []string{"abc", "d", ""}, ""},
+	}
+	for _, c := range cases {
+		o := &textOut{stops: newStopMatcher(c.stops)}
+		var steps []string
+		for i, p := range c.pieces {
+			steps = append(steps, o.addText(token{id: int32(i)}, p).text)
+			if o.stopped != "" {
+				break
+			}
+		}
+		if o.stopped == "" {
+			steps = append(steps, o.finishText("").text)
+		}
+		if !slices.Equal(steps, c.steps) || o.stopped != c.stopped {
+			t.Errorf("%s: released %q (stop %q), want %q (stop %q)", c.name, steps, o.stopped, c.steps, c.stopped)
+		}
+	}
+}
+
+// TestStopLimits checks the bounds on stop strings, at and past each limit.
+func TestStopLimits(t *testing.T) {
+	many := make([]string, maxStops)
+	for i := range many {
+		many[i] = fmt.Sprint(i)
+	}
+	for _, c := range []struct {
+		stops []string
+		inMsg string
+	}{
+		{many, ""},
+		{append(many, "x"), "limit is 16"},
+		{[]string{strings.Repeat("é", maxStopBytes/2)}, ""},
+		{[]string{"ok", strings.Repeat("x", maxStopBytes+1)}, "stop[1] is 257 bytes long, the limit is 256 bytes"},
+	} {
+		err := checkStops(c.stops)
+		switch {
+		case c.inMsg == "" && err != nil:
+			t.Errorf("%d stops: %v", len(c.stops), err)
+		case c.inMsg != "" && (err == nil || !strings.Contains(err.Error(), c.inMsg) || asAPIError(err).Status != 400):
+			t.Errorf("%d stops: %v, want a 400 saying %q", len(c.stops), err, c.inMsg)
+		}
+	}
 }

@@ -8,9 +8,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
-	"fmt"
 	"log/slog"
+	"mime"
 	"net/http"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -31,14 +32,38 @@ type Options struct {
 	APIKey       string // when set, every endpoint but /health needs "Authorization: Bearer KEY"
 	MaxBodyBytes int64  // 0 means DefaultMaxBodyBytes
 	Logger       *slog.Logger
+	Timeouts     Timeouts
+	// Addr is the address the server listens on. Without an API key, a
+	// request's Host must name it (or loopback, or AllowedHosts), and its
+	// Origin, when it has one, must be the server's own (or in
+	// AllowedOrigins): so web pages cannot drive a keyless server through
+	// the user's browser (cross-site requests, DNS rebinding).
+	Addr           string
+	AllowedHosts   []string // extra Host names, e.g. a reverse proxy's public name; "*" allows any
+	AllowedOrigins []string // extra origins ("https://ui.example.com"), answered with CORS headers; "*" allows any
 }
+
+// Timeouts bound how long one connection may take; zero means no bound.
+type Timeouts struct {
+	ReadHeader time.Duration // to read a request's headers
+	Read       time.Duration // to read a whole request, body included
+	// Write bounds a response: a non-streaming generation that would run
+	// longer is stopped and answered 504. A stream may run as long as it
+	// needs, but each of its writes must complete within Write (a client
+	// that stops reading is dropped).
+	Write time.Duration
+	Idle  time.Duration // a kept-alive connection waiting for its next request
+}
+
+// DefaultTimeouts are serve's defaults. The write timeout matches the
+// official OpenAI clients' own default request timeout.
+var DefaultTimeouts = Timeouts{ReadHeader: 10 * time.Second, Read: time.Minute, Write: 10 * time.Minute, Idle: 2 * time.Minute}
 
 // Model is what the server serves once loaded.
 type Model struct {
 	Engine    *engine.Engine
 	Scheduler *engine.Scheduler
 	Tokenizer *tokenizer.Dir
-	Root      string // where the model came from, reported by /v1/models
 }
 
 // Server answers the HTTP API. It answers from the moment it is created:
@@ -51,6 +76,14 @@ type Server struct {
 	metrics *metrics
 	routes  map[string]route // by path
 	created int64
+	origin  originPolicy
+}
+
+// HTTPServer is an http.Server for s with its timeouts.
+func (s *Server) HTTPServer() *http.Server {
+	t := s.opts.Timeouts
+	return &http.Server{Handler: s, ReadHeaderTimeout: t.ReadHeader, ReadTimeout: t.Read, WriteTimeout: t.Write, IdleTimeout: t.Idle,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
 }
 
 // New makes a server that is still loading.
@@ -61,7 +94,7 @@ func New(opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Server{opts: opts, log: opts.Logger, created: time.Now().Unix()}
+	s := &Server{opts: opts, log: opts.Logger, created: time.Now().Unix(), origin: newOriginPolicy(opts)}
 	s.metrics = newMetrics(opts.ModelName, s.schedulerState)
 	s.routes = map[string]route{
 		"/health":              {http.MethodGet, s.health},
@@ -106,21 +139,30 @@ type route struct {
 	handler http.HandlerFunc
 }
 
-// ServeHTTP routes a request after the API key and body-size checks.
+// ServeHTTP routes a request after the origin, API key, content type and
+// body-size checks.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler {
 				panic(v) // net/http's own way to drop a connection
 			}
-			s.log.Error("handler panic", "path", r.URL.Path, "panic", v)
-			writeError(w, fmt.Errorf("panic: %v", v))
+			s.fail(w, &engine.PanicError{Value: v, Stack: debug.Stack()})
 		}
 	}()
-	if r.URL.Path != "/health" && !s.authorized(r) {
-		writeError(w, newError(http.StatusUnauthorized, invalidRequest, "invalid_api_key", "",
-			"missing or wrong API key: send the header \"Authorization: Bearer KEY\""))
+	if s.origin.preflight(w, r) {
 		return
+	}
+	if r.URL.Path != "/health" {
+		if err := s.origin.check(w, r); err != nil {
+			writeError(w, err)
+			return
+		}
+		if !s.authorized(r) {
+			writeError(w, newError(http.StatusUnauthorized, invalidRequest, "invalid_api_key", "",
+				"missing or wrong API key: send the header \"Authorization: Bearer KEY\""))
+			return
+		}
 	}
 	rt, ok := s.routes[r.URL.Path]
 	switch {
@@ -130,10 +172,19 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", rt.method)
 		writeError(w, newError(http.StatusMethodNotAllowed, invalidRequest, "method_not_allowed", "",
 			"%s takes %s, not %s", r.URL.Path, rt.method, r.Method))
+	case r.Method == http.MethodPost && !isJSON(r.Header.Get("Content-Type")):
+		writeError(w, newError(http.StatusUnsupportedMediaType, invalidRequest, "unsupported_media_type", "",
+			"the request body must be JSON, sent with the header \"Content-Type: application/json\""))
 	default:
 		r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
 		rt.handler(w, r)
 	}
+}
+
+// isJSON reports whether a Content-Type header says JSON.
+func isJSON(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	return err == nil && mt == "application/json"
 }
 
 // authorized compares the bearer token in constant time (of digests, so
@@ -182,7 +233,7 @@ func (s *Server) answer(h func(*http.Request, *Model) (any, error)) modelHandler
 	return func(w http.ResponseWriter, r *http.Request, m *Model) {
 		v, err := h(r, m)
 		if err != nil {
-			writeError(w, err)
+			s.fail(w, err)
 			return
 		}
 		writeJSON(w, http.StatusOK, v)
@@ -194,12 +245,35 @@ func (s *Server) answer(h func(*http.Request, *Model) (any, error)) modelHandler
 func (s *Server) generator(parse func(*http.Request, *Model) (*genRequest, error), api func(*Model) endpoint) modelHandler {
 	return func(w http.ResponseWriter, r *http.Request, m *Model) {
 		g, err := parse(r, m)
+		if err == nil {
+			err = checkStops(g.stops)
+		}
 		if err != nil {
-			writeError(w, err)
+			s.fail(w, err)
 			return
+		}
+		if !g.stream && s.opts.Timeouts.Write > 0 {
+			ctx, cancel := s.generationDeadline(w, r)
+			defer cancel()
+			r = r.WithContext(ctx)
 		}
 		s.respond(w, r, m, g, api(m))
 	}
+}
+
+// answerTime is what a non-streaming generation leaves of the write
+// timeout to send its answer.
+const answerTime = 10 * time.Second
+
+// generationDeadline bounds a non-streaming generation by the write timeout,
+// and moves the connection's write deadline past it, so that the generation
+// is stopped (rather than left to run for a client that can no longer be
+// answered) and the client is told why.
+func (s *Server) generationDeadline(w http.ResponseWriter, r *http.Request) (context.Context, context.CancelFunc) {
+	limit := s.opts.Timeouts.Write
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(limit + answerTime))
+	return context.WithTimeoutCause(r.Context(), limit, newError(http.StatusGatewayTimeout, serverError, "timeout", "",
+		"the generation ran past the server's write timeout of %v: stream it (\"stream\": true), ask for fewer tokens, or raise the server's --write-timeout", limit))
 }
 
 // health is 200 while a model is served and 503 before (loading) and after.
@@ -211,6 +285,8 @@ func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// modelCard is a /v1/models entry, as vLLM writes it, except that root
+// is the served name too: where the weights lie is none of a client's business.
 type modelCard struct {
 	ID          string  `json:"id"`
 	Object      string  `json:"object"`
@@ -223,7 +299,7 @@ type modelCard struct {
 
 func (s *Server) listModels(_ *http.Request, m *Model) (any, error) {
 	card := modelCard{ID: s.opts.ModelName, Object: "model", Created: s.created, OwnedBy: "ddflash",
-		Root: m.Root, MaxModelLen: m.Engine.Context}
+		Root: s.opts.ModelName, MaxModelLen: m.Engine.Context}
 	return map[string]any{"object": "list", "data": []modelCard{card}}, nil
 }
 

@@ -492,6 +492,9 @@ type recorded struct {
 // serve runs one request through the handler without a network.
 func serve(h http.Handler, method, path, body, apiKey string) recorded {
 	req, _ := http.NewRequest(method, path, strings.NewReader(body))
+	if method == http.MethodPost {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	if apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+apiKey)
 	}

@@ -231,5 +231,5 @@ func (c *serveConfig) load(running int) (*server.Model, error) {
 		return nil, fmt.Errorf("serving text needs the model's tokenizer: %s has no tokenizer.json", c.model.model)
 	}
 	sched := engine.NewScheduler(e, engine.SchedulerOptions{MaxRunning: running, MaxQueue: c.maxQueue, StepPrefill: c.chunk})
-	return &server.Model{Engine: e, Scheduler: sched, Tokenizer: e.Tokenizer, Root: c.model.model}, nil
+	return &server.Model{Engine: e, Scheduler: sched, Tokenizer: e.Tokenizer}, nil
 }
