@@ -35,10 +35,25 @@ func runServe(args []string) error {
 
 // serveConfig is serve's flags: the model's and the server's own.
 type serveConfig struct {
-	model                       modelFlags
-	addr, apiKey, name, memSize string
-	maxRunning, maxQueue, chunk int
-	maxBody                     int64
+	model                        modelFlags
+	addr, apiKey, name, memSize  string
+	maxRunning, maxQueue, chunk  int
+	maxBody                      int64
+	timeouts                     server.Timeouts
+	allowedHosts, allowedOrigins listFlag
+}
+
+// listFlag is a comma-separated flag value.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error {
+	for _, item := range strings.Split(v, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			*l = append(*l, item)
+		}
+	}
+	return nil
 }
 
 func (c *serveConfig) register(fs *flag.FlagSet) {
@@ -50,6 +65,13 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.maxQueue, "max-queue", 0, "requests waiting for admission before 429 answers (default: 4 × running)")
 	fs.IntVar(&c.chunk, "chunked-prefill-size", 0, "prompt tokens prefilled per step over all requests (default: the engine's prefill chunk, 512)")
 	fs.Int64Var(&c.maxBody, "max-body-bytes", server.DefaultMaxBodyBytes, "largest request body")
+	t, d := &c.timeouts, server.DefaultTimeouts
+	fs.DurationVar(&t.Read, "read-timeout", d.Read, "time to read a whole request, body included (0: none)")
+	fs.DurationVar(&t.Write, "write-timeout", d.Write, "longest non-streaming response, generation included (then 504); a stream has no limit, but each write must complete within it (0: none)")
+	fs.DurationVar(&t.Idle, "idle-timeout", d.Idle, "how long a kept-alive connection may wait for its next request (0: none)")
+	t.ReadHeader = d.ReadHeader
+	fs.Var(&c.allowedHosts, "allowed-hosts", "without --api-key, Host names accepted besides the listen address and localhost, comma-separated (e.g. a reverse proxy's public name; * for any)")
+	fs.Var(&c.allowedOrigins, "allowed-origins", "web origins that may call the server from a browser (CORS), comma-separated, e.g. https://ui.example.com (* for any)")
 	fs.StringVar(&c.memSize, "gpu-mem", "", "memory to plan the caches in, e.g. 64GiB (default: this host's memory)")
 }
 
@@ -87,8 +109,9 @@ func serve(ctx context.Context, args []string, ready func(addr string)) error {
 	if host, _, _ := net.SplitHostPort(ln.Addr().String()); c.apiKey == "" && !net.ParseIP(host).IsLoopback() {
 		log.Warn("listening beyond loopback without --api-key: anyone who can reach this address can use the model", "addr", ln.Addr())
 	}
-	srv := server.New(server.Options{ModelName: c.name, APIKey: c.apiKey, MaxBodyBytes: c.maxBody, Logger: log})
-	httpSrv := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	srv := server.New(server.Options{ModelName: c.name, APIKey: c.apiKey, MaxBodyBytes: c.maxBody, Logger: log,
+		Timeouts: c.timeouts, Addr: ln.Addr().String(), AllowedHosts: c.allowedHosts, AllowedOrigins: c.allowedOrigins})
+	httpSrv := srv.HTTPServer()
 	served := make(chan error, 1)
 	go func() { served <- httpSrv.Serve(ln) }()
 	log.Info("listening; /health answers 503 until the model is loaded", "addr", "http://"+ln.Addr().String())

@@ -74,6 +74,7 @@ func serveOnce(t *testing.T, target, draft, tp string) string {
 	}
 	req, _ := http.NewRequest("POST", base+"/v1/completions", strings.NewReader(`{"model": "tiny", "prompt": "the fox", "max_tokens": 5, "temperature": 0, "ignore_eos": true}`))
 	req.Header.Set("Authorization", "Bearer k")
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
