@@ -137,6 +137,8 @@ type harnessOptions struct {
 	apiKey string
 	tok    *tokenizer.Dir // default: the tiny model's
 	target string         // a model sharing the tiny model's tokenizer; default: the tiny model
+	server Options        // the server's options besides the model name and API key
+	engine func(*engine.Engine)
 }
 
 // serveTiny starts a server for the tiny model and waits until /health says 200.
@@ -150,9 +152,16 @@ func serveTiny(t testing.TB, o harnessOptions) *harness {
 		target = o.target
 	}
 	e := loadEngine(t, target, o.spec, max(o.sched.MaxRunning, 1))
+	if o.engine != nil {
+		o.engine(e)
+	}
 	m := &Model{Engine: e, Scheduler: engine.NewScheduler(e, o.sched), Tokenizer: tok}
-	srv := New(Options{ModelName: testModel, APIKey: o.apiKey})
-	ts := httptest.NewServer(srv)
+	opts := o.server
+	opts.ModelName, opts.APIKey = testModel, o.apiKey
+	srv := New(opts)
+	ts := httptest.NewUnstartedServer(srv)
+	ts.Config = srv.HTTPServer()
+	ts.Start()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { srv.Run(ctx, m); close(done) }()

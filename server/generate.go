@@ -148,7 +148,7 @@ func (gen *generation) abort(err error) (outcome, error) {
 	if errors.Is(err, engine.ErrShutdown) {
 		return gen.res, submitError(err)
 	}
-	return gen.res, asAPIError(err)
+	return gen.res, err // the engine's failure: logged, and answered as a plain 500
 }
 
 var errClientGone = errors.New("the client went away")

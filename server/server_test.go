@@ -498,6 +498,11 @@ func serve(h http.Handler, method, path, body, apiKey string) recorded {
 	if apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+apiKey)
 	}
+	return record(h, req)
+}
+
+// record serves req in-process.
+func record(h http.Handler, req *http.Request) recorded {
 	rec := &responseRecorder{header: http.Header{}}
 	h.ServeHTTP(rec, req)
 	out := recorded{status: rec.status, body: rec.body.String()}
