@@ -271,3 +271,32 @@ func TestStopLimits(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkStopMatching streams 4-byte tokens of "aaaa" against the worst
+// stop strings allowed: maxStops strings of maxStopBytes bytes that all
+// begin with a long run of "a", so that a long prefix is always pending.
+// The naive reference rescans that prefix for every string and length at
+// every token; the automaton steps once per byte.
+func BenchmarkStopMatching(b *testing.B) {
+	stops := make([]string, maxStops)
+	for i := range stops {
+		stops[i] = strings.Repeat("a", maxStopBytes-1-i) + string(rune('b'+i))
+	}
+	const tokens = 1000
+	b.Run("automaton", func(b *testing.B) {
+		for b.Loop() {
+			o := &textOut{stops: newStopMatcher(stops)}
+			for i := range tokens {
+				o.addText(token{id: int32(i)}, "aaaa")
+			}
+		}
+	})
+	b.Run("naive", func(b *testing.B) {
+		for b.Loop() {
+			o := &naiveOut{stops: stops}
+			for range tokens {
+				o.add("aaaa")
+			}
+		}
+	})
+}
