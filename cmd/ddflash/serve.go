@@ -110,7 +110,7 @@ func serve(ctx context.Context, args []string, ready func(addr string)) error {
 		log.Warn("listening beyond loopback without --api-key: anyone who can reach this address can use the model", "addr", ln.Addr())
 	}
 	srv := server.New(server.Options{ModelName: c.name, APIKey: c.apiKey, MaxBodyBytes: c.maxBody, Logger: log,
-		Timeouts: c.timeouts, Addr: ln.Addr().String(), AllowedHosts: c.allowedHosts, AllowedOrigins: c.allowedOrigins})
+		Timeouts: c.timeouts, Addr: c.addr, AllowedHosts: c.allowedHosts, AllowedOrigins: c.allowedOrigins})
 	httpSrv := srv.HTTPServer()
 	served := make(chan error, 1)
 	go func() { served <- httpSrv.Serve(ln) }()

@@ -49,7 +49,8 @@ func serveOnce(t *testing.T, target, draft, tp string) string {
 	done := make(chan error, 1)
 	go func() {
 		done <- serve(ctx, []string{"--model", target, "--draft", draft, "--spec", "ddtree", "--budget", "4", "--tp", tp,
-			"--addr", "127.0.0.1:0", "--max-running-requests", "2", "--threads", "1", "--api-key", "k"}, func(a string) { addrs <- a })
+			"--addr", "127.0.0.1:0", "--max-running-requests", "2", "--threads", "1", "--api-key", "k",
+			"--write-timeout", "1m", "--allowed-origins", "https://ui.example, https://two.example"}, func(a string) { addrs <- a })
 	}()
 	var base string
 	select {
@@ -75,6 +76,7 @@ func serveOnce(t *testing.T, target, draft, tp string) string {
 	req, _ := http.NewRequest("POST", base+"/v1/completions", strings.NewReader(`{"model": "tiny", "prompt": "the fox", "max_tokens": 5, "temperature": 0, "ignore_eos": true}`))
 	req.Header.Set("Authorization", "Bearer k")
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Origin", "https://two.example")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +90,8 @@ func serveOnce(t *testing.T, target, draft, tp string) string {
 	}
 	err = json.NewDecoder(resp.Body).Decode(&got)
 	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusOK || got.Model != "tiny" || got.Usage.CompletionTokens != 5 || len(got.Choices) != 1 {
+	if err != nil || resp.StatusCode != http.StatusOK || got.Model != "tiny" || got.Usage.CompletionTokens != 5 || len(got.Choices) != 1 ||
+		resp.Header.Get("Access-Control-Allow-Origin") != "https://two.example" {
 		t.Fatalf("completion at --tp %s: status %d, %+v, %v", tp, resp.StatusCode, got, err)
 	}
 	cancel()
