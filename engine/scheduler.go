@@ -33,15 +33,15 @@ type Event struct {
 	Logprobs []StepLogprobs
 }
 
-// PanicError is a request's failure from a panic in the engine while it ran.
-// Its message holds the panic's value, which is for the server's log, not
-// for clients.
+// PanicError is a failure from a panic: the scheduler's, for a request the
+// engine panicked on. Its message holds the panic's value, which is for a
+// server's log, not for clients.
 type PanicError struct {
 	Value any
 	Stack []byte
 }
 
-func (e *PanicError) Error() string { return fmt.Sprintf("engine panic: %v", e.Value) }
+func (e *PanicError) Error() string { return fmt.Sprintf("panic: %v", e.Value) }
 
 // recovered turns a recovered panic value into a PanicError.
 func recovered(v any) *PanicError { return &PanicError{Value: v, Stack: debug.Stack()} }

@@ -33,7 +33,7 @@ type Options struct {
 	MaxBodyBytes int64  // 0 means DefaultMaxBodyBytes
 	Logger       *slog.Logger
 	Timeouts     Timeouts
-	// Addr is the address the server listens on. Without an API key, a
+	// Addr is the address the server listens on, as given (a name counts). Without an API key, a
 	// request's Host must name it (or loopback, or AllowedHosts), and its
 	// Origin, when it has one, must be the server's own (or in
 	// AllowedOrigins): so web pages cannot drive a keyless server through
@@ -55,8 +55,8 @@ type Timeouts struct {
 	Idle  time.Duration // a kept-alive connection waiting for its next request
 }
 
-// DefaultTimeouts are serve's defaults. The write timeout matches the
-// official OpenAI clients' own default request timeout.
+// DefaultTimeouts are serve's defaults. The write timeout is the OpenAI
+// Python client's own default request timeout.
 var DefaultTimeouts = Timeouts{ReadHeader: 10 * time.Second, Read: time.Minute, Write: 10 * time.Minute, Idle: 2 * time.Minute}
 
 // Model is what the server serves once loaded.
