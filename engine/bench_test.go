@@ -133,3 +133,42 @@ func BenchmarkSmallBatching(b *testing.B) {
 	}
 	b.ReportMetric(concurrent.Seconds()/sequential.Seconds(), "concurrent/sequential")
 }
+
+// BenchmarkSampler chooses one token from a row of the real vocabulary
+// (248,320 logits: a long normal tail under a few hundred likely tokens), as
+// the scheduler does for every request at every step.
+func BenchmarkSampler(b *testing.B) {
+	const V = 248320
+	rng := rand.New(rand.NewPCG(1, 2))
+	logits := make([]float32, V)
+	for i := range logits {
+		logits[i] = float32(rng.NormFloat64())
+		if rng.IntN(2000) == 0 {
+			logits[i] += float32(4 + 3*rng.Float64())
+		}
+	}
+	for _, c := range []struct {
+		name string
+		p    SamplingParams
+	}{
+		{"greedy", SamplingParams{}},
+		{"T1", SamplingParams{Temperature: 1}},
+		{"T0.7-topk20", SamplingParams{Temperature: 0.7, TopK: 20}},
+		{"T1-topp0.95", SamplingParams{Temperature: 1, TopP: 0.95}},
+		{"T1-minp0.05", SamplingParams{Temperature: 1, MinP: 0.05}},
+		{"greedy-logprobs5", SamplingParams{Logprobs: 5}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			s := NewSampler(c.p, V)
+			for b.Loop() {
+				tok, err := s.Sample(logits)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if c.p.Logprobs > 0 {
+					s.Logprobs(logits, tok, c.p.Logprobs)
+				}
+			}
+		})
+	}
+}

@@ -184,13 +184,34 @@ func (e *Engine) CheckRequest(r Request) error {
 		return fmt.Errorf("%w: the prompt has %d tokens and the context holds %d (prompt plus at least one new token)", ErrPromptTooLong, len(r.Prompt), e.Context)
 	case r.MaxTokens < 1:
 		return fmt.Errorf("max tokens %d: want at least 1", r.MaxTokens)
+	case r.MinTokens < 0 || r.MinTokens > r.MaxTokens:
+		return fmt.Errorf("min tokens %d: want 0..max tokens (%d)", r.MinTokens, r.MaxTokens)
+	}
+	if err := r.Sampling.Validate(); err != nil {
+		return err
+	}
+	inVocab := func(what string, t int32) error {
+		if t < 0 || int(t) >= e.ValidVocab {
+			return fmt.Errorf("%s token id %d outside the vocabulary 0..%d", what, t, e.ValidVocab-1)
+		}
+		return nil
 	}
 	for _, t := range r.Prompt {
-		if t < 0 || int(t) >= e.ValidVocab {
-			return fmt.Errorf("prompt token id %d outside the vocabulary 0..%d", t, e.ValidVocab-1)
+		if err := inVocab("prompt", t); err != nil {
+			return err
 		}
 	}
-	return r.Sampling.Validate()
+	for _, t := range r.StopTokenIDs {
+		if err := inVocab("stop", t); err != nil {
+			return err
+		}
+	}
+	for t := range r.Sampling.LogitBias {
+		if err := inVocab("logit_bias", t); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Generate runs one request to completion: plain autoregressive decoding,
@@ -221,17 +242,30 @@ func (e *Engine) Generate(ctx context.Context, r Request) (*Result, error) {
 	return j.result(), nil
 }
 
-// output collects a request's tokens and decides when it is finished.
+// output chooses a request's tokens, collects them and decides when it is finished.
 type output struct {
 	e       *Engine
 	r       Request
+	proc    *processors
 	sampler *Sampler
 	res     *Result
 }
 
 func newOutput(e *Engine, r Request) *output {
-	return &output{e: e, r: r, sampler: NewSampler(r.Sampling, e.ValidVocab),
+	o := &output{e: e, r: r, sampler: NewSampler(r.Sampling, e.ValidVocab),
 		res: &Result{Stats: Stats{PromptTokens: len(r.Prompt)}}}
+	o.proc = newProcessors(&o.r, e.EOS, e.ValidVocab)
+	return o
+}
+
+// choose picks the token after the output so far followed by path (the
+// drafted tokens from a verify's root to the node whose logits these are).
+func (o *output) choose(logits []float32, path []int32) (int32, error) {
+	tok, err := o.sampler.Sample(o.proc.apply(logits, o.res.Tokens, path))
+	if err != nil {
+		return 0, fmt.Errorf("after %d output tokens: %w", len(o.res.Tokens)+len(path), err)
+	}
+	return tok, nil
 }
 
 // emit appends a token chosen from logits and reports whether generation is over.
@@ -240,6 +274,7 @@ func (o *output) emit(tok int32, logits []float32) bool {
 		o.res.Logprobs = append(o.res.Logprobs, o.sampler.Logprobs(logits, tok, o.r.Sampling.Logprobs))
 	}
 	o.res.Tokens = append(o.res.Tokens, tok)
+	o.proc.emitted(tok)
 	o.res.FinishReason = o.e.finished(o.r, o.res.Tokens)
 	return o.res.FinishReason != ""
 }
@@ -255,10 +290,11 @@ func (o *output) finish(decode time.Duration) *Result {
 }
 
 // finished says why generation stops after the latest token, or "": an
-// end-of-sequence token, max tokens, or a sequence that fills the context.
+// end-of-sequence token (unless ignored) or a stop token id, max tokens, or
+// a sequence that fills the context.
 func (e *Engine) finished(r Request, out []int32) string {
 	last := out[len(out)-1]
-	if !r.IgnoreEOS && slices.Contains(e.EOS, last) {
+	if slices.Contains(r.StopTokenIDs, last) || (!r.IgnoreEOS && slices.Contains(e.EOS, last)) {
 		return FinishStop
 	}
 	if len(out) >= r.MaxTokens || len(r.Prompt)+len(out) >= e.Context {

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"ddflash/ddtree"
@@ -150,12 +151,14 @@ func (j *job) complete(out *SeqOutput) error {
 		}
 		j.out.res.Stats.PrefillMs = ms(time.Since(j.started))
 		j.decodeStart = time.Now()
-		j.last = j.out.sampler.Sample(out.Logits)
-		j.finished = j.out.emit(j.last, out.Logits)
+		if err := j.next(out.Logits); err != nil {
+			return err
+		}
 	case j.sess == nil:
 		j.seq.len++
-		j.last = j.out.sampler.Sample(out.Logits)
-		j.finished = j.out.emit(j.last, out.Logits)
+		if err := j.next(out.Logits); err != nil {
+			return err
+		}
 	default:
 		return j.completeVerify(out)
 	}
@@ -165,13 +168,36 @@ func (j *job) complete(out *SeqOutput) error {
 	return nil
 }
 
+// next chooses and emits the token after the output from its logits.
+func (j *job) next(logits []float32) error {
+	tok, err := j.out.choose(logits, nil)
+	if err != nil {
+		return err
+	}
+	j.last = tok
+	j.finished = j.out.emit(tok, logits)
+	return nil
+}
+
 // completeVerify walks the proposal with the target's tokens, commits the
 // accepted path and emits its tokens and the bonus.
 func (j *job) completeVerify(out *SeqOutput) error {
 	e, tree := j.e, j.tree
 	V := e.Model.Cfg.VocabSize
 	row := func(node int32) []float32 { return out.Logits[int(node)*V : int(node+1)*V] }
-	path, bonus := tree.Walk(func(node int32) int32 { return j.out.sampler.Sample(row(node)) })
+	// Each visited node's distribution is processed along its own path.
+	var walkErr error
+	path, bonus := tree.Walk(func(node int32) int32 {
+		if walkErr != nil {
+			return -1 // no child has this token: the walk stops
+		}
+		tok, err := j.out.choose(row(node), draftedPath(tree, node))
+		walkErr = err
+		return tok
+	})
+	if walkErr != nil {
+		return walkErr
+	}
 	if err := e.commit(j.seq, j.verify, path); err != nil {
 		return err
 	}
@@ -200,3 +226,14 @@ func (j *job) finish() {
 }
 
 func (j *job) result() *Result { return j.out.res }
+
+// draftedPath is the drafted tokens from the tree's root (excluded: it is
+// the anchor, already output) down to node.
+func draftedPath(tree *ddtree.Tree, node int32) []int32 {
+	var toks []int32
+	for n := node; n > 0; n = tree.Parents[n] {
+		toks = append(toks, tree.Tokens[n])
+	}
+	slices.Reverse(toks)
+	return toks
+}
