@@ -35,6 +35,10 @@ type Engine struct {
 	EOS []int32
 	// Tokenizer is the checkpoint's tokenizer, nil when it ships none.
 	Tokenizer *tokenizer.Dir
+	// Generation is the checkpoint's generation_config.json, nil when it
+	// ships none. Its eos ids are already in EOS; its sampling defaults are
+	// for the server to apply to requests that leave them out.
+	Generation *GenerationConfig
 	Context   int
 	// Drafter and Spec enable speculative decoding (Spec.Mode != SpecAuto).
 	Drafter Drafter
@@ -65,6 +69,18 @@ func LoadParallel(backends []kernels.Backend, dir string, opts Options) (*Engine
 	if err != nil {
 		return nil, err
 	}
+	gen, found, err := LoadGenerationConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range gen.EOS {
+		if id < 0 || int(id) >= valid {
+			return nil, fmt.Errorf("%s: generation_config.json: eos_token_id %d outside the vocabulary 0..%d", dir, id, valid-1)
+		}
+		if !slices.Contains(eos, id) {
+			eos = append(eos, id)
+		}
+	}
 	var comm Comm
 	if len(backends) > 1 {
 		comm = NewLocalComm(backends)
@@ -74,6 +90,9 @@ func LoadParallel(backends []kernels.Backend, dir string, opts Options) (*Engine
 		return nil, err
 	}
 	e.Tokenizer = tok
+	if found {
+		e.Generation = &gen
+	}
 	return e, nil
 }
 
