@@ -135,18 +135,11 @@ func BenchmarkSmallBatching(b *testing.B) {
 }
 
 // BenchmarkSampler chooses one token from a row of the real vocabulary
-// (248,320 logits: a long normal tail under a few hundred likely tokens), as
-// the scheduler does for every request at every step.
+// (248,320 logits shaped like a language model's, see lmLogits), as the
+// scheduler does for every request at every step.
 func BenchmarkSampler(b *testing.B) {
 	const V = 248320
-	rng := rand.New(rand.NewPCG(1, 2))
-	logits := make([]float32, V)
-	for i := range logits {
-		logits[i] = float32(rng.NormFloat64())
-		if rng.IntN(2000) == 0 {
-			logits[i] += float32(4 + 3*rng.Float64())
-		}
-	}
+	logits := lmLogits(rand.New(rand.NewPCG(1, 2)), V)
 	for _, c := range []struct {
 		name string
 		p    SamplingParams

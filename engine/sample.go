@@ -6,6 +6,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+
+	"ddflash/kernels/cpu"
 )
 
 // SamplingParams controls how a token is chosen from logits.
@@ -77,14 +79,19 @@ var ErrNoToken = errors.New("no token can be chosen: every logit is -Inf or NaN"
 // Sampler chooses tokens from logit rows. The same seed and the same logits
 // give the same tokens.
 //
-// Cost per row of V logits: one pass for the maximum, one for the kept
-// candidates and their weights, and top-k by a k-heap, top-p by quickselect
-// on the weights: O(V) plus O(k log k), never a sort of the vocabulary.
+// Cost per row of V logits, never a sort of the vocabulary: one pass for the
+// maximum; then top-k by a k-heap (one comparison for most entries) and
+// exact float64 weights for the k kept; or, without top-k, the weights of
+// the whole row in one vectorised pass (cpu.ExpWeights, float32
+// exponentials summed in float64), with top-p cut by quickselect among the
+// few tokens a histogram of the weights cannot rule out.
 type Sampler struct {
 	params SamplingParams
 	valid  int // logits at or beyond this id are padding rows and never chosen
 	rng    *rand.Rand
-	kept   []candidate // scratch reused by every call
+	// scratch reused by every call
+	kept    []candidate
+	weights []float32
 }
 
 // NewSampler makes a sampler for a vocabulary whose first valid ids are real tokens.
@@ -112,40 +119,57 @@ func byRank(a, b candidate) int {
 }
 
 // noFloor admits every finite logit (and excludes -Inf).
-const noFloor = -math.MaxFloat64
+const noFloor = -math.MaxFloat32
 
-// distribution returns the candidates the sampler draws from, after
-// temperature, min-p, top-k and top-p (as vLLM applies them), in no
-// particular order, with their total weight. It is empty when every logit is
-// -Inf or NaN. Greedy sampling is the point mass on the argmax. The slice is
-// the sampler's scratch, valid until the next call.
-func (s *Sampler) distribution(logits []float32) ([]candidate, float64) {
+// weighted is the distribution a token is drawn from: either the kept
+// candidates, or (dense, when kept is nil) a weight for every id.
+type weighted struct {
+	kept  []candidate
+	dense []float32
+	total float64
+}
+
+// distribution returns what the sampler draws from, after temperature,
+// min-p, top-k and top-p (as vLLM applies them); total is 0 when every
+// logit is -Inf or NaN. Greedy sampling is the point mass on the argmax.
+// The result lives in the sampler's scratch until the next call.
+func (s *Sampler) distribution(logits []float32) weighted {
 	row, p := logits[:s.valid], s.params
 	best := Argmax(row)
 	top := row[best]
 	if !(top > float32(math.Inf(-1))) {
-		return nil, 0
+		return weighted{}
 	}
 	if p.Greedy() {
 		s.kept = append(s.kept[:0], candidate{weight: 1, logit: top, id: int32(best)})
-		return s.kept, 1
+		return weighted{kept: s.kept, total: 1}
 	}
 	// min-p keeps p_i ≥ MinP·p_max, that is logit_i ≥ max + T·ln(MinP): a
-	// threshold on the logits, so it needs no exponentials.
-	floor := noFloor
+	// threshold on the logits.
+	floor := float32(noFloor)
 	if p.MinP > 0 {
-		floor = float64(top) + p.Temperature*math.Log(p.MinP)
+		floor = float32(float64(top) + p.Temperature*math.Log(p.MinP))
 	}
 	if p.TopK > 0 && p.TopK < len(row) {
-		s.kept = selectTopK(s.kept[:0], row, p.TopK, floor)
-	} else {
-		s.kept = s.kept[:0]
-		for i, v := range row {
-			if float64(v) >= floor {
-				s.kept = append(s.kept, candidate{logit: v, id: int32(i)})
-			}
-		}
+		return s.topK(row, top, floor)
 	}
+	if cap(s.weights) < len(row) {
+		s.weights = make([]float32, len(row))
+	}
+	w := s.weights[:len(row)]
+	total := cpu.ExpWeights(w, row, top, float32(1/p.Temperature), floor)
+	if p.TopP > 0 && p.TopP < 1 {
+		s.kept = topPCandidates(s.kept[:0], row, w, (1-p.TopP)*total)
+		return s.cut(p.TopP * total)
+	}
+	return weighted{dense: w, total: total}
+}
+
+// topK keeps the k best tokens at or above floor, weighs them in float64
+// and applies top-p to them.
+func (s *Sampler) topK(row []float32, top, floor float32) weighted {
+	p := s.params
+	s.kept = selectTopK(s.kept[:0], row, p.TopK, floor)
 	// exp(x) as exp2(x·log2 e): Go's Exp2 is several times faster than Exp
 	// on amd64, and the extra rounding (|x|·2⁻⁵³ relative) is far below what
 	// sampling can resolve.
@@ -156,25 +180,62 @@ func (s *Sampler) distribution(logits []float32) ([]candidate, float64) {
 		total += w
 	}
 	if p.TopP > 0 && p.TopP < 1 {
-		s.kept = s.kept[:cutTopP(s.kept, p.TopP*total)]
-		total = 0
-		for _, c := range s.kept {
-			total += c.weight
+		return s.cut(p.TopP * total)
+	}
+	return weighted{kept: s.kept, total: total}
+}
+
+// cut keeps the smallest best-first prefix of s.kept whose weight reaches target.
+func (s *Sampler) cut(target float64) weighted {
+	s.kept = s.kept[:cutTopP(s.kept, target)]
+	total := 0.0
+	for _, c := range s.kept {
+		total += c.weight
+	}
+	return weighted{kept: s.kept, total: total}
+}
+
+// topPCandidates appends to dst the tokens top-p may keep: all but the
+// least likely ones whose combined weight is certainly under excluded
+// ((1 − p) of the total), which no top-p prefix can reach. A histogram of
+// the weights' binary exponents (weights in bucket e are below 2^(e−126))
+// bounds that tail without a sort.
+func topPCandidates(dst []candidate, row, w []float32, excluded float64) []candidate {
+	var count [256]int
+	for _, x := range w {
+		count[math.Float32bits(x)>>23]++
+	}
+	lowest, tail := 0, 0.0 // buckets below lowest are ruled out; tail bounds their weight
+	for e, n := range count {
+		bound := tail + float64(n)*math.Ldexp(1, e-126)
+		if bound >= excluded {
+			break
+		}
+		lowest, tail = e+1, bound
+	}
+	for i, x := range w {
+		if x > 0 && int(math.Float32bits(x)>>23) >= lowest {
+			dst = append(dst, candidate{weight: float64(x), logit: row[i], id: int32(i)})
 		}
 	}
-	return s.kept, total
+	return dst
 }
 
 // Distribution returns the probabilities the sampler draws from (after
 // temperature, min-p, top-k and top-p), most likely first. It is empty when
 // no token can be chosen. Greedy sampling is the point mass on the argmax.
 func (s *Sampler) Distribution(logits []float32) []TokenLogprob {
-	kept, total := s.distribution(logits)
-	kept = slices.Clone(kept)
+	d := s.distribution(logits)
+	kept := slices.Clone(d.kept)
+	for id, w := range d.dense {
+		if w > 0 {
+			kept = append(kept, candidate{weight: float64(w), logit: logits[id], id: int32(id)})
+		}
+	}
 	slices.SortFunc(kept, byRank)
 	out := make([]TokenLogprob, len(kept))
 	for i, c := range kept {
-		out[i] = TokenLogprob{ID: c.id, Logprob: math.Log(c.weight / total)}
+		out[i] = TokenLogprob{ID: c.id, Logprob: math.Log(c.weight / d.total)}
 	}
 	return out
 }
@@ -182,28 +243,68 @@ func (s *Sampler) Distribution(logits []float32) []TokenLogprob {
 // Sample draws one token from the logits. It uses one random number when
 // more than one token can be drawn, none otherwise.
 func (s *Sampler) Sample(logits []float32) (int32, error) {
-	kept, total := s.distribution(logits)
-	switch len(kept) {
-	case 0:
+	d := s.distribution(logits)
+	switch {
+	case d.total == 0:
 		return 0, ErrNoToken
-	case 1:
-		return kept[0].id, nil
+	case len(d.kept) == 1:
+		return d.kept[0].id, nil
 	}
-	u := s.rng.Float64() * total
-	for _, c := range kept {
+	u := s.rng.Float64() * d.total
+	if d.dense != nil {
+		return drawDense(d.dense, u), nil
+	}
+	for _, c := range d.kept {
 		u -= c.weight
 		if u < 0 {
 			return c.id, nil
 		}
 	}
-	return kept[len(kept)-1].id, nil // rounding left a sliver: the last kept token
+	return d.kept[len(d.kept)-1].id, nil // rounding left a sliver: the last kept token
+}
+
+// drawDense returns the first id whose cumulative weight passes u, skipping
+// whole blocks by their sums (independent adds, not one long chain).
+func drawDense(w []float32, u float64) int32 {
+	const block = 64
+	last := int32(-1)
+	for lo := 0; lo < len(w); lo += block {
+		b := w[lo:min(lo+block, len(w))]
+		var s0, s1, s2, s3 float64
+		i := 0
+		for ; i+4 <= len(b); i += 4 {
+			s0 += float64(b[i])
+			s1 += float64(b[i+1])
+			s2 += float64(b[i+2])
+			s3 += float64(b[i+3])
+		}
+		for ; i < len(b); i++ {
+			s0 += float64(b[i])
+		}
+		if sum := s0 + s1 + s2 + s3; u >= sum {
+			u -= sum
+			if sum > 0 {
+				last = int32(lo + len(b) - 1)
+			}
+			continue
+		}
+		for i, x := range b {
+			if u -= float64(x); u < 0 {
+				return int32(lo + i)
+			}
+		}
+	}
+	for last > 0 && w[last] == 0 { // rounding left a sliver: the last token with weight
+		last--
+	}
+	return last
 }
 
 // Logprobs reports the chosen token's log-probability under the model's own
 // distribution (raw logits, padding masked) and the top n alternatives.
 func (s *Sampler) Logprobs(logits []float32, chosen int32, n int) StepLogprobs {
 	row := logits[:s.valid]
-	lse := logSumExp(row)
+	lse := s.logSumExp(row)
 	out := StepLogprobs{TokenLogprob: TokenLogprob{ID: chosen, Logprob: float64(row[chosen]) - lse}}
 	top := selectTopK(nil, row, n, noFloor)
 	slices.SortFunc(top, byRank)
@@ -224,25 +325,26 @@ func Argmax(row []float32) int {
 	return best
 }
 
-func logSumExp(row []float32) float64 {
-	m := float64(row[Argmax(row)])
-	if math.IsInf(m, -1) {
-		return m
+// logSumExp is log Σ exp(row), for log-probabilities: the weights in one
+// vectorised pass into scratch.
+func (s *Sampler) logSumExp(row []float32) float64 {
+	m := row[Argmax(row)]
+	if math.IsInf(float64(m), -1) {
+		return float64(m)
 	}
-	sum := 0.0
-	for _, v := range row {
-		sum += math.Exp2((float64(v) - m) * math.Log2E)
+	if cap(s.weights) < len(row) {
+		s.weights = make([]float32, len(row))
 	}
-	return m + math.Log(sum)
+	return float64(m) + math.Log(cpu.ExpWeights(s.weights[:len(row)], row, m, 1, noFloor))
 }
 
 // selectTopK appends to dst the k best entries of row (by value, then lower
 // index) whose value is at least floor, in heap order: a k-heap whose root
 // is the weakest kept entry, so most entries cost one comparison.
-func selectTopK(dst []candidate, row []float32, k int, floor float64) []candidate {
+func selectTopK(dst []candidate, row []float32, k int, floor float32) []candidate {
 	h := dst[:0]
 	for i, v := range row {
-		if !(float64(v) >= floor) {
+		if !(v >= floor) {
 			continue
 		}
 		c := candidate{logit: v, id: int32(i)}

@@ -81,3 +81,25 @@ func convAVX512(out []float32, window [][]float32, wT []float32) {
 	}
 	archsimd.ClearAVXUpperBits()
 }
+
+// expWeightsAVX512 is expWeightsPortable with exp16, 16 lanes at a time,
+// the sum kept in float64 lanes; the tail goes through the portable loop.
+func expWeightsAVX512(w, x []float32, top, scale, floor float32) float64 {
+	t, s, f := splat(top), splat(scale), splat(floor)
+	var acc archsimd.Float64x8
+	l := 0
+	for ; l+16 <= len(x); l += 16 {
+		v := archsimd.LoadFloat32x16Slice(x[l:])
+		e := exp16(v.Sub(t).Mul(s)).Masked(v.GreaterEqual(f))
+		e.StoreSlice(w[l:])
+		acc = acc.Add(e.GetLo().ConvertToFloat64()).Add(e.GetHi().ConvertToFloat64())
+	}
+	var lanes [8]float64
+	acc.Store(&lanes)
+	archsimd.ClearAVXUpperBits()
+	total := 0.0
+	for _, v := range lanes {
+		total += v
+	}
+	return total + expWeightsPortable(w[l:], x[l:], top, scale, floor)
+}
