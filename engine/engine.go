@@ -39,7 +39,7 @@ type Engine struct {
 	// ships none. Its eos ids are already in EOS; its sampling defaults are
 	// for the server to apply to requests that leave them out.
 	Generation *GenerationConfig
-	Context   int
+	Context    int
 	// Drafter and Spec enable speculative decoding (Spec.Mode != SpecAuto).
 	Drafter Drafter
 	Spec    SpecOptions
@@ -138,6 +138,7 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 		states.Close()
 		return nil, err
 	}
+	m.ValidVocab = validVocab
 	return &Engine{Model: m, ValidVocab: validVocab, EOS: eos, Context: opts.Context, opts: opts}, nil
 }
 
@@ -277,10 +278,31 @@ func newOutput(e *Engine, r Request) *output {
 	return o
 }
 
-// choose picks the token after the output so far followed by path (the
-// drafted tokens from a verify's root to the node whose logits these are).
-func (o *output) choose(logits []float32, path []int32) (int32, error) {
-	tok, err := o.sampler.Sample(o.proc.apply(logits, o.res.Tokens, path))
+// deviceArgmax reports whether the next tokens are plain argmaxes of the
+// raw logits, so the device may reduce the rows (SeqInput.Argmax): greedy,
+// no logprobs and no processor active from the next position on (once
+// inactive, processors stay so).
+func (o *output) deviceArgmax() bool {
+	return o.r.Sampling.Greedy() && o.r.Sampling.Logprobs == 0 && !o.proc.active(len(o.res.Tokens))
+}
+
+// rowLogits is logit row i of a step's output, nil when the device reduced it.
+func (o *output) rowLogits(out *SeqOutput, i int) []float32 {
+	if out.Logits == nil {
+		return nil
+	}
+	V := o.e.Model.Cfg.VocabSize
+	return out.Logits[i*V : (i+1)*V]
+}
+
+// choose picks the token at logit row i of a step's output: the token after
+// the output so far followed by path (the drafted tokens from a verify's
+// root to that row's node).
+func (o *output) choose(out *SeqOutput, i int, path []int32) (int32, error) {
+	if out.Argmax != nil {
+		return out.Argmax[i], nil
+	}
+	tok, err := o.sampler.Sample(o.proc.apply(o.rowLogits(out, i), o.res.Tokens, path))
 	if err != nil {
 		return 0, fmt.Errorf("after %d output tokens: %w", len(o.res.Tokens)+len(path), err)
 	}

@@ -131,6 +131,7 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 			in.Parents = j.tree.Parents
 		}
 	}
+	in.Argmax = in.Logits != NoRows && j.out.deviceArgmax()
 	if err := e.Model.KV.Reserve(&j.seq.kv, j.seq.len+len(in.Tokens)); err != nil {
 		return in, err
 	}
@@ -151,12 +152,12 @@ func (j *job) complete(out *SeqOutput) error {
 		}
 		j.out.res.Stats.PrefillMs = ms(time.Since(j.started))
 		j.decodeStart = time.Now()
-		if err := j.next(out.Logits); err != nil {
+		if err := j.next(out); err != nil {
 			return err
 		}
 	case j.sess == nil:
 		j.seq.len++
-		if err := j.next(out.Logits); err != nil {
+		if err := j.next(out); err != nil {
 			return err
 		}
 	default:
@@ -168,14 +169,14 @@ func (j *job) complete(out *SeqOutput) error {
 	return nil
 }
 
-// next chooses and emits the token after the output from its logits.
-func (j *job) next(logits []float32) error {
-	tok, err := j.out.choose(logits, nil)
+// next chooses and emits the token after the output from a step's one logit row.
+func (j *job) next(out *SeqOutput) error {
+	tok, err := j.out.choose(out, 0, nil)
 	if err != nil {
 		return err
 	}
 	j.last = tok
-	j.finished = j.out.emit(tok, logits)
+	j.finished = j.out.emit(tok, j.out.rowLogits(out, 0))
 	return nil
 }
 
@@ -183,15 +184,13 @@ func (j *job) next(logits []float32) error {
 // accepted path and emits its tokens and the bonus.
 func (j *job) completeVerify(out *SeqOutput) error {
 	e, tree := j.e, j.tree
-	V := e.Model.Cfg.VocabSize
-	row := func(node int32) []float32 { return out.Logits[int(node)*V : int(node+1)*V] }
 	// Each visited node's distribution is processed along its own path.
 	var walkErr error
 	path, bonus := tree.Walk(func(node int32) int32 {
 		if walkErr != nil {
 			return -1 // no child has this token: the walk stops
 		}
-		tok, err := j.out.choose(row(node), draftedPath(tree, node))
+		tok, err := j.out.choose(out, int(node), draftedPath(tree, node))
 		walkErr = err
 		return tok
 	})
@@ -208,7 +207,7 @@ func (j *job) completeVerify(out *SeqOutput) error {
 		if i < len(path) {
 			tok = tree.Tokens[path[i]]
 		}
-		j.finished = j.out.emit(tok, row(path[i-1]))
+		j.finished = j.out.emit(tok, j.out.rowLogits(out, int(path[i-1])))
 	}
 	j.features = e.features(out, j.taps(), path, 0)
 	j.last = bonus

@@ -133,9 +133,7 @@ func TestProcessorsMatchReference(t *testing.T) {
 			t.Fatalf("trial %d: %d logits, want at least %d", trial, len(got), valid)
 		}
 		for i, w := range want {
-			g := float64(got[i])
-			same := (math.IsInf(w, -1) && math.IsInf(g, -1)) || math.Abs(g-w) <= 1e-5*(1+math.Abs(w))
-			if !same {
+			if g := float64(got[i]); !processedClose(g, w) {
 				t.Fatalf("trial %d (%+v, output %v, path %v): logit %d = %g, want %g", trial, r.Sampling, output, path, i, g, w)
 			}
 		}
@@ -143,12 +141,18 @@ func TestProcessorsMatchReference(t *testing.T) {
 		// position after the output alone sees the output alone.
 		alone := p.apply(raw, output, nil)
 		for i, w := range referenceProcess(raw, valid, r, eos, output) {
-			g := float64(alone[i])
-			if !(math.IsInf(w, -1) && math.IsInf(g, -1)) && !(math.Abs(g-w) <= 1e-5*(1+math.Abs(w))) {
+			if g := float64(alone[i]); !processedClose(g, w) {
 				t.Fatalf("trial %d: after a path, logit %d = %g, want %g", trial, i, g, w)
 			}
 		}
 	}
+}
+
+// processedClose compares a float32 processed logit with the float64
+// reference: both -Inf, or within 1e-5 relative (float32 rounding of the
+// penalties); NaN never compares close.
+func processedClose(got, want float64) bool {
+	return (math.IsInf(want, -1) && math.IsInf(got, -1)) || math.Abs(got-want) <= 1e-5*(1+math.Abs(want))
 }
 
 // TestSpecWithProcessorsIsLossless: with penalties, logit bias, min_tokens,

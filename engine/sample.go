@@ -80,11 +80,12 @@ var ErrNoToken = errors.New("no token can be chosen: every logit is -Inf or NaN"
 // give the same tokens.
 //
 // Cost per row of V logits, never a sort of the vocabulary: one pass for the
-// maximum; then top-k by a k-heap (one comparison for most entries) and
-// exact float64 weights for the k kept; or, without top-k, the weights of
-// the whole row in one vectorised pass (cpu.ExpWeights, float32
-// exponentials summed in float64), with top-p cut by quickselect among the
-// few tokens a histogram of the weights cannot rule out.
+// maximum; then top-k by a k-heap (one comparison for most entries), or
+// min-p by a threshold on the logits, and float64 weights for the tokens
+// kept; or else the weights of the whole row in one vectorised pass
+// (cpu.ExpWeights: float32 exponentials summed in float64). Top-p is cut
+// by quickselect among the tokens kept, or, over the whole row, among the
+// few that a histogram of the weights cannot rule out.
 type Sampler struct {
 	params SamplingParams
 	valid  int // logits at or beyond this id are padding rows and never chosen
@@ -145,19 +146,26 @@ func (s *Sampler) distribution(logits []float32) weighted {
 		return weighted{kept: s.kept, total: 1}
 	}
 	// min-p keeps p_i ≥ MinP·p_max, that is logit_i ≥ max + T·ln(MinP): a
-	// threshold on the logits.
+	// threshold on the logits (noFloor drops only -Inf).
 	floor := float32(noFloor)
 	if p.MinP > 0 {
 		floor = float32(float64(top) + p.Temperature*math.Log(p.MinP))
 	}
-	if p.TopK > 0 && p.TopK < len(row) {
-		return s.topK(row, top, floor)
+	switch {
+	case p.TopK > 0 && p.TopK < len(row):
+		s.kept = selectTopK(s.kept[:0], row, p.TopK, floor)
+		return s.weigh(top)
+	case p.MinP > 0:
+		s.kept = s.kept[:0]
+		for i, v := range row {
+			if v >= floor {
+				s.kept = append(s.kept, candidate{logit: v, id: int32(i)})
+			}
+		}
+		return s.weigh(top)
 	}
-	if cap(s.weights) < len(row) {
-		s.weights = make([]float32, len(row))
-	}
-	w := s.weights[:len(row)]
-	total := cpu.ExpWeights(w, row, top, float32(1/p.Temperature), floor)
+	w := s.scratchWeights(len(row))
+	total := cpu.ExpWeights(w, row, top, float32(1/p.Temperature))
 	if p.TopP > 0 && p.TopP < 1 {
 		s.kept = topPCandidates(s.kept[:0], row, w, (1-p.TopP)*total)
 		return s.cut(p.TopP * total)
@@ -165,11 +173,10 @@ func (s *Sampler) distribution(logits []float32) weighted {
 	return weighted{dense: w, total: total}
 }
 
-// topK keeps the k best tokens at or above floor, weighs them in float64
-// and applies top-p to them.
-func (s *Sampler) topK(row []float32, top, floor float32) weighted {
+// weigh gives the kept candidates (top-k or min-p survivors) float64
+// weights and applies top-p to them.
+func (s *Sampler) weigh(top float32) weighted {
 	p := s.params
-	s.kept = selectTopK(s.kept[:0], row, p.TopK, floor)
 	// exp(x) as exp2(x·log2 e): Go's Exp2 is several times faster than Exp
 	// on amd64, and the extra rounding (|x|·2⁻⁵³ relative) is far below what
 	// sampling can resolve.
@@ -332,10 +339,15 @@ func (s *Sampler) logSumExp(row []float32) float64 {
 	if math.IsInf(float64(m), -1) {
 		return float64(m)
 	}
-	if cap(s.weights) < len(row) {
-		s.weights = make([]float32, len(row))
+	return float64(m) + math.Log(cpu.ExpWeights(s.scratchWeights(len(row)), row, m, 1))
+}
+
+// scratchWeights is the sampler's weight scratch, n long.
+func (s *Sampler) scratchWeights(n int) []float32 {
+	if cap(s.weights) < n {
+		s.weights = make([]float32, n)
 	}
-	return float64(m) + math.Log(cpu.ExpWeights(s.weights[:len(row)], row, m, 1, noFloor))
+	return s.weights[:n]
 }
 
 // selectTopK appends to dst the k best entries of row (by value, then lower
