@@ -133,3 +133,35 @@ func BenchmarkSmallBatching(b *testing.B) {
 	}
 	b.ReportMetric(concurrent.Seconds()/sequential.Seconds(), "concurrent/sequential")
 }
+
+// BenchmarkSampler chooses one token from a row of the real vocabulary
+// (248,320 logits shaped like a language model's, see lmLogits), as the
+// scheduler does for every request at every step.
+func BenchmarkSampler(b *testing.B) {
+	const V = 248320
+	logits := lmLogits(rand.New(rand.NewPCG(1, 2)), V)
+	for _, c := range []struct {
+		name string
+		p    SamplingParams
+	}{
+		{"greedy", SamplingParams{}},
+		{"T1", SamplingParams{Temperature: 1}},
+		{"T0.7-topk20", SamplingParams{Temperature: 0.7, TopK: 20}},
+		{"T1-topp0.95", SamplingParams{Temperature: 1, TopP: 0.95}},
+		{"T1-minp0.05", SamplingParams{Temperature: 1, MinP: 0.05}},
+		{"greedy-logprobs5", SamplingParams{Logprobs: 5}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			s := NewSampler(c.p, V)
+			for b.Loop() {
+				tok, err := s.Sample(logits)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if c.p.Logprobs > 0 {
+					s.Logprobs(logits, tok, c.p.Logprobs)
+				}
+			}
+		})
+	}
+}

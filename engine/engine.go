@@ -35,7 +35,11 @@ type Engine struct {
 	EOS []int32
 	// Tokenizer is the checkpoint's tokenizer, nil when it ships none.
 	Tokenizer *tokenizer.Dir
-	Context   int
+	// Generation is the checkpoint's generation_config.json, nil when it
+	// ships none. Its eos ids are already in EOS; its sampling defaults are
+	// for the server to apply to requests that leave them out.
+	Generation *GenerationConfig
+	Context    int
 	// Drafter and Spec enable speculative decoding (Spec.Mode != SpecAuto).
 	Drafter Drafter
 	Spec    SpecOptions
@@ -65,6 +69,18 @@ func LoadParallel(backends []kernels.Backend, dir string, opts Options) (*Engine
 	if err != nil {
 		return nil, err
 	}
+	gen, found, err := LoadGenerationConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range gen.EOS {
+		if id < 0 || int(id) >= valid {
+			return nil, fmt.Errorf("%s: generation_config.json: eos_token_id %d outside the vocabulary 0..%d", dir, id, valid-1)
+		}
+		if !slices.Contains(eos, id) {
+			eos = append(eos, id)
+		}
+	}
 	var comm Comm
 	if len(backends) > 1 {
 		comm = NewLocalComm(backends)
@@ -74,6 +90,9 @@ func LoadParallel(backends []kernels.Backend, dir string, opts Options) (*Engine
 		return nil, err
 	}
 	e.Tokenizer = tok
+	if found {
+		e.Generation = &gen
+	}
 	return e, nil
 }
 
@@ -119,6 +138,7 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 		states.Close()
 		return nil, err
 	}
+	m.ValidVocab = validVocab
 	return &Engine{Model: m, ValidVocab: validVocab, EOS: eos, Context: opts.Context, opts: opts}, nil
 }
 
@@ -184,13 +204,34 @@ func (e *Engine) CheckRequest(r Request) error {
 		return fmt.Errorf("%w: the prompt has %d tokens and the context holds %d (prompt plus at least one new token)", ErrPromptTooLong, len(r.Prompt), e.Context)
 	case r.MaxTokens < 1:
 		return fmt.Errorf("max tokens %d: want at least 1", r.MaxTokens)
+	case r.MinTokens < 0 || r.MinTokens > r.MaxTokens:
+		return fmt.Errorf("min tokens %d: want 0..max tokens (%d)", r.MinTokens, r.MaxTokens)
+	}
+	if err := r.Sampling.Validate(); err != nil {
+		return err
+	}
+	inVocab := func(what string, t int32) error {
+		if t < 0 || int(t) >= e.ValidVocab {
+			return fmt.Errorf("%s token id %d outside the vocabulary 0..%d", what, t, e.ValidVocab-1)
+		}
+		return nil
 	}
 	for _, t := range r.Prompt {
-		if t < 0 || int(t) >= e.ValidVocab {
-			return fmt.Errorf("prompt token id %d outside the vocabulary 0..%d", t, e.ValidVocab-1)
+		if err := inVocab("prompt", t); err != nil {
+			return err
 		}
 	}
-	return r.Sampling.Validate()
+	for _, t := range r.StopTokenIDs {
+		if err := inVocab("stop", t); err != nil {
+			return err
+		}
+	}
+	for t := range r.Sampling.LogitBias {
+		if err := inVocab("logit_bias", t); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Generate runs one request to completion: plain autoregressive decoding,
@@ -221,17 +262,51 @@ func (e *Engine) Generate(ctx context.Context, r Request) (*Result, error) {
 	return j.result(), nil
 }
 
-// output collects a request's tokens and decides when it is finished.
+// output chooses a request's tokens, collects them and decides when it is finished.
 type output struct {
 	e       *Engine
 	r       Request
+	proc    *processors
 	sampler *Sampler
 	res     *Result
 }
 
 func newOutput(e *Engine, r Request) *output {
-	return &output{e: e, r: r, sampler: NewSampler(r.Sampling, e.ValidVocab),
+	o := &output{e: e, r: r, sampler: NewSampler(r.Sampling, e.ValidVocab),
 		res: &Result{Stats: Stats{PromptTokens: len(r.Prompt)}}}
+	o.proc = newProcessors(&o.r, e.EOS, e.ValidVocab)
+	return o
+}
+
+// deviceArgmax reports whether the next tokens are plain argmaxes of the
+// raw logits, so the device may reduce the rows (SeqInput.Argmax): greedy,
+// no logprobs and no processor active from the next position on (once
+// inactive, processors stay so).
+func (o *output) deviceArgmax() bool {
+	return o.r.Sampling.Greedy() && o.r.Sampling.Logprobs == 0 && !o.proc.active(len(o.res.Tokens))
+}
+
+// rowLogits is logit row i of a step's output, nil when the device reduced it.
+func (o *output) rowLogits(out *SeqOutput, i int) []float32 {
+	if out.Logits == nil {
+		return nil
+	}
+	V := o.e.Model.Cfg.VocabSize
+	return out.Logits[i*V : (i+1)*V]
+}
+
+// choose picks the token at logit row i of a step's output: the token after
+// the output so far followed by path (the drafted tokens from a verify's
+// root to that row's node).
+func (o *output) choose(out *SeqOutput, i int, path []int32) (int32, error) {
+	if out.Argmax != nil {
+		return out.Argmax[i], nil
+	}
+	tok, err := o.sampler.Sample(o.proc.apply(o.rowLogits(out, i), o.res.Tokens, path))
+	if err != nil {
+		return 0, fmt.Errorf("after %d output tokens: %w", len(o.res.Tokens)+len(path), err)
+	}
+	return tok, nil
 }
 
 // emit appends a token chosen from logits and reports whether generation is over.
@@ -240,6 +315,7 @@ func (o *output) emit(tok int32, logits []float32) bool {
 		o.res.Logprobs = append(o.res.Logprobs, o.sampler.Logprobs(logits, tok, o.r.Sampling.Logprobs))
 	}
 	o.res.Tokens = append(o.res.Tokens, tok)
+	o.proc.emitted(tok)
 	o.res.FinishReason = o.e.finished(o.r, o.res.Tokens)
 	return o.res.FinishReason != ""
 }
@@ -255,10 +331,11 @@ func (o *output) finish(decode time.Duration) *Result {
 }
 
 // finished says why generation stops after the latest token, or "": an
-// end-of-sequence token, max tokens, or a sequence that fills the context.
+// end-of-sequence token (unless ignored) or a stop token id, max tokens, or
+// a sequence that fills the context.
 func (e *Engine) finished(r Request, out []int32) string {
 	last := out[len(out)-1]
-	if !r.IgnoreEOS && slices.Contains(e.EOS, last) {
+	if slices.Contains(r.StopTokenIDs, last) || (!r.IgnoreEOS && slices.Contains(e.EOS, last)) {
 		return FinishStop
 	}
 	if len(out) >= r.MaxTokens || len(r.Prompt)+len(out) >= e.Context {

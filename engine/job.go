@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"ddflash/ddtree"
@@ -130,6 +131,7 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 			in.Parents = j.tree.Parents
 		}
 	}
+	in.Argmax = in.Logits != NoRows && j.out.deviceArgmax()
 	if err := e.Model.KV.Reserve(&j.seq.kv, j.seq.len+len(in.Tokens)); err != nil {
 		return in, err
 	}
@@ -150,12 +152,14 @@ func (j *job) complete(out *SeqOutput) error {
 		}
 		j.out.res.Stats.PrefillMs = ms(time.Since(j.started))
 		j.decodeStart = time.Now()
-		j.last = j.out.sampler.Sample(out.Logits)
-		j.finished = j.out.emit(j.last, out.Logits)
+		if err := j.next(out); err != nil {
+			return err
+		}
 	case j.sess == nil:
 		j.seq.len++
-		j.last = j.out.sampler.Sample(out.Logits)
-		j.finished = j.out.emit(j.last, out.Logits)
+		if err := j.next(out); err != nil {
+			return err
+		}
 	default:
 		return j.completeVerify(out)
 	}
@@ -165,13 +169,34 @@ func (j *job) complete(out *SeqOutput) error {
 	return nil
 }
 
+// next chooses and emits the token after the output from a step's one logit row.
+func (j *job) next(out *SeqOutput) error {
+	tok, err := j.out.choose(out, 0, nil)
+	if err != nil {
+		return err
+	}
+	j.last = tok
+	j.finished = j.out.emit(tok, j.out.rowLogits(out, 0))
+	return nil
+}
+
 // completeVerify walks the proposal with the target's tokens, commits the
 // accepted path and emits its tokens and the bonus.
 func (j *job) completeVerify(out *SeqOutput) error {
 	e, tree := j.e, j.tree
-	V := e.Model.Cfg.VocabSize
-	row := func(node int32) []float32 { return out.Logits[int(node)*V : int(node+1)*V] }
-	path, bonus := tree.Walk(func(node int32) int32 { return j.out.sampler.Sample(row(node)) })
+	// Each visited node's distribution is processed along its own path.
+	var walkErr error
+	path, bonus := tree.Walk(func(node int32) int32 {
+		if walkErr != nil {
+			return -1 // no child has this token: the walk stops
+		}
+		tok, err := j.out.choose(out, int(node), draftedPath(tree, node))
+		walkErr = err
+		return tok
+	})
+	if walkErr != nil {
+		return walkErr
+	}
 	if err := e.commit(j.seq, j.verify, path); err != nil {
 		return err
 	}
@@ -182,7 +207,7 @@ func (j *job) completeVerify(out *SeqOutput) error {
 		if i < len(path) {
 			tok = tree.Tokens[path[i]]
 		}
-		j.finished = j.out.emit(tok, row(path[i-1]))
+		j.finished = j.out.emit(tok, j.out.rowLogits(out, int(path[i-1])))
 	}
 	j.features = e.features(out, j.taps(), path, 0)
 	j.last = bonus
@@ -200,3 +225,14 @@ func (j *job) finish() {
 }
 
 func (j *job) result() *Result { return j.out.res }
+
+// draftedPath is the drafted tokens from the tree's root (excluded: it is
+// the anchor, already output) down to node.
+func draftedPath(tree *ddtree.Tree, node int32) []int32 {
+	var toks []int32
+	for n := node; n > 0; n = tree.Parents[n] {
+		toks = append(toks, tree.Tokens[n])
+	}
+	slices.Reverse(toks)
+	return toks
+}

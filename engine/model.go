@@ -49,12 +49,18 @@ type SeqInput struct {
 	// Spec (see mamba.Verify.Commit and Model.CommitKV). The new tokens' K/V
 	// are written at logical positions Start..Start+len(Tokens)-1 in token order.
 	Spec *mamba.Verify
+	// Argmax reduces the logit rows on the device: the step returns each
+	// row's argmax over the real token ids (SeqOutput.Argmax) instead of the
+	// row, for greedy decoding that needs nothing else from it.
+	Argmax bool
 }
 
 // SeqOutput is what the forward returns for one sequence.
 type SeqOutput struct {
 	// Logits holds rows×vocab values, rows as selected by SeqInput.Logits.
+	// It is nil when SeqInput.Argmax reduced the rows to Argmax.
 	Logits []float32
+	Argmax []int32
 	// Hidden maps a tapped layer to its output hidden states, len(Tokens)×hidden.
 	Hidden map[int][]float32
 }
@@ -66,6 +72,10 @@ type Model struct {
 	Cfg    *config.Config // the whole model
 	KV     *KVCache
 	States *mamba.Pool
+
+	// ValidVocab is the number of real token ids (Cfg.VocabSize when 0);
+	// device argmaxes skip the padding rows beyond.
+	ValidVocab int
 
 	ranks     []*rank
 	comm      Comm
@@ -559,8 +569,14 @@ func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, tapped map[int]k
 	for i, sq := range seqs {
 		T := len(sq.Tokens)
 		if want := sq.Logits.count(T); want > 0 {
-			out[i].Logits = make([]float32, want*V)
-			if err := b.DownloadF32(logits, n*V, out[i].Logits); err != nil {
+			var err error
+			if sq.Argmax {
+				out[i].Argmax, err = m.rowArgmax(b, logits, n, want)
+			} else {
+				out[i].Logits = make([]float32, want*V)
+				err = b.DownloadF32(logits, n*V, out[i].Logits)
+			}
+			if err != nil {
 				return nil, fmt.Errorf("engine: download logits: %w", err)
 			}
 			n += want
@@ -576,6 +592,56 @@ func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, tapped map[int]k
 			}
 		}
 		r0 += T
+	}
+	return out, nil
+}
+
+// rowArgmax returns the argmax over the real token ids (ties: the lowest)
+// of logits rows first..first+rows-1, computed on the device by TopK with
+// k = 1: only the ids cross to the host.
+func (m *Model) rowArgmax(b kernels.Backend, logits kernels.Buffer, first, rows int) ([]int32, error) {
+	V, valid := m.Cfg.VocabSize, m.ValidVocab
+	if valid <= 0 || valid > V {
+		valid = V
+	}
+	var bufs []kernels.Buffer
+	defer func() {
+		for _, buf := range bufs {
+			b.Free(buf)
+		}
+	}()
+	alloc := func(dt kernels.DType, n int) (kernels.Buffer, error) {
+		buf, err := b.Alloc(dt, n)
+		if err == nil {
+			bufs = append(bufs, buf)
+		}
+		return buf, err
+	}
+	src := b.Slice(logits, first*V, rows*V)
+	if valid < V { // pack the real ids' columns: TopK takes contiguous rows
+		packed, err := alloc(kernels.F32, rows*valid)
+		if err != nil {
+			return nil, err
+		}
+		b.Copy(packed, src, rows, valid, valid, V)
+		src = packed
+	}
+	vals, err := alloc(kernels.F32, rows)
+	if err != nil {
+		return nil, err
+	}
+	idx, err := alloc(kernels.I32, rows)
+	if err != nil {
+		return nil, err
+	}
+	b.TopK(vals, idx, src, rows, valid, 1)
+	ids := make([]float32, rows) // DownloadF32 converts I32 ids, exact below 2^24
+	if err := b.DownloadF32(idx, 0, ids); err != nil {
+		return nil, err
+	}
+	out := make([]int32, rows)
+	for i, id := range ids {
+		out[i] = int32(id)
 	}
 	return out, nil
 }

@@ -1,33 +1,34 @@
 package engine
 
 import (
+	"fmt"
 	"math"
+	"math/rand/v2"
+	"sort"
 	"testing"
 )
 
 // referenceDistribution computes the sampling distribution the slow, obvious
-// way: full softmax at temperature, keep the k most likely, renormalise, keep
-// the smallest prefix whose mass reaches p, renormalise.
-func referenceDistribution(logits []float64, temp float64, k int, p float64) map[int]float64 {
+// way, in float64: softmax at temperature, drop tokens under minP × the top
+// probability, keep the k most likely (ties: lower id), renormalise, keep
+// the smallest prefix whose mass reaches p, renormalise. -Inf logits are
+// never kept.
+func referenceDistribution(logits []float64, temp float64, k int, p, minP float64) map[int]float64 {
 	type tp struct {
 		id int
 		p  float64
 	}
 	var items []tp
-	sum := 0.0
-	for i, l := range logits {
-		w := math.Exp(l / temp)
-		items = append(items, tp{i, w})
-		sum += w
+	top := math.Inf(-1)
+	for _, l := range logits {
+		top = math.Max(top, l)
 	}
-	// selection sort by probability, ties by id: small inputs only
-	for i := range items {
-		for j := i + 1; j < len(items); j++ {
-			if items[j].p > items[i].p {
-				items[i], items[j] = items[j], items[i]
-			}
+	for i, l := range logits {
+		if w := math.Exp((l - top) / temp); w > 0 && w >= minP {
+			items = append(items, tp{i, w})
 		}
 	}
+	sort.SliceStable(items, func(a, b int) bool { return items[a].p > items[b].p })
 	if k > 0 && k < len(items) {
 		items = items[:k]
 	}
@@ -56,6 +57,34 @@ func referenceDistribution(logits []float64, temp float64, k int, p float64) map
 	return out
 }
 
+// expectDistribution compares a sampler's distribution with the reference:
+// the same tokens (those the reference gives at least 1e-30: float32
+// weights underflow below that) with probabilities within 1e-6 relative
+// plus 1e-7 per nat of log-probability (the full-row path weighs in
+// float32, where the exponent's argument is rounded).
+func expectDistribution(t *testing.T, got []TokenLogprob, want map[int]float64, valid int) {
+	t.Helper()
+	seen := map[int]bool{}
+	for i, g := range got {
+		if g.ID < 0 || g.ID >= int32(valid) {
+			t.Fatalf("id %d outside the valid vocabulary", g.ID)
+		}
+		if i > 0 && g.Logprob > got[i-1].Logprob+1e-6 {
+			t.Fatalf("distribution not sorted at %d", i)
+		}
+		w, ok := want[int(g.ID)]
+		if d := math.Abs(math.Exp(g.Logprob) - w); !ok || !(d <= w*(1e-6+1e-7*math.Abs(math.Log(w)))+1e-30) {
+			t.Fatalf("p(%d) = %.15f, want %.15f (kept by the reference: %v)", g.ID, math.Exp(g.Logprob), w, ok)
+		}
+		seen[int(g.ID)] = true
+	}
+	for id, w := range want {
+		if w >= 1e-30 && !seen[id] {
+			t.Fatalf("token %d (p = %g) not kept", id, w)
+		}
+	}
+}
+
 func TestSamplerDistributionMatchesReference(t *testing.T) {
 	logits := []float32{1.5, -0.3, 2.2, 0.7, 2.2, -4, 0.1, 9 /* padding row */}
 	valid := 7
@@ -64,14 +93,17 @@ func TestSamplerDistributionMatchesReference(t *testing.T) {
 		temp float64
 		k    int
 		p    float64
+		minP float64
 	}{
-		{"plain", 1, 0, 1},
-		{"hot", 2.5, 0, 0},
-		{"cold", 0.3, 0, 1},
-		{"topk", 1, 3, 1},
-		{"topp", 1, 0, 0.7},
-		{"both", 0.8, 4, 0.9},
-		{"k1", 1, 1, 1},
+		{"plain", 1, 0, 1, 0},
+		{"hot", 2.5, 0, 0, 0},
+		{"cold", 0.3, 0, 1, 0},
+		{"topk", 1, 3, 1, 0},
+		{"topp", 1, 0, 0.7, 0},
+		{"both", 0.8, 4, 0.9, 0},
+		{"k1", 1, 1, 1, 0},
+		{"minp", 1, 0, 1, 0.2},
+		{"minp-cold", 0.5, 0, 0.95, 0.05},
 	}
 	ref64 := make([]float64, valid)
 	for i := range ref64 {
@@ -79,22 +111,118 @@ func TestSamplerDistributionMatchesReference(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			s := NewSampler(SamplingParams{Temperature: c.temp, TopK: c.k, TopP: c.p}, valid)
-			got := s.Distribution(logits)
-			want := referenceDistribution(ref64, c.temp, c.k, c.p)
-			if len(got) != len(want) {
-				t.Fatalf("kept %d tokens, want %d (%v vs %v)", len(got), len(want), got, want)
-			}
-			for _, g := range got {
-				if g.ID >= int32(valid) {
-					t.Fatalf("padding id %d kept", g.ID)
-				}
-				if d := math.Abs(math.Exp(g.Logprob) - want[int(g.ID)]); d > 1e-12 {
-					t.Errorf("p(%d) = %.15f, want %.15f", g.ID, math.Exp(g.Logprob), want[int(g.ID)])
-				}
-			}
+			s := NewSampler(SamplingParams{Temperature: c.temp, TopK: c.k, TopP: c.p, MinP: c.minP}, valid)
+			expectDistribution(t, s.Distribution(logits), referenceDistribution(ref64, c.temp, c.k, c.p, c.minP), valid)
 		})
 	}
+}
+
+// TestSamplerSelectionMatchesReference covers rows long enough for the
+// quickselect of top-p to partition, with many tied logits (ties go to the
+// lower id), masked (-Inf) entries and every combination of the filters.
+func TestSamplerSelectionMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	const n, valid = 3000, 2990
+	for trial := range 40 {
+		logits := make([]float32, n)
+		ref := make([]float64, valid)
+		for i := range logits {
+			logits[i] = float32(math.Round(rng.NormFloat64()*12) / 4) // many ties
+			if rng.IntN(50) == 0 {
+				logits[i] = float32(math.Inf(-1))
+			}
+			if i < valid {
+				ref[i] = float64(logits[i])
+			}
+		}
+		p := SamplingParams{
+			Temperature: []float64{0.3, 0.7, 1, 1.6}[trial%4],
+			TopK:        []int{0, 0, 1, 20, 700, n}[trial%6],
+			TopP:        []float64{0, 0.5, 0.9, 0.99, 1}[trial%5],
+			MinP:        []float64{0, 0, 0.001, 0.1}[trial/10],
+		}
+		t.Run(fmt.Sprintf("%+v", p), func(t *testing.T) {
+			got := NewSampler(p, valid).Distribution(logits)
+			expectDistribution(t, got, referenceDistribution(ref, p.Temperature, p.TopK, p.TopP, p.MinP), valid)
+		})
+	}
+}
+
+// lmLogits is a row shaped like a language model's: a normal bulk over the
+// whole vocabulary and about one token in 2,000 raised 8 to 14 above it,
+// so that top-p 0.95 keeps tens of tokens and the bulk still holds a few
+// percent of the mass.
+func lmLogits(rng *rand.Rand, V int) []float32 {
+	logits := make([]float32, V)
+	for i := range logits {
+		logits[i] = float32(1.5 * rng.NormFloat64())
+		if rng.IntN(2000) == 0 {
+			logits[i] += float32(8 + 6*rng.Float64())
+		}
+	}
+	return logits
+}
+
+// TestSamplerFullVocabularyChiSquare draws from a 248,320-token row (the
+// real vocabulary) with top-p and min-p, and tests the counts against the
+// float64 reference with a chi-square goodness-of-fit test at the 0.1%
+// level (fixed seed; rare outcomes pooled).
+func TestSamplerFullVocabularyChiSquare(t *testing.T) {
+	const V, samples = 248320, 3000
+	logits := lmLogits(rand.New(rand.NewPCG(11, 12)), V)
+	ref := make([]float64, V)
+	for i, l := range logits {
+		ref[i] = float64(l)
+	}
+	for _, p := range []SamplingParams{
+		{Temperature: 1, TopP: 0.95},
+		{Temperature: 1, TopP: 0.95, MinP: 0.02},
+		{Temperature: 0.8, TopK: 50, MinP: 0.1},
+		{Temperature: 1.3, MinP: 0.001},
+	} {
+		p.Seed = 3
+		want := referenceDistribution(ref, p.Temperature, p.TopK, p.TopP, p.MinP)
+		s := NewSampler(p, V)
+		counts := map[int]int{}
+		for range samples {
+			counts[int(mustSample(t, s, logits))]++
+		}
+		chi, df, crit := chiSquare(want, counts, samples)
+		if chi > crit {
+			t.Errorf("%+v: chi-square %.1f with %d dof exceeds the 0.1%% critical value %.1f", p, chi, df, crit)
+		}
+		t.Logf("%+v: %d kept, chi-square %.1f with %d dof (critical %.1f)", p, len(want), chi, df, crit)
+	}
+}
+
+// chiSquare is Pearson's statistic of counts against exact probabilities,
+// with outcomes expected fewer than 5 times pooled; it fails on an outcome
+// the distribution never produces by returning +Inf.
+func chiSquare[K comparable](exact map[K]float64, counts map[K]int, samples int) (chi float64, df int, crit float64) {
+	df = -1
+	pooledExp, pooledObs := 0.0, 0
+	for k, prob := range exact {
+		exp := prob * float64(samples)
+		if exp < 5 {
+			pooledExp += exp
+			pooledObs += counts[k]
+			continue
+		}
+		d := float64(counts[k]) - exp
+		chi += d * d / exp
+		df++
+	}
+	if pooledExp > 0 {
+		d := float64(pooledObs) - pooledExp
+		chi += d * d / pooledExp
+		df++
+	}
+	for k := range counts {
+		if _, ok := exact[k]; !ok {
+			return math.Inf(1), df, chiSquareCritical(max(df, 1))
+		}
+	}
+	return chi, df, chiSquareCritical(max(df, 1))
 }
 
 func TestSamplerDrawFrequencies(t *testing.T) {
@@ -104,7 +232,7 @@ func TestSamplerDrawFrequencies(t *testing.T) {
 	const n = 200000
 	counts := map[int32]int{}
 	for i := 0; i < n; i++ {
-		counts[s.Draw(dist)]++
+		counts[mustSample(t, s, logits)]++
 	}
 	// Pearson chi-square with 3 degrees of freedom: 16.27 is the 0.1% critical value.
 	chi := 0.0
@@ -124,7 +252,7 @@ func TestSamplerSeedDeterminism(t *testing.T) {
 		s := NewSampler(SamplingParams{Temperature: 1, Seed: seed}, len(logits))
 		var out []int32
 		for i := 0; i < 64; i++ {
-			out = append(out, s.Sample(logits))
+			out = append(out, mustSample(t, s, logits))
 		}
 		return out
 	}
@@ -147,7 +275,7 @@ func TestSamplerSeedDeterminism(t *testing.T) {
 
 func TestGreedyIgnoresPaddingAndBreaksTiesLow(t *testing.T) {
 	s := NewSampler(SamplingParams{}, 4)
-	if got := s.Sample([]float32{1, 3, 3, 2, 100}); got != 1 {
+	if got := mustSample(t, s, []float32{1, 3, 3, 2, 100}); got != 1 {
 		t.Fatalf("greedy picked %d, want 1 (first of the tied maxima, padding excluded)", got)
 	}
 }
@@ -157,7 +285,7 @@ func TestLogprobs(t *testing.T) {
 	s := NewSampler(SamplingParams{}, 3)
 	lp := s.Logprobs(logits, 1, 2)
 	z := math.Log(math.Exp(1) + math.Exp(2) + math.Exp(3))
-	if math.Abs(lp.Logprob-(2-z)) > 1e-9 {
+	if !(math.Abs(lp.Logprob-(2-z)) <= 1e-6) {
 		t.Fatalf("chosen logprob %g, want %g", lp.Logprob, 2-z)
 	}
 	if len(lp.Top) != 2 || lp.Top[0].ID != 2 || lp.Top[1].ID != 1 {
@@ -177,4 +305,13 @@ func TestSamplingParamsValidate(t *testing.T) {
 	if err := (SamplingParams{Temperature: 0.7, TopK: 5, TopP: 0.9, Logprobs: 3}).Validate(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func mustSample(t testing.TB, s *Sampler, logits []float32) int32 {
+	t.Helper()
+	tok, err := s.Sample(logits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
 }

@@ -38,6 +38,9 @@ type kernelSet struct {
 	// of out [nq, hd], summing the n rows v_j (stride hd rounded up to 16,
 	// zero-padded) in order.
 	mixValues func(out, p []float32, pStride, nq, n int, v []float32, hd int, inv []float32)
+	// expWeights sets w[i] = exp((x[i]−top)·scale) and returns the float64
+	// sum (see ExpWeights).
+	expWeights func(w, x []float32, top, scale float32) float64
 }
 
 var portableKernels = kernelSet{
@@ -52,6 +55,7 @@ var portableKernels = kernelSet{
 	conv:       convPortable,
 	softmax:    softmaxPortable,
 	mixValues:  mixValuesPortable,
+	expWeights: expWeightsPortable,
 }
 
 func swigluPortable(out, gate, up []float32) {

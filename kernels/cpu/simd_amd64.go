@@ -26,6 +26,7 @@ func simdKernels() (kernelSet, bool) {
 		conv:       convAVX512,
 		softmax:    softmaxAVX512,
 		mixValues:  mixValuesAVX512,
+		expWeights: expWeightsAVX512,
 	}, true
 }
 
