@@ -137,6 +137,7 @@ type harnessOptions struct {
 	apiKey string
 	tok    *tokenizer.Dir // default: the tiny model's
 	target string         // a model sharing the tiny model's tokenizer; default: the tiny model
+	setup  func(*Model)   // adjusts the model before it is served
 }
 
 // serveTiny starts a server for the tiny model and waits until /health says 200.
@@ -151,6 +152,9 @@ func serveTiny(t testing.TB, o harnessOptions) *harness {
 	}
 	e := loadEngine(t, target, o.spec, max(o.sched.MaxRunning, 1))
 	m := &Model{Engine: e, Scheduler: engine.NewScheduler(e, o.sched), Tokenizer: tok, Root: "tiny"}
+	if o.setup != nil {
+		o.setup(m)
+	}
 	srv := New(Options{ModelName: testModel, APIKey: o.apiKey})
 	ts := httptest.NewServer(srv)
 	ctx, cancel := context.WithCancel(context.Background())
