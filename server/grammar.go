@@ -420,7 +420,10 @@ func parseKey(sc *scanner, allowed []string) (string, error) {
 		return raw, err
 	}
 	if err == errIncomplete {
-		partial := string(sc.b[start+1:])
+		partial := ""
+		if len(sc.b) > start+1 {
+			partial = string(sc.b[start+1:])
+		}
 		if slices.ContainsFunc(allowed, func(k string) bool { return strings.HasPrefix(k, partial) }) {
 			return "", errIncomplete
 		}

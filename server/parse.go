@@ -108,6 +108,7 @@ type chatParser struct {
 	calls     int        // tool calls begun
 	params    int        // parameters of the current call
 	function  string
+	gap       string // the blank space before a <tool_call>, kept if it is no call
 }
 
 // newChatParser starts a parser. thinking says the prompt opened a <think>
@@ -143,7 +144,7 @@ func (p *chatParser) finish() parsed {
 		}
 		p.emitContent(&out, p.buf)
 	case inCallHead:
-		p.emitContent(&out, toolCallOpen+p.buf) // not a call after all
+		p.emitContent(&out, p.gap+toolCallOpen+p.buf) // not a call after all
 	case inCallParams:
 		out.calls = append(out.calls, toolCallDelta{index: p.calls - 1, args: p.closeArgs()})
 	}
@@ -190,7 +191,9 @@ func (p *chatParser) step(out *parsed, final bool) bool {
 			return false
 		}
 		if i := strings.Index(p.buf, toolCallOpen); i >= 0 {
-			p.emitContent(out, strings.TrimRight(p.buf[:i], " \n"))
+			before := strings.TrimRight(p.buf[:i], " \n")
+			p.emitContent(out, before)
+			p.gap = p.buf[len(before):i]
 			p.buf, p.state = p.buf[i+len(toolCallOpen):], inCallHead
 			return true
 		}
@@ -207,8 +210,7 @@ func (p *chatParser) step(out *parsed, final bool) bool {
 		}
 		if !strings.HasPrefix(head, functionOpen) {
 			p.state = inContent // not a call: keep the text
-			p.buf = toolCallOpen + p.buf
-			p.emitContent(out, p.buf)
+			p.emitContent(out, p.gap+toolCallOpen+p.buf)
 			p.buf = ""
 			return false
 		}

@@ -1,0 +1,70 @@
+package server
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+// TestGrammars checks prefixes against the grammars constrained decoding
+// uses: a valid reply must be viable at every byte and complete at its
+// end; an invalid one must stop being viable where it goes wrong.
+func TestGrammars(t *testing.T) {
+	person, err := compileSchema(json.RawMessage(`{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+		"tags": {"type": "array", "items": {"enum": ["a", "b"]}}}, "required": ["name", "age"], "additionalProperties": false}`), "schema")
+	if err != nil {
+		t.Fatal(err)
+	}
+	object := jsonReply{&schema{types: []string{"object"}}}
+	choice, err := readToolChoice(json.RawMessage(`"required"`), json.RawMessage(`[`+weatherTool+`]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	single := choice
+	single.parallel = false
+	cases := []struct {
+		name  string
+		g     grammar
+		reply string
+		valid bool
+	}{
+		{"object", object, `{"a": [1, 2.5e3, -0.5], "b": {"c": null, "d": true}, "e": "x\"\u00e9"}`, true},
+		{"empty object", object, `{}`, true},
+		{"not an object", object, `[1]`, false},
+		{"trailing text", object, `{} x`, false},
+		{"bad number", object, `{"a": 01}`, false},
+		{"trailing comma", object, `{"a": 1,}`, false},
+		{"person", jsonReply{person}, `{"name": "Ann", "age": 31, "tags": ["a", "b"]}`, true},
+		{"person, other order", jsonReply{person}, `{"age": 31, "name": "Ann"}`, true},
+		{"person missing age", jsonReply{person}, `{"name": "Ann"}`, false},
+		{"person age not integer", jsonReply{person}, `{"name": "Ann", "age": 3.5}`, false},
+		{"person unknown key", jsonReply{person}, `{"name": "Ann", "job": 1}`, false},
+		{"person duplicate key", jsonReply{person}, `{"name": "Ann", "name": "Bo", "age": 1}`, false},
+		{"person tag not in enum", jsonReply{person}, `{"name": "A", "age": 1, "tags": ["c"]}`, false},
+		{"endless blank", object, `{` + string(make([]byte, 0)) + "                    " + `}`, false},
+		{"tool call", choice.grammar(), "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>", true},
+		{"two tool calls", choice.grammar(), "<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nB\n</parameter>\n</function>\n</tool_call>", true},
+		{"two calls, not parallel", single.grammar(), "<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n</function>\n</tool_call>\n<tool_call>", false},
+		{"text before the call", choice.grammar(), "Sure. <tool_call>", false},
+		{"unknown function", choice.grammar(), "<tool_call>\n<function=get_time>\n", false},
+		{"unknown parameter", choice.grammar(), "<tool_call>\n<function=get_weather>\n<parameter=town>\n", false},
+		{"required parameter missing", choice.grammar(), "<tool_call>\n<function=get_weather>\n<parameter=days>\n3\n</parameter>\n</function>", false},
+		{"integer parameter", choice.grammar(), "<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n<parameter=days>\nthree", false},
+		{"after thinking", afterThinking{object}, "hmm, {not json} here\n</think>\n\n{\"a\": 1}", true},
+		{"json before thinking ends", afterThinking{object}, "{\"a\": 1}", false},
+	}
+	for _, c := range cases {
+		b := []byte(c.reply)
+		for i := 0; i < len(b); i++ {
+			if viable, _ := check(c.g, b[:i]); !viable {
+				if c.valid {
+					t.Errorf("%s: the valid reply is not viable at %q", c.name, b[:i])
+				}
+				goto next
+			}
+		}
+		if viable, complete := check(c.g, b); c.valid != (viable && complete) {
+			t.Errorf("%s: %q viable %v complete %v, want valid %v", c.name, c.reply, viable, complete, c.valid)
+		}
+	next:
+	}
+}
