@@ -134,8 +134,8 @@ func TestErrorsThroughTheClient(t *testing.T) {
 			404, "model_not_found", []string{"no-such-model", testModel}},
 		{openai.CompletionNewParams{Model: testModel, Prompt: openai.CompletionNewParamsPromptUnion{OfArrayOfTokens: long}},
 			400, "context_length_exceeded", []string{"300", fmt.Sprint(testContext)}},
-		{openai.CompletionNewParams{Model: testModel, Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, N: openai.Int(3)},
-			400, "", []string{"n 3"}},
+		{openai.CompletionNewParams{Model: testModel, Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, N: openai.Int(30)},
+			400, "", []string{"n 30"}},
 	}
 	for _, c := range cases {
 		_, err := h.client.Completions.New(context.Background(), c.params)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 )
@@ -26,10 +27,10 @@ const (
 // Check validates parser names (from flags).
 func (p Parsers) Check() error {
 	if p.Reasoning != "" && p.Reasoning != ReasoningQwen3 && p.Reasoning != ParserNone {
-		return badRequest("", "reasoning parser %q: want %s or %s", p.Reasoning, ReasoningQwen3, ParserNone)
+		return fmt.Errorf("reasoning parser %q: want %s or %s", p.Reasoning, ReasoningQwen3, ParserNone)
 	}
 	if p.ToolCalls != "" && p.ToolCalls != ToolCallsQwen3Coder && p.ToolCalls != ParserNone {
-		return badRequest("", "tool-call parser %q: want %s or %s", p.ToolCalls, ToolCallsQwen3Coder, ParserNone)
+		return fmt.Errorf("tool-call parser %q: want %s or %s", p.ToolCalls, ToolCallsQwen3Coder, ParserNone)
 	}
 	return nil
 }

@@ -42,7 +42,7 @@ func decodeBody(r *http.Request, v any) (unknown []string, err error) {
 	if json.Unmarshal(body, &fields) == nil {
 		known := knownFields(reflect.TypeOf(v))
 		for name := range fields {
-			if !known[name] {
+			if !known[strings.ToLower(name)] {
 				unknown = append(unknown, name)
 			}
 		}
@@ -55,7 +55,8 @@ func decodeBody(r *http.Request, v any) (unknown []string, err error) {
 var knownFieldSets sync.Map // reflect.Type → map[string]bool
 
 // knownFields are the JSON names of a struct's fields, embedded structs'
-// included (t may be a pointer to the struct).
+// included (t may be a pointer to the struct), in lower case: encoding/json
+// matches names regardless of case.
 func knownFields(t reflect.Type) map[string]bool {
 	if known, ok := knownFieldSets.Load(t); ok {
 		return known.(map[string]bool)
@@ -76,9 +77,9 @@ func knownFields(t reflect.Type) map[string]bool {
 			case f.Anonymous && name == "":
 				walk(f.Type)
 			case name != "":
-				known[name] = true
+				known[strings.ToLower(name)] = true
 			case f.IsExported():
-				known[f.Name] = true
+				known[strings.ToLower(f.Name)] = true
 			}
 		}
 	}

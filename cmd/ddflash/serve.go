@@ -39,6 +39,8 @@ type serveConfig struct {
 	addr, apiKey, name, memSize string
 	maxRunning, maxQueue, chunk int
 	maxBody                     int64
+	parsers                     server.Parsers
+	generationConfig            string
 }
 
 func (c *serveConfig) register(fs *flag.FlagSet) {
@@ -51,6 +53,9 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.chunk, "chunked-prefill-size", 0, "prompt tokens prefilled per step over all requests (default: the engine's prefill chunk, 512)")
 	fs.Int64Var(&c.maxBody, "max-body-bytes", server.DefaultMaxBodyBytes, "largest request body")
 	fs.StringVar(&c.memSize, "gpu-mem", "", "memory to plan the caches in, e.g. 64GiB (default: this host's memory)")
+	fs.StringVar(&c.parsers.Reasoning, "reasoning-parser", "", "split <think> blocks into reasoning_content: qwen3 or none (default: qwen3 when the chat template writes <think>)")
+	fs.StringVar(&c.parsers.ToolCalls, "tool-call-parser", "", "parse tool calls into tool_calls: qwen3_coder or none (default: qwen3_coder when the chat template writes <tool_call>)")
+	fs.StringVar(&c.generationConfig, "generation-config", "auto", "sampling defaults for requests that leave them out: auto (the model's generation_config.json) or none (OpenAI's)")
 }
 
 // serve runs `ddflash serve` until ctx ends. ready, if set, is told the
@@ -64,6 +69,12 @@ func serve(ctx context.Context, args []string, ready func(addr string)) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q: flags only", fs.Arg(0))
+	}
+	if err := c.parsers.Check(); err != nil {
+		return err
+	}
+	if c.generationConfig != "auto" && c.generationConfig != "none" {
+		return fmt.Errorf("--generation-config %q: want auto or none", c.generationConfig)
 	}
 	if c.name == "" {
 		c.name = filepath.Base(filepath.Clean(c.model.model))
@@ -96,7 +107,7 @@ func serve(ctx context.Context, args []string, ready func(addr string)) error {
 		ready(ln.Addr().String())
 	}
 
-	model, err := c.load(running)
+	model, err := c.load(running, log)
 	if err != nil {
 		_ = httpSrv.Close()
 		return err
@@ -222,7 +233,7 @@ func hostMemory() (total, avail int64, err error) {
 }
 
 // load builds the engine, its scheduler and the tokenizer.
-func (c *serveConfig) load(running int) (*server.Model, error) {
+func (c *serveConfig) load(running int, log *slog.Logger) (*server.Model, error) {
 	e, err := c.model.load(running)
 	if err != nil {
 		return nil, err
@@ -230,6 +241,46 @@ func (c *serveConfig) load(running int) (*server.Model, error) {
 	if e.Tokenizer == nil {
 		return nil, fmt.Errorf("serving text needs the model's tokenizer: %s has no tokenizer.json", c.model.model)
 	}
+	defaults, err := c.samplingDefaults(log)
+	if err != nil {
+		return nil, err
+	}
 	sched := engine.NewScheduler(e, engine.SchedulerOptions{MaxRunning: running, MaxQueue: c.maxQueue, StepPrefill: c.chunk})
-	return &server.Model{Engine: e, Scheduler: sched, Tokenizer: e.Tokenizer, Root: c.model.model}, nil
+	return &server.Model{Engine: e, Scheduler: sched, Tokenizer: e.Tokenizer, Root: c.model.model, Defaults: defaults, Parsers: c.parsers}, nil
+}
+
+// samplingDefaults reads the model's generation_config.json sampling
+// defaults (--generation-config auto) and logs which are in force.
+func (c *serveConfig) samplingDefaults(log *slog.Logger) (engine.GenerationConfig, error) {
+	var g engine.GenerationConfig
+	found := false
+	if c.generationConfig == "auto" {
+		var err error
+		if g, found, err = engine.LoadGenerationConfig(c.model.model); err != nil {
+			return g, err
+		}
+	}
+	g.EOS = nil // the engine's stop set; these are the sampling defaults only
+	var inForce []any
+	add := func(name string, v *float64) {
+		if v != nil {
+			inForce = append(inForce, name, *v)
+		}
+	}
+	add("temperature", g.Temperature)
+	add("top_p", g.TopP)
+	if g.TopK != nil {
+		inForce = append(inForce, "top_k", *g.TopK)
+	}
+	add("min_p", g.MinP)
+	add("repetition_penalty", g.RepetitionPenalty)
+	switch {
+	case len(inForce) > 0:
+		log.Info("sampling defaults from generation_config.json for requests that leave them out (--generation-config none: OpenAI's)", inForce...)
+	case found:
+		log.Info("generation_config.json sets no sampling defaults: requests that leave them out get OpenAI's (temperature 1, top_p 1)")
+	default:
+		log.Info("sampling defaults: OpenAI's (temperature 1, top_p 1)", "generation_config", c.generationConfig)
+	}
+	return g, nil
 }
