@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/packages/respjson"
 	"github.com/openai/openai-go/v3/shared"
 
@@ -97,17 +98,17 @@ func TestToolLoop(t *testing.T) {
 
 // chatOnce runs a chat completion, streamed (and accumulated as clients
 // do) or not. A streamed one must never show a tag in its content.
-func chatOnce(t *testing.T, h *harness, p openai.ChatCompletionNewParams, stream bool) *openai.ChatCompletion {
+func chatOnce(t *testing.T, h *harness, p openai.ChatCompletionNewParams, stream bool, opts ...option.RequestOption) *openai.ChatCompletion {
 	t.Helper()
 	ctx := context.Background()
 	if !stream {
-		resp, err := h.client.Chat.Completions.New(ctx, p)
+		resp, err := h.client.Chat.Completions.New(ctx, p, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return resp
 	}
-	s := h.client.Chat.Completions.NewStreaming(ctx, p)
+	s := h.client.Chat.Completions.NewStreaming(ctx, p, opts...)
 	var acc openai.ChatCompletionAccumulator
 	reasoning := map[int64]string{}
 	for s.Next() {
