@@ -119,6 +119,7 @@ func (s *Server) chatRequest(r *http.Request, m *Model) (*genRequest, error) {
 	if err != nil {
 		return nil, err
 	}
+	choice.parallel = req.ParallelToolCalls == nil || *req.ParallelToolCalls
 	logprobs := -1
 	switch {
 	case req.TopLogprobs != nil && !req.Logprobs:

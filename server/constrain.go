@@ -24,7 +24,7 @@ const (
 type toolChoice struct {
 	mode      string
 	functions []toolSpec // the callable ones (named: just that one)
-	parallel  bool       // several calls in one reply
+	parallel  bool       // several calls in one reply (when constrained)
 }
 
 // toolSpec is what a call of one function must look like.
@@ -43,7 +43,7 @@ func readToolChoice(raw, tools json.RawMessage) (toolChoice, error) {
 	if err != nil {
 		return toolChoice{}, err
 	}
-	c := toolChoice{mode: toolsNone, functions: specs, parallel: true}
+	c := toolChoice{mode: toolsNone, functions: specs}
 	if len(specs) > 0 {
 		c.mode = toolsAuto
 	}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"net/http"
 	"testing"
 
@@ -42,6 +43,36 @@ func TestRealEngineEndToEnd(t *testing.T) {
 			if got := reasoningOf(c.Message.JSON.ExtraFields); got != want || c.Message.Content != "" || string(c.FinishReason) != ref.FinishReason {
 				t.Errorf("stream %v, choice %d: reasoning %q content %q finish %q; the engine alone: %q (%s)", stream, i, got, c.Message.Content, c.FinishReason, want, ref.FinishReason)
 			}
+		}
+	}
+	// Completions take n too.
+	prompt := "the quick brown fox"
+	ref = referenceRun(t, engine.Request{Prompt: tok.Encode(prompt), MaxTokens: maxTokens})
+	if want, err = tok.Decode(ref.Tokens, true); err != nil {
+		t.Fatal(err)
+	}
+	cp := completionParams(prompt, maxTokens)
+	cp.N = openai.Int(2)
+	resp, err := h.client.Completions.New(context.Background(), cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamedTexts := map[int64]string{}
+	s := h.client.Completions.NewStreaming(context.Background(), cp)
+	for s.Next() {
+		for _, c := range s.Current().Choices {
+			streamedTexts[c.Index] += c.Text
+		}
+	}
+	if err := s.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Choices) != 2 || len(streamedTexts) != 2 {
+		t.Fatalf("completions: %d choices, %d streamed", len(resp.Choices), len(streamedTexts))
+	}
+	for i, c := range resp.Choices {
+		if c.Index != int64(i) || c.Text != want || streamedTexts[int64(i)] != want {
+			t.Errorf("completion choice %d: %q, streamed %q, want %q", i, c.Text, streamedTexts[int64(i)], want)
 		}
 	}
 	waitIdle(t, h.model.Scheduler)

@@ -19,6 +19,7 @@ func TestGrammars(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	choice.parallel = true
 	single := choice
 	single.parallel = false
 	cases := []struct {
