@@ -344,37 +344,18 @@ func (s *schema) parseObject(sc *scanner) error {
 		}
 		return sc.blank()
 	}
-	if err := sc.blank(); err != nil {
-		return err
-	}
-	for first := true; ; first = false {
-		c, err := sc.peek()
-		if err != nil {
-			return err
-		}
-		switch {
-		case c == '}':
-			if s != nil {
-				for _, key := range s.required {
-					if !slices.Contains(seen, key) {
-						return fmt.Errorf("missing %q", key)
-					}
+	required := func() error {
+		if s != nil {
+			for _, key := range s.required {
+				if !slices.Contains(seen, key) {
+					return fmt.Errorf("missing %q", key)
 				}
 			}
-			sc.i++
-			return nil
-		case c == ',' && !first:
-			sc.i++
-			if s != nil && s.closed && len(seen) == len(s.keys) {
-				return errors.New("no member left")
-			}
-		case c != '"' || !first:
-			return fmt.Errorf("unexpected %q in an object", c)
 		}
-		if err := member(); err != nil {
-			return err
-		}
+		return nil
 	}
+	more := func() bool { return s == nil || !s.closed || len(seen) < len(s.keys) }
+	return sequence(sc, '}', member, required, more)
 }
 
 func (s *schema) parseArray(sc *scanner) error {
@@ -383,6 +364,22 @@ func (s *schema) parseArray(sc *scanner) error {
 	if s != nil {
 		items = s.items
 	}
+	item := func() error {
+		if err := sc.blank(); err != nil {
+			return err
+		}
+		if err := items.parse(sc); err != nil {
+			return err
+		}
+		return sc.blank()
+	}
+	return sequence(sc, ']', item, func() error { return nil }, func() bool { return true })
+}
+
+// sequence reads an object's members or an array's items, after the
+// opening byte: items separated by commas, up to the closing byte. done
+// checks the whole before it closes; more says whether an item may follow.
+func sequence(sc *scanner, closing byte, item, done func() error, more func() bool) error {
 	if err := sc.blank(); err != nil {
 		return err
 	}
@@ -392,21 +389,21 @@ func (s *schema) parseArray(sc *scanner) error {
 			return err
 		}
 		switch {
-		case c == ']':
+		case c == closing:
+			if err := done(); err != nil {
+				return err
+			}
 			sc.i++
 			return nil
 		case c == ',' && !first:
 			sc.i++
-			if err := sc.blank(); err != nil {
-				return err
+			if !more() {
+				return errors.New("nothing may follow")
 			}
 		case !first:
-			return fmt.Errorf("unexpected %q in an array", c)
+			return fmt.Errorf("unexpected %q", c)
 		}
-		if err := items.parse(sc); err != nil {
-			return err
-		}
-		if err := sc.blank(); err != nil {
+		if err := item(); err != nil {
 			return err
 		}
 	}
