@@ -69,3 +69,35 @@ func TestGrammars(t *testing.T) {
 	next:
 	}
 }
+
+// FuzzGrammarCheck feeds arbitrary bytes to every grammar: a constraint
+// runs on the scheduler's goroutine, so checking must never panic, and a
+// prefix of a viable reply must be viable too.
+func FuzzGrammarCheck(f *testing.F) {
+	person, err := compileSchema(json.RawMessage(`{"type": "object", "properties": {"a": {"type": "array", "items": {"type": "number"}},
+		"b": {"enum": [1, "x", null]}}, "required": ["a"], "additionalProperties": false}`), "schema")
+	if err != nil {
+		f.Fatal(err)
+	}
+	choice, err := readToolChoice(json.RawMessage(`"required"`), json.RawMessage(`[`+weatherTool+`]`))
+	if err != nil {
+		f.Fatal(err)
+	}
+	grammars := []grammar{jsonReply{person}, jsonReply{&schema{types: []string{"object"}}}, choice.grammar(), afterThinking{jsonReply{person}}}
+	for _, seed := range []string{`{"a": [1, -2.5e+3], "b": "x"}`, `{"a": []}`, "<tool_call>\n<function=get_weather>\n<parameter=days>\n-0\n</parameter>\n", "x</think> {\"a\": [0]}", `{"\u00e9": "\\u12`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, g := range grammars {
+			viable, complete := check(g, b)
+			if complete && !viable {
+				t.Errorf("%q complete but not viable", b)
+			}
+			if viable && len(b) > 0 {
+				if v, _ := check(g, b[:len(b)-1]); !v {
+					t.Errorf("%q viable, its prefix not", b)
+				}
+			}
+		}
+	})
+}
