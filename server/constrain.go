@@ -285,21 +285,40 @@ func (c *grammarConstraint) Mask(output []int32, row []float32) {
 			stopLogits[i] = row[id]
 		}
 	}
-	scratch := slices.Clone(prefix)
 	allowed := 0
-	for id := range row {
-		ok := false
-		switch b := c.vocab.bytes(int32(id)); {
-		case slices.Contains(c.stops, int32(id)):
-			ok = complete
-		case b != nil:
-			scratch = append(scratch[:len(prefix)], b...)
-			ok, _ = check(c.g, scratch)
+	scratch := slices.Clone(prefix)
+	viable := func(b []byte) bool {
+		scratch = append(scratch[:len(prefix)], b...)
+		ok, _ := check(c.g, scratch)
+		return ok
+	}
+	// Tokens are checked in groups by first byte: where the grammar fixes
+	// what comes next, most groups fail on that byte alone.
+	for first, group := range c.vocab.byFirst {
+		firstOK := viable([]byte{byte(first)})
+		for _, id := range group {
+			if int(id) >= len(row) {
+				continue
+			}
+			if firstOK && !slices.Contains(c.stops, id) && (len(c.vocab.table[id]) == 1 || viable(c.vocab.table[id])) {
+				allowed++
+			} else {
+				row[id] = float32(math.Inf(-1))
+			}
 		}
-		if ok {
-			allowed++
-		} else {
+	}
+	for i, id := range c.stops {
+		if int(id) < len(row) {
 			row[id] = float32(math.Inf(-1))
+			if complete {
+				row[id] = stopLogits[i]
+				allowed++
+			}
+		}
+	}
+	for id := range row {
+		if c.vocab.bytes(int32(id)) == nil && !slices.Contains(c.stops, int32(id)) {
+			row[id] = float32(math.Inf(-1)) // special tokens no grammar allows
 		}
 	}
 	if allowed == 0 {
@@ -314,8 +333,12 @@ func (c *grammarConstraint) Mask(output []int32, row []float32) {
 }
 
 // vocabBytes are each token's bytes, nil for special tokens (which no
-// grammar allows), computed once per tokenizer.
-type vocabBytes struct{ table [][]byte }
+// grammar allows), computed once per tokenizer, with the ids of the
+// non-special tokens grouped by their first byte.
+type vocabBytes struct {
+	table   [][]byte
+	byFirst [256][]int32
+}
 
 func (v *vocabBytes) bytes(id int32) []byte {
 	if id < 0 || int(id) >= len(v.table) {
@@ -337,6 +360,7 @@ func vocabOf(tok *tokenizer.Tokenizer) *vocabBytes {
 		}
 		if b, err := tok.TokenBytes(int32(id)); err == nil && len(b) > 0 {
 			v.table[id] = b
+			v.byFirst[b[0]] = append(v.byFirst[b[0]], int32(id))
 		}
 	}
 	actual, _ := vocabs.LoadOrStore(tok, v)

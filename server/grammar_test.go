@@ -2,7 +2,11 @@ package server
 
 import (
 	"encoding/json"
+	"math"
+	"slices"
 	"testing"
+
+	"ddflash/tokenizer"
 )
 
 // TestGrammars checks prefixes against the grammars constrained decoding
@@ -97,6 +101,81 @@ func FuzzGrammarCheck(f *testing.F) {
 				if v, _ := check(g, b[:len(b)-1]); !v {
 					t.Errorf("%q viable, its prefix not", b)
 				}
+			}
+		}
+	})
+}
+
+// maskEachToken is the reference mask: every token checked on its own.
+func maskEachToken(c *grammarConstraint, tok *tokenizer.Dir, reply string, row []float32) {
+	_, complete := check(c.g, []byte(reply))
+	for id := range row {
+		b, err := tok.TokenBytes(int32(id))
+		ok := false
+		switch {
+		case slices.Contains(c.stops, int32(id)):
+			ok = complete
+		case err == nil && !tok.IsSpecial(int32(id)):
+			ok, _ = check(c.g, append([]byte(reply), b...))
+		}
+		if !ok {
+			row[id] = float32(math.Inf(-1))
+		}
+	}
+}
+
+func personConstraint(t testing.TB, tok *tokenizer.Dir) *grammarConstraint {
+	person, err := compileSchema(json.RawMessage(`{"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}}, "additionalProperties": false}`), "schema")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eos, _ := tok.TokenID("<|im_end|>")
+	return &grammarConstraint{g: jsonReply{person}, vocab: vocabOf(tok.Tokenizer), stops: []int32{eos}}
+}
+
+// maskReplies are prefixes inside and after a constrained reply.
+var maskReplies = []string{"", `{"na`, `{"name": "a b`, `{"n": 1`, `{"n": 12, "name": "x"}`}
+
+// TestMaskMatchesEachToken checks the constraint's mask, which skips
+// tokens by first byte, against checking every token of the tiny
+// vocabulary on its own.
+func TestMaskMatchesEachToken(t *testing.T) {
+	_, _, tok := modelDirs(t)
+	c := personConstraint(t, tok)
+	for _, reply := range maskReplies {
+		got, want := make([]float32, tok.VocabSize()), make([]float32, tok.VocabSize())
+		c.Mask(tok.Encode(reply), got)
+		maskEachToken(c, tok, reply, want)
+		if !slices.Equal(got, want) {
+			t.Errorf("after %q: mask %v, want %v", reply, got, want)
+		}
+		if !slices.ContainsFunc(want, func(v float32) bool { return !math.IsInf(float64(v), -1) }) {
+			t.Errorf("after %q nothing is allowed", reply)
+		}
+	}
+}
+
+// BenchmarkConstraintMask compares the grouped mask with checking each
+// token, over the tiny vocabulary (report the ratio of the two).
+func BenchmarkConstraintMask(b *testing.B) {
+	_, _, tok := modelDirs(b)
+	c := personConstraint(b, tok)
+	row := make([]float32, tok.VocabSize())
+	outputs := make([][]int32, len(maskReplies))
+	for i, r := range maskReplies {
+		outputs[i] = tok.Encode(r)
+	}
+	b.Run("grouped", func(b *testing.B) {
+		for b.Loop() {
+			for _, out := range outputs {
+				c.Mask(out, row)
+			}
+		}
+	})
+	b.Run("each-token", func(b *testing.B) {
+		for b.Loop() {
+			for _, r := range maskReplies {
+				maskEachToken(c, tok, r, row)
 			}
 		}
 	})
