@@ -148,7 +148,7 @@ func (s *Server) chatRequest(r *http.Request, m *Model) (*genRequest, error) {
 	thinking := reasoning && strings.HasSuffix(strings.TrimRight(text, " \n"), thinkOpen)
 	var tools paramTypes
 	if choice.mode != toolsNone && (m.Parsers.ToolCalls == ToolCallsQwen3Coder || m.Parsers.ToolCalls == "" && strings.Contains(text, toolCallOpen)) {
-		tools = toolParamTypes(req.Tools)
+		tools = paramTypesOf(choice.all)
 	}
 	g.newParser = func() *chatParser { return newChatParser(reasoning, thinking, tools) }
 	var shape grammar

@@ -23,6 +23,7 @@ const (
 // toolChoice is a request's tool_choice with the tools it may call.
 type toolChoice struct {
 	mode      string
+	all       []toolSpec // the request's tools
 	functions []toolSpec // the callable ones (named: just that one)
 	parallel  bool       // several calls in one reply (when constrained)
 }
@@ -30,6 +31,7 @@ type toolChoice struct {
 // toolSpec is what a call of one function must look like.
 type toolSpec struct {
 	name     string
+	types    map[string]string  // each parameter's JSON schema type
 	params   map[string]*schema // a parameter's value grammar; nil: free text
 	keys     []string           // the parameters, sorted; nil: any name
 	required []string
@@ -43,7 +45,7 @@ func readToolChoice(raw, tools json.RawMessage) (toolChoice, error) {
 	if err != nil {
 		return toolChoice{}, err
 	}
-	c := toolChoice{mode: toolsNone, functions: specs}
+	c := toolChoice{mode: toolsNone, all: specs, functions: specs}
 	if len(specs) > 0 {
 		c.mode = toolsAuto
 	}
@@ -101,10 +103,11 @@ func toolSpecs(raw json.RawMessage) ([]toolSpec, error) {
 		if t.Function == nil || t.Function.Name == "" {
 			return nil, badRequest("tools", "tools[%d]: want {\"type\": \"function\", \"function\": {\"name\", ...}}", i)
 		}
-		spec := toolSpec{name: t.Function.Name, required: t.Function.Parameters.Required, params: map[string]*schema{}}
+		spec := toolSpec{name: t.Function.Name, required: t.Function.Parameters.Required, params: map[string]*schema{}, types: map[string]string{}}
 		for name, prop := range t.Function.Parameters.Properties {
 			spec.keys = append(spec.keys, name)
-			if schemaType(typeOf(prop)) == "string" {
+			spec.types[name] = schemaType(typeOf(prop))
+			if spec.types[name] == "string" {
 				continue // free text
 			}
 			// A schema constrained decoding cannot enforce leaves the value free.

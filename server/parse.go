@@ -332,29 +332,11 @@ func heldTag(text, tag string) int {
 
 func trailingSpace(s string) int { return len(s) - len(strings.TrimRight(s, " \n")) }
 
-// toolParamTypes reads each function's parameter types from the request's
-// tools (OpenAI's {"type": "function", "function": {name, parameters}}).
-func toolParamTypes(raw json.RawMessage) paramTypes {
-	var tools []struct {
-		Function struct {
-			Name       string `json:"name"`
-			Parameters struct {
-				Properties map[string]struct {
-					Type json.RawMessage `json:"type"`
-				} `json:"properties"`
-			} `json:"parameters"`
-		} `json:"function"`
-	}
+// paramTypesOf are the tools' parameter types, by function.
+func paramTypesOf(specs []toolSpec) paramTypes {
 	types := paramTypes{}
-	if json.Unmarshal(raw, &tools) != nil {
-		return types
-	}
-	for _, t := range tools {
-		params := map[string]string{}
-		for name, prop := range t.Function.Parameters.Properties {
-			params[name] = schemaType(prop.Type)
-		}
-		types[t.Function.Name] = params
+	for _, spec := range specs {
+		types[spec.name] = spec.types
 	}
 	return types
 }

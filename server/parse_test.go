@@ -10,7 +10,11 @@ import (
 // byte: the split must not depend on how the text arrives, and must be
 // what vLLM's qwen3 and qwen3_coder parsers make of it.
 func TestChatParserSplits(t *testing.T) {
-	types := toolParamTypes(json.RawMessage(`[` + weatherTool + `]`))
+	specs, err := toolSpecs(json.RawMessage(`[` + weatherTool + `]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	types := paramTypesOf(specs)
 	cases := []struct {
 		name               string
 		thinking           bool
