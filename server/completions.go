@@ -31,8 +31,8 @@ func (s *Server) completionRequest(r *http.Request, m *Model) (*genRequest, erro
 		return nil, badRequest("prompt", "prompt is required: a string or an array of token ids")
 	case req.Echo:
 		return nil, badRequest("echo", "echo is not supported: leave it out")
-	case req.BestOf != nil && *req.BestOf != 1:
-		return nil, badRequest("best_of", "best_of %d: this server returns one choice per request", *req.BestOf)
+	case req.BestOf != nil && (req.N == nil && *req.BestOf != 1 || req.N != nil && *req.BestOf != *req.N):
+		return nil, badRequest("best_of", "best_of %d: only best_of equal to n is supported", *req.BestOf)
 	case req.Suffix != "":
 		return nil, badRequest("suffix", "suffix is not supported: leave it out")
 	}
@@ -47,7 +47,7 @@ func (s *Server) completionRequest(r *http.Request, m *Model) (*genRequest, erro
 		}
 		logprobs = int(*req.Logprobs)
 	}
-	return req.build(m.Engine.Context, ids, req.MaxTokens, defaultCompletionTokens, logprobs)
+	return req.build(m, ids, req.MaxTokens, defaultCompletionTokens, logprobs)
 }
 
 // completionAPI shapes /v1/completions responses.
@@ -73,9 +73,9 @@ type completionLogprobs struct {
 
 func (completionAPI) idPrefix() string   { return "cmpl-" }
 func (completionAPI) object(bool) string { return "text_completion" }
-func (completionAPI) opening() any       { return nil }
+func (completionAPI) opening(int) any    { return nil }
 func (a completionAPI) choice(d delta, res outcome, _ bool) any {
-	c := completionChoice{Text: d.text, FinishReason: nonEmpty(res.finish), StopReason: nonEmpty(res.stopReason)}
+	c := completionChoice{Index: res.index, Text: d.text, FinishReason: nonEmpty(res.finish), StopReason: nonEmpty(res.stopReason)}
 	if len(d.tokens) > 0 && d.tokens[0].lp != nil {
 		c.Logprobs = &completionLogprobs{}
 		for _, t := range d.tokens {

@@ -139,6 +139,7 @@ type harnessOptions struct {
 	target string         // a model sharing the tiny model's tokenizer; default: the tiny model
 	server Options        // the server's options besides the model name and API key
 	engine func(*engine.Engine)
+	setup  func(*Model) // adjusts the model before it is served
 }
 
 // serveTiny starts a server for the tiny model and waits until /health says 200.
@@ -156,6 +157,9 @@ func serveTiny(t testing.TB, o harnessOptions) *harness {
 		o.engine(e)
 	}
 	m := &Model{Engine: e, Scheduler: engine.NewScheduler(e, o.sched), Tokenizer: tok}
+	if o.setup != nil {
+		o.setup(m)
+	}
 	opts := o.server
 	opts.ModelName, opts.APIKey = testModel, o.apiKey
 	srv := New(opts)

@@ -7,15 +7,24 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"sync"
 	"time"
 
 	"ddflash/engine"
 )
 
+// tokenStream is a submitted request's output (an engine.Stream).
+type tokenStream interface {
+	Events() <-chan engine.Event
+	Wait() (*engine.Result, error)
+}
+
 // generation is one request running in the scheduler.
 type generation struct {
 	g      *genRequest
-	stream *engine.Stream
+	index  int // of its choice
+	stream tokenStream
+	parser *chatParser // nil: the text is not split
 	ctx    context.Context
 	cancel context.CancelFunc
 	timer  *requestTimer
@@ -25,7 +34,8 @@ type generation struct {
 
 // outcome is how a generation ended.
 type outcome struct {
-	finish                         string // stop or length
+	index                          int    // of its choice
+	finish                         string // stop, length or tool_calls
 	stopReason                     string // the stop string that matched, if one did
 	promptTokens, completionTokens int
 }
@@ -40,18 +50,31 @@ type usage struct {
 	TotalTokens      int `json:"total_tokens"`
 }
 
-// start submits g. ctx is the client's: when it ends, so does the request,
-// and the scheduler frees its KV pages and state slot at its next step.
-func (s *Server) start(ctx context.Context, m *Model, g *genRequest) (*generation, error) {
+// start submits choice index of g. ctx is the client's: when it ends, so
+// does the request, and the scheduler frees its KV pages and state slot at
+// its next step.
+func (s *Server) start(ctx context.Context, m *Model, g *genRequest, index int) (*generation, error) {
 	timer := s.metrics.startRequest()
 	ctx, cancel := context.WithCancel(ctx)
-	st, err := m.Scheduler.Submit(ctx, g.req)
+	req := g.req
+	if index > 0 {
+		req.Sampling.Seed += uint64(index) // independent choices, reproducible with a seed
+	}
+	submit := m.submit
+	if submit == nil {
+		submit = func(ctx context.Context, r engine.Request) (tokenStream, error) { return m.Scheduler.Submit(ctx, r) }
+	}
+	st, err := submit(ctx, req)
 	if err != nil {
 		cancel()
 		return nil, submitError(err)
 	}
-	return &generation{g: g, stream: st, ctx: ctx, cancel: cancel, timer: timer,
-		out: newTextOut(m.Tokenizer.Tokenizer, g.stops), res: outcome{promptTokens: len(g.req.Prompt)}}, nil
+	gen := &generation{g: g, index: index, stream: st, ctx: ctx, cancel: cancel, timer: timer,
+		out: newTextOut(m.Tokenizer.Tokenizer, g.stops), res: outcome{index: index, promptTokens: len(g.req.Prompt)}}
+	if g.newParser != nil {
+		gen.parser = g.newParser()
+	}
+	return gen, nil
 }
 
 // each hands the output to emit as steps produce it, and says how the
@@ -78,6 +101,9 @@ func (gen *generation) each(emit func(delta) error) (outcome, error) {
 			return gen.abort(err)
 		}
 		if gen.out.stopped != "" {
+			if err := gen.emit(emit, gen.split(delta{}, true)); err != nil {
+				return gen.abort(err)
+			}
 			return gen.end(engine.FinishStop, nil), nil
 		}
 	}
@@ -86,7 +112,7 @@ func (gen *generation) each(emit func(delta) error) (outcome, error) {
 		return gen.abort(err)
 	}
 	finish := res.FinishReason
-	if err := gen.emit(emit, gen.out.finish()); err != nil {
+	if err := gen.emit(emit, gen.split(gen.out.finish(), true)); err != nil {
 		return gen.abort(err)
 	}
 	if gen.out.stopped != "" {
@@ -116,18 +142,38 @@ func (gen *generation) add(ev engine.Event) (delta, error) {
 			break
 		}
 	}
-	return d, nil
+	return gen.split(d, false), nil
+}
+
+// split runs d's text through the chat parser, if there is one; last says
+// the output has ended.
+func (gen *generation) split(d delta, last bool) delta {
+	if gen.parser == nil {
+		return d
+	}
+	d.split = gen.parser.add(d.text)
+	if last {
+		d.split.add(gen.parser.finish())
+	}
+	return d
 }
 
 // emit passes on a delta that carries something the client sees.
 func (gen *generation) emit(emit func(delta) error, d delta) error {
-	if d.text == "" && (!gen.g.logprobs || len(d.tokens) == 0) {
+	visible := d.text != ""
+	if gen.parser != nil {
+		visible = !d.split.empty()
+	}
+	if !visible && (!gen.g.logprobs || len(d.tokens) == 0) {
 		return nil
 	}
 	return emit(d)
 }
 
 func (gen *generation) end(finish string, spec *engine.SpecStats) outcome {
+	if finish == engine.FinishStop && gen.parser != nil && gen.parser.calls > 0 {
+		finish = finishToolCalls
+	}
 	gen.res.finish, gen.res.stopReason = finish, gen.out.stopped
 	gen.timer.end(finish, gen.res.promptTokens, gen.res.completionTokens, spec)
 	return gen.res
@@ -153,6 +199,9 @@ func (gen *generation) abort(err error) (outcome, error) {
 
 var errClientGone = errors.New("the client went away")
 
+// finishToolCalls is OpenAI's finish_reason for a reply that calls tools.
+const finishToolCalls = "tool_calls"
+
 // endpoint shapes one API's responses.
 type endpoint interface {
 	idPrefix() string
@@ -160,8 +209,8 @@ type endpoint interface {
 	// choice is the single choice of a response (stream false) or of a
 	// streamed chunk; finish is empty until the last chunk.
 	choice(d delta, res outcome, stream bool) any
-	// opening is the chunk a stream starts with, or nil.
-	opening() any
+	// opening is the chunk a choice's stream starts with, or nil.
+	opening(index int) any
 }
 
 // envelope is a response or a streamed chunk.
@@ -174,46 +223,66 @@ type envelope struct {
 	Usage   *usage `json:"usage,omitempty"`
 }
 
-// respond runs g and answers with one JSON response or an SSE stream.
+// respond runs g's choices and answers with one JSON response or an SSE
+// stream.
 func (s *Server) respond(w http.ResponseWriter, r *http.Request, m *Model, g *genRequest, api endpoint) {
-	gen, err := s.start(r.Context(), m, g)
-	if err != nil {
-		writeError(w, err)
-		return
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel() // one choice failing ends the others
+	gens := make([]*generation, g.n)
+	for i := range gens {
+		gen, err := s.start(ctx, m, g, i)
+		if err != nil {
+			cancel()
+			for _, started := range gens[:i] {
+				_, _ = started.abort(err)
+			}
+			writeError(w, err)
+			return
+		}
+		gens[i] = gen
 	}
 	env := envelope{ID: api.idPrefix() + rand.Text(), Object: api.object(g.stream), Created: time.Now().Unix(), Model: s.opts.ModelName}
 	if !g.stream {
-		var all delta
-		res, err := gen.each(func(d delta) error {
-			all.text += d.text
-			all.tokens = append(all.tokens, d.tokens...)
+		all := make([]delta, len(gens))
+		results, err := runChoices(gens, func(i int, d delta) error {
+			all[i].append(d)
 			return nil
 		})
 		if err != nil {
 			s.fail(w, err)
 			return
 		}
-		env.Choices, env.Usage = []any{api.choice(all, res, false)}, res.usage()
+		for i, res := range results {
+			env.Choices = append(env.Choices, api.choice(all[i], res, false))
+		}
+		env.Usage = totalUsage(results)
 		writeJSON(w, http.StatusOK, env)
 		return
 	}
 	sse := startSSE(w, s.opts.Timeouts.Write)
+	var mu sync.Mutex // choices stream concurrently into one response
 	chunk := func(choice any) error {
+		mu.Lock()
+		defer mu.Unlock()
 		env.Choices = []any{choice}
 		return sse.send(env)
 	}
-	if first := api.opening(); first != nil {
-		if err := chunk(first); err != nil {
-			_, _ = gen.abort(err)
-			return
+	for i := range gens {
+		if first := api.opening(i); first != nil {
+			if err := chunk(first); err != nil {
+				for _, gen := range gens {
+					_, _ = gen.abort(err)
+				}
+				return
+			}
 		}
 	}
-	res, err := gen.each(func(d delta) error { return chunk(api.choice(d, outcome{}, true)) })
-	if err == nil {
-		err = chunk(api.choice(delta{}, res, true))
+	results, err := runChoices(gens, func(i int, d delta) error { return chunk(api.choice(d, outcome{index: i}, true)) })
+	for i := 0; err == nil && i < len(results); i++ {
+		err = chunk(api.choice(delta{}, results[i], true))
 	}
 	if err == nil && g.includeUsage {
-		env.Choices, env.Usage = []any{}, res.usage()
+		env.Choices, env.Usage = []any{}, totalUsage(results)
 		err = sse.send(env)
 	}
 	switch {
@@ -226,6 +295,47 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, m *Model, g *ge
 		}{asAPIError(err)}) // the status line is sent already: the error goes in the stream
 	}
 	_ = sse.done()
+}
+
+// runChoices runs each generation to its end, handing its output to emit
+// with its index, and returns how each ended, or the first error (which
+// cancels the rest).
+func runChoices(gens []*generation, emit func(int, delta) error) ([]outcome, error) {
+	results := make([]outcome, len(gens))
+	errs := make([]error, len(gens))
+	var wg sync.WaitGroup
+	for i, gen := range gens {
+		wg.Go(func() {
+			results[i], errs[i] = gen.each(func(d delta) error { return emit(i, d) })
+			if errs[i] != nil {
+				for _, other := range gens {
+					other.cancel()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, errClientGone) {
+			return results, err // the cause, not a choice it cancelled
+		}
+	}
+	for _, err := range errs {
+		if err != nil {
+			return results, err
+		}
+	}
+	return results, nil
+}
+
+// totalUsage counts the prompt once and every choice's tokens.
+func totalUsage(results []outcome) *usage {
+	u := results[0].usage()
+	for _, res := range results[1:] {
+		u.CompletionTokens += res.completionTokens
+		u.TotalTokens += res.completionTokens
+	}
+	return u
 }
 
 // fail answers a non-streaming generation that did not complete.

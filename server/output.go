@@ -15,10 +15,19 @@ type token struct {
 	lp     *engine.StepLogprobs // nil unless logprobs were asked for
 }
 
-// delta is output released to the client: text and the tokens it came from.
+// delta is output released to the client: text and the tokens it came
+// from, and for chat the text split into content, reasoning and tool calls.
 type delta struct {
 	text   string
 	tokens []token
+	split  parsed
+}
+
+// append adds d's output to a.
+func (a *delta) append(d delta) {
+	a.text += d.text
+	a.tokens = append(a.tokens, d.tokens...)
+	a.split.add(d.split)
 }
 
 // textOut turns generated tokens into text. Stop strings are honoured across

@@ -64,6 +64,14 @@ type Model struct {
 	Engine    *engine.Engine
 	Scheduler *engine.Scheduler
 	Tokenizer *tokenizer.Dir
+	// Defaults are the checkpoint's sampling defaults (generation_config.json)
+	// for requests that leave them out; zero: OpenAI's.
+	Defaults engine.GenerationConfig
+	// Parsers split chat output into reasoning, content and tool calls.
+	Parsers Parsers
+	// submit, when set, stands in for Scheduler.Submit (tests script the
+	// model's output with it).
+	submit func(context.Context, engine.Request) (tokenStream, error)
 }
 
 // Server answers the HTTP API. It answers from the moment it is created:

@@ -140,6 +140,12 @@ func (t *Tokenizer) tokenBytes(id int32, skipSpecial bool) ([]byte, bool, error)
 	return t.bytes[t.bytesFrom[id]:t.bytesFrom[id+1]], true, nil
 }
 
+// TokenBytes returns the bytes id decodes to (a special token's: its text).
+func (t *Tokenizer) TokenBytes(id int32) ([]byte, error) {
+	b, _, err := t.tokenBytes(id, false)
+	return b, err
+}
+
 // VocabSize is one more than the largest id, added tokens included.
 func (t *Tokenizer) VocabSize() int { return len(t.tokens) }
 

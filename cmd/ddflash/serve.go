@@ -41,6 +41,8 @@ type serveConfig struct {
 	maxBody                      int64
 	timeouts                     server.Timeouts
 	allowedHosts, allowedOrigins listFlag
+	parsers                      server.Parsers
+	generationConfig             string
 }
 
 // listFlag is a comma-separated flag value.
@@ -73,6 +75,9 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.Var(&c.allowedHosts, "allowed-hosts", "without --api-key, Host names accepted besides the listen address and localhost, comma-separated (e.g. a reverse proxy's public name; * for any)")
 	fs.Var(&c.allowedOrigins, "allowed-origins", "web origins that may call the server from a browser (CORS), comma-separated, e.g. https://ui.example.com (* for any)")
 	fs.StringVar(&c.memSize, "gpu-mem", "", "memory to plan the caches in, e.g. 64GiB (default: this host's memory)")
+	fs.StringVar(&c.parsers.Reasoning, "reasoning-parser", "", "split <think> blocks into reasoning_content: qwen3 or none (default: qwen3 when the chat template writes <think>)")
+	fs.StringVar(&c.parsers.ToolCalls, "tool-call-parser", "", "parse tool calls into tool_calls: qwen3_coder or none (default: qwen3_coder when the chat template writes <tool_call>)")
+	fs.StringVar(&c.generationConfig, "generation-config", "auto", "sampling defaults for requests that leave them out: auto (the model's generation_config.json) or none (OpenAI's)")
 }
 
 // serve runs `ddflash serve` until ctx ends. ready, if set, is told the
@@ -86,6 +91,12 @@ func serve(ctx context.Context, args []string, ready func(addr string)) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q: flags only", fs.Arg(0))
+	}
+	if err := c.parsers.Check(); err != nil {
+		return err
+	}
+	if c.generationConfig != "auto" && c.generationConfig != "none" {
+		return fmt.Errorf("--generation-config %q: want auto or none", c.generationConfig)
 	}
 	if c.name == "" {
 		c.name = filepath.Base(filepath.Clean(c.model.model))
@@ -119,7 +130,7 @@ func serve(ctx context.Context, args []string, ready func(addr string)) error {
 		ready(ln.Addr().String())
 	}
 
-	model, err := c.load(running)
+	model, err := c.load(running, log)
 	if err != nil {
 		_ = httpSrv.Close()
 		return err
@@ -245,7 +256,7 @@ func hostMemory() (total, avail int64, err error) {
 }
 
 // load builds the engine, its scheduler and the tokenizer.
-func (c *serveConfig) load(running int) (*server.Model, error) {
+func (c *serveConfig) load(running int, log *slog.Logger) (*server.Model, error) {
 	e, err := c.model.load(running)
 	if err != nil {
 		return nil, err
@@ -253,6 +264,46 @@ func (c *serveConfig) load(running int) (*server.Model, error) {
 	if e.Tokenizer == nil {
 		return nil, fmt.Errorf("serving text needs the model's tokenizer: %s has no tokenizer.json", c.model.model)
 	}
+	defaults, err := c.samplingDefaults(log)
+	if err != nil {
+		return nil, err
+	}
 	sched := engine.NewScheduler(e, engine.SchedulerOptions{MaxRunning: running, MaxQueue: c.maxQueue, StepPrefill: c.chunk})
-	return &server.Model{Engine: e, Scheduler: sched, Tokenizer: e.Tokenizer}, nil
+	return &server.Model{Engine: e, Scheduler: sched, Tokenizer: e.Tokenizer, Defaults: defaults, Parsers: c.parsers}, nil
+}
+
+// samplingDefaults reads the model's generation_config.json sampling
+// defaults (--generation-config auto) and logs which are in force.
+func (c *serveConfig) samplingDefaults(log *slog.Logger) (engine.GenerationConfig, error) {
+	var g engine.GenerationConfig
+	found := false
+	if c.generationConfig == "auto" {
+		var err error
+		if g, found, err = engine.LoadGenerationConfig(c.model.model); err != nil {
+			return g, err
+		}
+	}
+	g.EOS = nil // the engine's stop set; these are the sampling defaults only
+	var inForce []any
+	add := func(name string, v *float64) {
+		if v != nil {
+			inForce = append(inForce, name, *v)
+		}
+	}
+	add("temperature", g.Temperature)
+	add("top_p", g.TopP)
+	if g.TopK != nil {
+		inForce = append(inForce, "top_k", *g.TopK)
+	}
+	add("min_p", g.MinP)
+	add("repetition_penalty", g.RepetitionPenalty)
+	switch {
+	case len(inForce) > 0:
+		log.Info("sampling defaults from generation_config.json for requests that leave them out (--generation-config none: OpenAI's)", inForce...)
+	case found:
+		log.Info("generation_config.json sets no sampling defaults: requests that leave them out get OpenAI's (temperature 1, top_p 1)")
+	default:
+		log.Info("sampling defaults: OpenAI's (temperature 1, top_p 1)", "generation_config", c.generationConfig)
+	}
+	return g, nil
 }
