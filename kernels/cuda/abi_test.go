@@ -48,7 +48,14 @@ func TestLaunchArguments(t *testing.T) {
 		"L2Norm":     func() { be.L2Norm(f32(32), 2, 16, 1e-6, 1) },
 		"RoPE":       func() { be.RoPE(f32(64), i32(2), f32(4), 2, 2, 16, 8, 1) },
 		"WriteKV":    func() { be.WriteKV(f32(320), f32(320), f32(64), f32(64), i32(2), 2, 32) },
-		"MoveKV":     func() { be.MoveKV(f32(320), f32(320), i32(2), i32(2), 2, 32) },
+		"WriteKV BF16": func() {
+			be.WriteKV(fake(kernels.BF16, 320), fake(kernels.BF16, 320), f32(64), f32(64), i32(2), 2, 32)
+		},
+		"MoveKV":      func() { be.MoveKV(f32(320), f32(320), i32(2), i32(2), 2, 32) },
+		"MoveKV BF16": func() { be.MoveKV(fake(kernels.BF16, 320), fake(kernels.BF16, 320), i32(2), i32(2), 2, 32) },
+		"Attention BF16 cache": func() {
+			be.Attention(f32(128), f32(128), fake(kernels.BF16, 320), fake(kernels.BF16, 320), attn, []kernels.AttnSeq{{QueryLen: 2, Prefix: 3, Pages: i32(2)}})
+		},
 		"Attention causal": func() {
 			be.Attention(f32(128), f32(128), f32(320), f32(320), attn, []kernels.AttnSeq{{QueryLen: 2, Prefix: 3, Pages: i32(2)}})
 		},
