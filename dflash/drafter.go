@@ -43,7 +43,8 @@ type Drafter struct {
 }
 
 // Options sizes the drafter's context cache: room for Sequences sessions
-// of Context committed tokens plus one block each.
+// of Context committed tokens plus one block each, stored in the target's
+// KV cache dtype.
 type Options struct {
 	PageSize  int // tokens per page of the draft KV cache; 0 means 16
 	Sequences int // sessions in flight; 0 means 1
@@ -81,7 +82,7 @@ func LoadDrafter(dir string, target *engine.Model, opts Options) (*Drafter, erro
 	}
 	tokens := max(opts.Sequences, 1) * (opts.Context + cfg.BlockSize)
 	kvDim := cfg.NumKVHeads * cfg.HeadDim
-	if d.kv, err = engine.NewKVCache([]engine.KVShard{{B: b, KVDim: kvDim}}, cfg.NumLayers, opts.PageSize, (tokens+opts.PageSize-1)/opts.PageSize); err != nil {
+	if d.kv, err = engine.NewKVCache([]engine.KVShard{{B: b, KVDim: kvDim, DType: target.KV.Shard(0).DType}}, cfg.NumLayers, opts.PageSize, (tokens+opts.PageSize-1)/opts.PageSize); err != nil {
 		return nil, err
 	}
 	ones := make([]int32, cfg.BlockSize*cfg.BlockSize)

@@ -20,6 +20,8 @@ type Options struct {
 	PageSize     int // KV tokens per page; 0 means 16
 	KVTokens     int // KV cache capacity in tokens; 0 means MaxSeqs × (Context + VerifyTokens)
 	PrefillChunk int // longest prefill forward; 0 means 512
+	// KVDType is the KV cache's storage dtype: F32 (the zero value) or BF16.
+	KVDType kernels.DType
 	// VerifyTokens is the most tokens one speculative verify writes to the
 	// KV cache (the block, or the tree budget plus its root); 0 without
 	// speculation. A tree's nodes sit past the sequence's end until commit.
@@ -100,7 +102,7 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 	kvShards := make([]KVShard, len(shards))
 	stateShards := make([]mamba.Shard, len(shards))
 	for i, sh := range shards {
-		kvShards[i] = KVShard{B: sh.B, KVDim: KVDim(rc)}
+		kvShards[i] = KVShard{B: sh.B, KVDim: KVDim(rc), DType: opts.KVDType}
 		stateShards[i] = mamba.Shard{B: sh.B, Shape: StateShape(rc)}
 	}
 	pages := (opts.KVTokens + opts.PageSize - 1) / opts.PageSize

@@ -7,8 +7,8 @@
 // synchronously; a CUDA backend queues them.
 //
 // Shapes are row-major. Weights are [out, in] as stored in safetensors.
-// Activations and states are F32 on every backend; weights may be F32, BF16
-// or F16. Index buffers (token ids, positions, page tables, tree parents) are I32.
+// Activations and states are F32 on every backend, KV caches F32 or BF16;
+// weights may be F32, BF16 or F16. Index buffers (token ids, positions, page tables, tree parents) are I32.
 package kernels
 
 import "fmt"
@@ -152,10 +152,12 @@ type Backend interface {
 	MulSigmoid(x, gate Buffer, n int)
 
 	// WriteKV stores n rows of k and v ([n, kvDim], F32) into the caches at
-	// the physical slots given by the I32 buffer slots [n]. Caches are F32 [slots, kvDim].
+	// the physical slots given by the I32 buffer slots [n]. Caches are
+	// [slots, kvDim], both F32 or both BF16 (stored rounded to nearest even).
 	WriteKV(kCache, vCache, k, v, slots Buffer, n, kvDim int)
 	// Attention computes out [rows, NumHeads*HeadDim] from q [rows, NumHeads*HeadDim]
-	// over the paged caches ([slots, NumKVHeads*HeadDim]); softmax in F32.
+	// over the paged caches ([slots, NumKVHeads*HeadDim], F32 or BF16, read
+	// widened to F32); softmax in F32.
 	Attention(out, q, kCache, vCache Buffer, shape AttnShape, seqs []AttnSeq)
 	// MoveKV copies cache rows: for i < n, slot dst[i] takes the contents of
 	// slot src[i] (both I32 buffers), in both caches; all reads happen before writes.
