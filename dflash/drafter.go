@@ -143,6 +143,17 @@ func (d *Drafter) tensorSpecs() []engine.TensorSpec {
 	return specs
 }
 
+// Close releases the drafter's weights, cache and constants (the shared
+// embedding and LM head belong to the target).
+func (d *Drafter) Close() {
+	for _, s := range d.tensorSpecs() {
+		d.b.Free(*s.Dst)
+	}
+	d.kv.Close()
+	d.b.Free(d.allVisible)
+	d.b.Free(d.invFreq)
+}
+
 // TapLayers lists the target layers whose outputs the drafter reads.
 func (d *Drafter) TapLayers() []int { return d.Cfg.TargetLayerIDs }
 

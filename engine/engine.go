@@ -124,6 +124,17 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 	return &Engine{Model: m, ValidVocab: validVocab, EOS: eos, Context: opts.Context, opts: opts}, nil
 }
 
+// Close releases everything the engine allocated on its backends: the
+// model, its caches and scratch, and the drafter when it can be closed.
+// The engine must not be used afterwards.
+func (e *Engine) Close() {
+	if d, ok := e.Drafter.(interface{ Close() }); ok {
+		d.Close()
+	}
+	e.Drafter = nil
+	e.Model.Close()
+}
+
 // Request is one generation.
 type Request struct {
 	Prompt    []int32

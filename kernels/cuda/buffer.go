@@ -61,6 +61,7 @@ func (be *Backend) Alloc(dt kernels.DType, n int) (kernels.Buffer, error) {
 		return nil, err
 	}
 	b.mem = &allocation{p, bytes}
+	be.live += int64(bytes)
 	return b, nil
 }
 

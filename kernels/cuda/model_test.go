@@ -34,6 +34,36 @@ func TestEmulatedModel(t *testing.T) {
 	}
 	t.Run("Logits", func(t *testing.T) { checkModelLogits(t, be, "tiny") })
 	t.Run("Spec", func(t *testing.T) { checkSpecGeneration(t, be) })
+	t.Run("Close", func(t *testing.T) { checkCloseReleases(t, be) })
+}
+
+// checkCloseReleases loads a target with a drafter on a BF16 KV cache,
+// generates speculatively, closes the engine and checks that the device
+// memory held in buffers is back at its level before the load.
+func checkCloseReleases(t *testing.T, be kernels.Backend) {
+	held := be.(interface{ BufferBytes() int64 }).BufferBytes
+	p, err := testmodel.PresetByName("tiny")
+	must(t, err)
+	dir := t.TempDir()
+	target, draft := dir+"/target", dir+"/draft"
+	must(t, testmodel.Write(target, testmodel.Options{Preset: p, Seed: 5, DType: "bf16"}))
+	must(t, testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: 5, DType: "bf16"}))
+	must(t, be.Sync())
+	before := held()
+	spec := engine.SpecOptions{Mode: engine.SpecTree, Budget: 8}
+	verify, err := dflash.VerifyTokens(draft, spec)
+	must(t, err)
+	e, err := engine.Load(be, target, engine.Options{Context: 64, MaxSeqs: 2, VerifyTokens: verify, KVDType: kernels.BF16})
+	must(t, err)
+	must(t, dflash.Attach(e, draft, spec))
+	_, err = e.Generate(context.Background(), engine.Request{Prompt: []int32{3, 1, 4, 1, 5}, MaxTokens: 12, IgnoreEOS: true})
+	must(t, err)
+	loaded := held()
+	e.Close()
+	must(t, be.Sync())
+	if after := held(); after != before || loaded <= before {
+		t.Errorf("device buffers: %d bytes before the load, %d loaded, %d after Close: want Close to return to %d", before, loaded, after, before)
+	}
 }
 
 // checkModelLogits runs a random bf16 model of the preset on be and on the
