@@ -22,6 +22,9 @@ type Options struct {
 	PrefillChunk int // longest prefill forward; 0 means 512
 	// KVDType is the KV cache's storage dtype: F32 (the zero value) or BF16.
 	KVDType kernels.DType
+	// ConvDType is the GDN conv state's storage dtype: F32 (the zero
+	// value) or BF16. The recurrent state is F32.
+	ConvDType kernels.DType
 	// VerifyTokens is the most tokens one speculative verify writes to the
 	// KV cache (the block, or the tree budget plus its root); 0 without
 	// speculation. A tree's nodes sit past the sequence's end until commit.
@@ -103,7 +106,7 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 	stateShards := make([]mamba.Shard, len(shards))
 	for i, sh := range shards {
 		kvShards[i] = KVShard{B: sh.B, KVDim: KVDim(rc), DType: opts.KVDType}
-		stateShards[i] = mamba.Shard{B: sh.B, Shape: StateShape(rc)}
+		stateShards[i] = mamba.Shard{B: sh.B, Shape: StateShape(rc), ConvDType: opts.ConvDType}
 	}
 	pages := (opts.KVTokens + opts.PageSize - 1) / opts.PageSize
 	kv, err := NewKVCache(kvShards, cfg.NumFull(), opts.PageSize, pages)

@@ -119,7 +119,8 @@ type Backend interface {
 	// Copy copies rows×cols elements: dst[r*dstStride+c] = src[r*srcStride+c].
 	// Buffers of any one dtype; Slice them to start at an offset.
 	Copy(dst, src Buffer, rows, cols, dstStride, srcStride int)
-	// Fill sets every element of an F32 buffer to v.
+	// Fill sets every element of an F32 or BF16 buffer to v (rounded to
+	// nearest even for BF16).
 	Fill(dst Buffer, v float32)
 
 	// Embedding gathers rows: out[i,:] = table[ids[i],:] for i < n, table [*, dim].
@@ -168,11 +169,13 @@ type Backend interface {
 	// Row t's history is its ancestor chain: parents (I32 [T], parents[t] < t,
 	// -1 = the committed state) or, when parents is nil, the rows before it.
 	// Inputs before the chain's start come from state [K-1, channels], oldest
-	// first. w is [channels, K] of any float dtype. state is not modified.
+	// first, F32 or BF16 (widened). w is [channels, K] of any float dtype.
+	// state is not modified.
 	CausalConv(out, x, state, w, parents Buffer, T, channels, K int)
 	// ConvCommit sets state to the last K-1 inputs of the chain ending at row
 	// node of x (following parents, or the preceding rows when parents is nil),
-	// filling from the old state where the chain is shorter than K-1.
+	// filling from the old state where the chain is shorter than K-1,
+	// rounding to nearest even when the state is BF16.
 	// node = -1 leaves the state unchanged.
 	ConvCommit(state, x, parents Buffer, node, channels, K int)
 

@@ -42,6 +42,7 @@ func TestLaunchArguments(t *testing.T) {
 		"Copy F32":   func() { be.Copy(f32(20), f32(20), 2, 3, 4, 5) },
 		"Copy BF16":  func() { be.Copy(fake(kernels.BF16, 20), fake(kernels.BF16, 20), 2, 3, 4, 5) },
 		"Fill":       func() { be.Fill(f32(9), 1) },
+		"Fill BF16":  func() { be.Fill(fake(kernels.BF16, 9), 1) },
 		"Add":        func() { be.Add(f32(9), f32(9), f32(9), 9) },
 		"SwiGLU":     func() { be.SwiGLU(f32(9), f32(9), f32(9), 9) },
 		"MulSigmoid": func() { be.MulSigmoid(f32(9), f32(9), 9) },
@@ -70,6 +71,10 @@ func TestLaunchArguments(t *testing.T) {
 		},
 		"ConvCommit tree": func() { be.ConvCommit(f32(30), f32(40), i32(4), 3, 10, 4) },
 		"ConvCommit":      func() { be.ConvCommit(f32(30), f32(40), nil, 3, 10, 4) },
+		"ConvCommit BF16": func() { be.ConvCommit(fake(kernels.BF16, 30), f32(40), nil, 3, 10, 4) },
+		"CausalConv BF16 state": func() {
+			be.CausalConv(f32(40), f32(40), fake(kernels.BF16, 30), f32(40), nil, 4, 10, 4)
+		},
 		"GDNChain": func() {
 			be.GDNRecurrence(f32(96), f32(96), f32(96), f32(96), f32(12), f32(12), f32(512), f32(512), nil, nil, 3, gdn)
 		},
