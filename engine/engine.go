@@ -13,11 +13,14 @@ import (
 	"ddflash/tokenizer"
 )
 
+// DefaultPageSize is the KV tokens per page when Options leave it 0.
+const DefaultPageSize = 16
+
 // Options sizes an engine's caches.
 type Options struct {
 	Context      int // longest sequence (prompt + output); 0 means the model's max positions
 	MaxSeqs      int // GDN state slots, i.e. sequences in flight; 0 means 1
-	PageSize     int // KV tokens per page; 0 means 16
+	PageSize     int // KV tokens per page; 0 means DefaultPageSize
 	KVTokens     int // KV cache capacity in tokens; 0 means MaxSeqs × (Context + VerifyTokens)
 	PrefillChunk int // longest prefill forward; 0 means 512
 	// KVDType is the KV cache's storage dtype: F32 (the zero value) or BF16.
@@ -90,7 +93,7 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 	}
 	opts.MaxSeqs = max(opts.MaxSeqs, 1)
 	if opts.PageSize <= 0 {
-		opts.PageSize = 16
+		opts.PageSize = DefaultPageSize
 	}
 	if opts.KVTokens <= 0 {
 		opts.KVTokens = opts.MaxSeqs * (opts.Context + opts.VerifyTokens)

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"ddflash/dflash"
+	"ddflash/engine"
 	"ddflash/engine/config"
 	"ddflash/kernels"
 	"ddflash/mamba"
@@ -174,10 +175,10 @@ func (p *Plan) unitCosts(m Models, k Knobs, r rank) {
 		// SGLang's draft pool keeps every drafter layer for every token.
 		p.Bytes.DraftKVPerToken = int64(d.NumLayers) * draftLayerToken
 	} else {
-		// ddflash keeps a ring of sliding_window tokens per request for the
-		// sliding layers and pages only the full layers.
+		// ddflash keeps a ring per request for the sliding layers (the
+		// window and a block, in whole pages) and pages only the full layers.
 		p.Bytes.DraftKVPerToken = int64(d.NumLayers-d.NumSliding()) * draftLayerToken
-		p.Bytes.DraftKVPerRequest = int64(d.NumSliding()) * int64(min(d.SlidingWindow, k.Context)) * draftLayerToken
+		p.Bytes.DraftKVPerRequest = int64(d.NumSliding()) * int64(d.RingTokens(engine.DefaultPageSize, k.Context)) * draftLayerToken
 	}
 	rollback := k.Rollback
 	if k.Mode == ModeSGLang {
