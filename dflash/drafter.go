@@ -55,6 +55,9 @@ type Options struct {
 	PageSize  int // tokens per page of the draft KV cache; 0 means engine.DefaultPageSize
 	Sequences int // sessions in flight; 0 means 1
 	Context   int // longest sequence; 0 means the target's max positions
+	// Tokens is the full-attention layers' capacity, like the target's KV
+	// tokens; 0 means Sequences × (Context + BlockSize).
+	Tokens int
 
 	// pagedSliding keeps the sliding layers in the paged cache with the
 	// full ones (the rings' reference in tests).
@@ -167,7 +170,11 @@ func (d *Drafter) allocCaches(opts Options) error {
 			paged++
 		}
 	}
-	pages := (seqs*(opts.Context+cfg.BlockSize) + opts.PageSize - 1) / opts.PageSize
+	tokens := opts.Tokens
+	if tokens <= 0 {
+		tokens = seqs * (opts.Context + cfg.BlockSize)
+	}
+	pages := (tokens + opts.PageSize - 1) / opts.PageSize
 	var err error
 	if d.kv, err = engine.NewKVCache(shard, paged, opts.PageSize, pages); err != nil {
 		return err
@@ -448,11 +455,13 @@ func (a *arena) free() {
 }
 
 // Attach loads the drafter in dir for the engine's target and enables
-// speculative decoding with the given options. The engine must have been
+// speculative decoding with the given options. Its full-attention layers
+// hold as many tokens as the target's KV cache, its rings one per state slot. The engine must have been
 // sized with Options.VerifyTokens >= spec.VerifyTokens(block size); see
 // VerifyTokens.
 func Attach(e *engine.Engine, dir string, spec engine.SpecOptions) error {
-	d, err := LoadDrafter(dir, e.Model, Options{Sequences: e.Model.States.Slots(), Context: e.Context})
+	kv := e.Model.KV
+	d, err := LoadDrafter(dir, e.Model, Options{Sequences: e.Model.States.Slots(), Context: e.Context, Tokens: kv.Pages() * kv.PageSize()})
 	if err != nil {
 		return err
 	}

@@ -167,7 +167,7 @@ func inProcessBackend(mf *modelFlags, plan *bench.Plan) (*bench.InProcess, error
 	}
 	load := func(tp int) (*engine.Engine, error) {
 		mf.tp = tp
-		return mf.load(slices.Max(plan.Concurrency))
+		return mf.load(unplannedSizing(slices.Max(plan.Concurrency)))
 	}
 	return &bench.InProcess{Load: load, Prompter: bench.ChatPrompter{Dir: tok}, Rollback: rollback, Threads: mf.threads, Device: mf.device}, nil
 }
