@@ -18,6 +18,9 @@ import (
 type modelFlags struct {
 	model, draft, spec, rollback, device string
 	budget, context, threads, tp         int
+
+	// wrapBackend, when set, wraps each rank's backend (tests count allocations).
+	wrapBackend func(kernels.Backend) kernels.Backend
 }
 
 func (m *modelFlags) register(fs *flag.FlagSet) {
@@ -116,6 +119,11 @@ func (m *modelFlags) load(opts engine.Options) (*engine.Engine, error) {
 	backends, err := m.backends()
 	if err != nil {
 		return nil, err
+	}
+	if m.wrapBackend != nil {
+		for i, b := range backends {
+			backends[i] = m.wrapBackend(b)
+		}
 	}
 	if opts.Context == 0 {
 		opts.Context = m.context

@@ -85,7 +85,7 @@ func serveTo(ctx context.Context, args []string, ready func(addr string), stderr
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	sizing, err := c.plan(fs, log, stderr)
+	sizing, _, err := c.plan(fs, log, stderr)
 	if err != nil {
 		return err
 	}
@@ -139,11 +139,11 @@ func serveTo(ctx context.Context, args []string, ready func(addr string), stderr
 // --gpu-mem), checks that it fits, logs it and returns the engine sizing
 // it plans: KV tokens, state slots (the requests that may run at once) and
 // cache dtypes.
-func (c *serveConfig) plan(fs *flag.FlagSet, log *slog.Logger, stderr io.Writer) (engine.Options, error) {
+func (c *serveConfig) plan(fs *flag.FlagSet, log *slog.Logger, stderr io.Writer) (engine.Options, *planner.Plan, error) {
 	m, f := &c.model, c.memory
 	spec, err := m.specOptions()
 	if err != nil {
-		return engine.Options{}, err
+		return engine.Options{}, nil, err
 	}
 	f.model, f.draft, f.spec, f.rollback, f.compat = m.model, m.draft, m.spec, m.rollback, "ddflash"
 	f.tp, f.maxRunning, f.context = m.tp, c.maxRunning, m.context
@@ -152,7 +152,7 @@ func (c *serveConfig) plan(fs *flag.FlagSet, log *slog.Logger, stderr io.Writer)
 	}
 	s, err := f.resolveOn(fs, c.device)
 	if err != nil {
-		return engine.Options{}, err
+		return engine.Options{}, nil, err
 	}
 	s.gpuMem = c.memSize
 	if maxPos := s.models.Target.Config.MaxPositions; s.knobs.Context <= 0 || s.knobs.Context > maxPos {
@@ -160,15 +160,15 @@ func (c *serveConfig) plan(fs *flag.FlagSet, log *slog.Logger, stderr io.Writer)
 	}
 	p, err := planner.Compute(s.models, s.knobs)
 	if err != nil {
-		return engine.Options{}, err
+		return engine.Options{}, nil, err
 	}
 	writePlan(stderr, s, p)
 	if err := p.Fits(); err != nil {
-		return engine.Options{}, err
+		return engine.Options{}, nil, err
 	}
 	opts, err := plannedSizing(p)
 	if err != nil {
-		return engine.Options{}, err
+		return engine.Options{}, nil, err
 	}
 	if p.MaxRunning.Effective < c.maxRunning {
 		log.Warn("the memory plan lowers --max-running-requests", "requested", c.maxRunning, "effective", p.MaxRunning.Effective)
@@ -176,7 +176,7 @@ func (c *serveConfig) plan(fs *flag.FlagSet, log *slog.Logger, stderr io.Writer)
 	log.Info("memory plan", "kv_tokens", p.KVTokens, "state_slots", p.StateSlots, "max_running_requests", p.MaxRunning.Effective,
 		"kv_dtype", p.Settings.KVDtype.Name, "conv_dtype", p.Settings.ConvDtype.Name, "ssm_dtype", p.Settings.SSMDtype.Name,
 		"context", p.Settings.Context, "flags", serveFlags(s, p))
-	return opts, nil
+	return opts, p, nil
 }
 
 // plannedSizing is the engine sizing a plan sets, refusing what the engine

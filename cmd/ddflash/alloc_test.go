@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+
+	"ddflash/engine"
+	"ddflash/kernels"
+)
+
+// countingBackend counts the bytes its backend holds in buffers made by
+// Alloc, and the peak.
+type countingBackend struct {
+	kernels.Backend
+	mu         sync.Mutex
+	live, peak int64
+}
+
+func (c *countingBackend) Alloc(dt kernels.DType, n int) (kernels.Buffer, error) {
+	b, err := c.Backend.Alloc(dt, n)
+	if err == nil {
+		c.mu.Lock()
+		c.live += int64(n * dt.Size())
+		c.peak = max(c.peak, c.live)
+		c.mu.Unlock()
+	}
+	return b, err
+}
+
+func (c *countingBackend) Free(b kernels.Buffer) {
+	c.mu.Lock()
+	c.live -= int64(b.Len() * b.DType().Size())
+	c.mu.Unlock()
+	c.Backend.Free(b)
+}
+
+// TestServeAllocatesThePlan starts serve's engine from its memory plan (the
+// same plan and load steps as serve) on a counting CPU backend, runs one
+// full batch of speculative requests, and checks that the peak of all
+// allocations is within 2 % (or 64 MiB) of what the plan assigns to
+// weights, caches, state slots and rollback; Close returns all of it.
+func TestServeAllocatesThePlan(t *testing.T) {
+	target, draft := tinyModelDirs(t)
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var c serveConfig
+	c.register(fs)
+	if err := fs.Parse([]string{"--model", target, "--draft", draft, "--spec", "ddtree", "--budget", "4", "--gpu-mem", "1GiB",
+		"--max-running-requests", "3", "--context", "256", "--kv-dtype", "bf16", "--threads", "1"}); err != nil {
+		t.Fatal(err)
+	}
+	counter := &countingBackend{}
+	c.model.wrapBackend = func(b kernels.Backend) kernels.Backend { counter.Backend = b; return counter }
+	sizing, p, err := c.plan(fs, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	model, err := c.load(sizing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { model.Scheduler.Run(ctx); close(done) }()
+	var streams []*engine.Stream
+	for i := range p.MaxRunning.Effective {
+		st, err := model.Scheduler.Submit(context.Background(), engine.Request{Prompt: []int32{5, int32(i), 9, 4}, MaxTokens: 20, IgnoreEOS: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, st)
+	}
+	for _, st := range streams {
+		if _, err := st.Wait(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop()
+	<-done
+	var planned int64
+	for _, seg := range p.Memory {
+		switch seg.Use {
+		case "CUDA context", "other processes", "runtime reserve (activations, workspace)", "unassigned":
+		default:
+			planned += seg.Bytes
+		}
+	}
+	slack := max(planned/50, 64<<20)
+	if d := counter.peak - planned; d > slack || -d > slack {
+		t.Errorf("allocated at most %d bytes, the plan assigns %d to weights, caches, states and rollback: %+d, want within %d", counter.peak, planned, d, slack)
+	}
+	if planned < 4*slack {
+		t.Errorf("the plan assigns only %d bytes: the test needs a budget where the caches dominate the slack", planned)
+	}
+	model.Engine.Close()
+	if counter.live != 0 {
+		t.Errorf("%d bytes still allocated after Close", counter.live)
+	}
+	t.Logf("plan %d bytes, peak allocation %d (%+.3f%%)", planned, counter.peak, 100*float64(counter.peak-planned)/float64(planned))
+}
