@@ -80,14 +80,7 @@ func TestServeAllocatesThePlan(t *testing.T) {
 	}
 	stop()
 	<-done
-	var planned int64
-	for _, seg := range p.Memory {
-		switch seg.Use {
-		case "CUDA context", "other processes", "runtime reserve (activations, workspace)", "unassigned":
-		default:
-			planned += seg.Bytes
-		}
-	}
+	planned := p.EngineBytes()
 	slack := max(planned/50, 64<<20)
 	if d := counter.peak - planned; d > slack || -d > slack {
 		t.Errorf("allocated at most %d bytes, the plan assigns %d to weights, caches, states and rollback: %+d, want within %d", counter.peak, planned, d, slack)

@@ -21,7 +21,6 @@ import (
 	"ddflash/engine"
 	"ddflash/engine/gpu"
 	"ddflash/engine/planner"
-	"ddflash/kernels"
 	"ddflash/server"
 )
 
@@ -166,7 +165,7 @@ func (c *serveConfig) plan(fs *flag.FlagSet, log *slog.Logger, stderr io.Writer)
 	if err := p.Fits(); err != nil {
 		return engine.Options{}, nil, err
 	}
-	opts, err := plannedSizing(p)
+	opts, err := p.EngineOptions()
 	if err != nil {
 		return engine.Options{}, nil, err
 	}
@@ -177,26 +176,6 @@ func (c *serveConfig) plan(fs *flag.FlagSet, log *slog.Logger, stderr io.Writer)
 		"kv_dtype", p.Settings.KVDtype.Name, "conv_dtype", p.Settings.ConvDtype.Name, "ssm_dtype", p.Settings.SSMDtype.Name,
 		"context", p.Settings.Context, "flags", serveFlags(s, p))
 	return opts, p, nil
-}
-
-// plannedSizing is the engine sizing a plan sets, refusing what the engine
-// cannot store yet.
-func plannedSizing(p *planner.Plan) (engine.Options, error) {
-	k := p.Settings
-	storage := map[planner.DType]kernels.DType{planner.FP32: kernels.F32, planner.BF16: kernels.BF16}
-	kv, okKV := storage[k.KVDtype]
-	conv, okConv := storage[k.ConvDtype]
-	switch {
-	case !okKV:
-		return engine.Options{}, fmt.Errorf("--kv-dtype %s: the engine stores the KV cache in bf16 or fp32", k.KVDtype.Name)
-	case !okConv:
-		return engine.Options{}, fmt.Errorf("--conv-dtype %s: the engine stores the conv state in bf16 or fp32", k.ConvDtype.Name)
-	case k.SSMDtype != planner.FP32:
-		return engine.Options{}, fmt.Errorf("--ssm-dtype %s: the engine keeps the GDN recurrent state in fp32", k.SSMDtype.Name)
-	case k.PrefixSlots > 0:
-		return engine.Options{}, fmt.Errorf("--prefix-slots %d: the engine has no prefix cache", k.PrefixSlots)
-	}
-	return engine.Options{Context: k.Context, MaxSeqs: p.MaxRunning.Effective, KVTokens: int(p.KVTokens), KVDType: kv, ConvDType: conv}, nil
 }
 
 // device is the memory the caches are planned in: --gpu-mem, rank 0's GPU
