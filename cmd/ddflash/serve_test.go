@@ -60,20 +60,7 @@ func serveOnce(t *testing.T, target, draft, tp string) string {
 	case err := <-done:
 		t.Fatalf("serve ended before listening: %v", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := http.Get(base + "/health")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never healthy: %v", err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitHealthy(t, base)
 	req, _ := http.NewRequest("POST", base+"/v1/completions", strings.NewReader(`{"model": "tiny", "prompt": "the fox", "max_tokens": 5, "temperature": 0, "ignore_eos": true}`))
 	req.Header.Set("Authorization", "Bearer k")
 	resp, err := http.DefaultClient.Do(req)

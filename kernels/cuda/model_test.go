@@ -47,13 +47,9 @@ func TestEmulatedModel(t *testing.T) {
 // weights, caches, state slots and rollback.
 func checkPlannedAllocation(t *testing.T, be kernels.Backend) {
 	held := be.(interface{ BufferBytes() int64 }).BufferBytes
-	p, err := testmodel.PresetByName("tiny")
-	must(t, err)
-	dir := t.TempDir()
-	target, draft := dir+"/target", dir+"/draft"
-	must(t, testmodel.Write(target, testmodel.Options{Preset: p, Seed: 6, DType: "bf16"}))
-	must(t, testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: 6, DType: "bf16"}))
+	target, draft := tinyBF16Pair(t, 6)
 	var models planner.Models
+	var err error
 	models.Target, err = planner.LoadTarget(target)
 	must(t, err)
 	models.Drafter, err = planner.LoadDrafter(draft)
@@ -102,12 +98,7 @@ func checkPlannedAllocation(t *testing.T, be kernels.Backend) {
 // memory held in buffers is back at its level before the load.
 func checkCloseReleases(t *testing.T, be kernels.Backend) {
 	held := be.(interface{ BufferBytes() int64 }).BufferBytes
-	p, err := testmodel.PresetByName("tiny")
-	must(t, err)
-	dir := t.TempDir()
-	target, draft := dir+"/target", dir+"/draft"
-	must(t, testmodel.Write(target, testmodel.Options{Preset: p, Seed: 5, DType: "bf16"}))
-	must(t, testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: 5, DType: "bf16"}))
+	target, draft := tinyBF16Pair(t, 5)
 	must(t, be.Sync())
 	before := held()
 	spec := engine.SpecOptions{Mode: engine.SpecTree, Budget: 8}
@@ -179,12 +170,7 @@ func modelLogits(t *testing.T, be kernels.Backend, dir string, prompt, steps []i
 // (greedy speculative decoding reproduces the target's greedy tokens, and
 // both backends compute the same logits to F32 rounding).
 func checkSpecGeneration(t *testing.T, be kernels.Backend) {
-	p, err := testmodel.PresetByName("tiny")
-	must(t, err)
-	dir := t.TempDir()
-	target, draft := dir+"/target", dir+"/draft"
-	must(t, testmodel.Write(target, testmodel.Options{Preset: p, Seed: 3, DType: "bf16"}))
-	must(t, testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: 3, DType: "bf16"}))
+	target, draft := tinyBF16Pair(t, 3)
 	prompt := []int32{12, 40, 7, 99, 3, 250, 18}
 	for _, spec := range []engine.SpecOptions{
 		{Mode: engine.SpecLinear},
@@ -199,6 +185,17 @@ func checkSpecGeneration(t *testing.T, be kernels.Backend) {
 			}
 		})
 	}
+}
+
+// tinyBF16Pair writes a random bf16 tiny target of seed and its drafter.
+func tinyBF16Pair(t *testing.T, seed uint64) (target, draft string) {
+	p, err := testmodel.PresetByName("tiny")
+	must(t, err)
+	dir := t.TempDir()
+	target, draft = dir+"/target", dir+"/draft"
+	must(t, testmodel.Write(target, testmodel.Options{Preset: p, Seed: seed, DType: "bf16"}))
+	must(t, testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: seed, DType: "bf16"}))
+	return target, draft
 }
 
 func generate(t *testing.T, be kernels.Backend, target, draft string, spec engine.SpecOptions, prompt []int32) []int32 {
