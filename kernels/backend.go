@@ -7,8 +7,9 @@
 // synchronously; a CUDA backend queues them.
 //
 // Shapes are row-major. Weights are [out, in] as stored in safetensors.
-// Activations and states are F32 on every backend, KV caches F32 or BF16;
-// weights may be F32, BF16 or F16. Index buffers (token ids, positions, page tables, tree parents) are I32.
+// Activations and recurrent states are F32 on every backend, KV caches and
+// conv states F32 or BF16; weights may be F32, BF16 or F16. Index buffers
+// (token ids, positions, page tables, tree parents) are I32.
 package kernels
 
 import "fmt"
