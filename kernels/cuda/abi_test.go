@@ -194,7 +194,9 @@ func TestAttnSeqsLayout(t *testing.T) {
 	if u32(maxAttnSeqs*attnSeqDescLen) != 2 {
 		t.Errorf("count = %d", u32(maxAttnSeqs*attnSeqDescLen))
 	}
-	if ps := kernelParams["attention"]; ps[4].size != attnSeqsLen {
-		t.Errorf("attention.cu's AttnSeqs is %d bytes, attention.go packs %d", ps[4].size, attnSeqsLen)
+	for _, name := range []string{"attention_f32", "attention_bf16"} {
+		if ps := kernelParams[name]; len(ps) < 5 || ps[4].size != attnSeqsLen {
+			t.Errorf("%s's AttnSeqs parameter %v, attention.go packs %d bytes", name, ps, attnSeqsLen)
+		}
 	}
 }
