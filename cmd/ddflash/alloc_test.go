@@ -94,3 +94,40 @@ func TestServeAllocatesThePlan(t *testing.T) {
 	}
 	t.Logf("plan %d bytes, peak allocation %d (%+.3f%%)", planned, counter.peak, 100*float64(counter.peak-planned)/float64(planned))
 }
+
+// TestBenchSizingFollowsThePlan: given --gpu-mem, the in-process bench sizes
+// each degree's engine by the same plan serve computes for those flags (and
+// loads exactly its KV tokens); on the CPU without it, by concurrency alone.
+func TestBenchSizingFollowsThePlan(t *testing.T) {
+	target, draft := tinyModelDirs(t)
+	mf := modelFlags{model: target, draft: draft, spec: "ddtree", budget: 4, rollback: "replay", context: 256, device: "cpu", tp: 1, threads: 1}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	got, err := benchSizing(&mf, fs, 3, "1GiB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c serveConfig
+	c.register(fs)
+	if err := fs.Parse([]string{"--model", target, "--draft", draft, "--spec", "ddtree", "--budget", "4", "--context", "256",
+		"--max-running-requests", "3", "--gpu-mem", "1GiB"}); err != nil {
+		t.Fatal(err)
+	}
+	want, p, err := c.plan(fs, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Fatalf("bench sizing %+v, serve's %+v", got, want)
+	}
+	e, err := mf.load(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if kv := e.Model.KV; int64(kv.Pages()*kv.PageSize()) < p.KVTokens || int64((kv.Pages()-1)*kv.PageSize()) >= p.KVTokens {
+		t.Errorf("engine KV of %d pages of %d tokens for a plan of %d tokens", kv.Pages(), kv.PageSize(), p.KVTokens)
+	}
+	if unplanned, err := benchSizing(&mf, fs, 3, ""); err != nil || unplanned != unplannedSizing(3) {
+		t.Errorf("on the CPU without --gpu-mem: %+v, %v; want %+v", unplanned, err, unplannedSizing(3))
+	}
+}

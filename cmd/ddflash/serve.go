@@ -139,28 +139,11 @@ func serveTo(ctx context.Context, args []string, ready func(addr string), stderr
 // it plans: KV tokens, state slots (the requests that may run at once) and
 // cache dtypes.
 func (c *serveConfig) plan(fs *flag.FlagSet, log *slog.Logger, stderr io.Writer) (engine.Options, *planner.Plan, error) {
-	m, f := &c.model, c.memory
-	spec, err := m.specOptions()
-	if err != nil {
-		return engine.Options{}, nil, err
-	}
-	f.model, f.draft, f.spec, f.rollback, f.compat = m.model, m.draft, m.spec, m.rollback, "ddflash"
-	f.tp, f.maxRunning, f.context = m.tp, c.maxRunning, m.context
-	if spec.Mode == engine.SpecTree {
-		f.budget = m.budget
-	}
-	s, err := f.resolveOn(fs, c.device)
+	s, p, err := planEngine(&c.model, c.memory, fs, c.maxRunning, c.device)
 	if err != nil {
 		return engine.Options{}, nil, err
 	}
 	s.gpuMem = c.memSize
-	if maxPos := s.models.Target.Config.MaxPositions; s.knobs.Context <= 0 || s.knobs.Context > maxPos {
-		s.knobs.Context = maxPos
-	}
-	p, err := planner.Compute(s.models, s.knobs)
-	if err != nil {
-		return engine.Options{}, nil, err
-	}
 	writePlan(stderr, s, p)
 	if err := p.Fits(); err != nil {
 		return engine.Options{}, nil, err
@@ -178,22 +161,50 @@ func (c *serveConfig) plan(fs *flag.FlagSet, log *slog.Logger, stderr io.Writer)
 	return opts, p, nil
 }
 
-// device is the memory the caches are planned in: --gpu-mem, rank 0's GPU
-// on the CUDA backend, or this host's memory (total, and available now).
-func (c *serveConfig) device() (gpu.Device, error) {
-	if c.memSize != "" {
-		total, err := gpu.ParseSize(c.memSize)
+// planEngine computes the memory plan for the model flags, maxRunning
+// requests and the cache and memory flags in f, with plan's resolver and
+// planner.Compute, in the memory device gives; fs tells which flags were set.
+func planEngine(m *modelFlags, f planFlags, fs *flag.FlagSet, maxRunning int, device func() (gpu.Device, error)) (*planSetup, *planner.Plan, error) {
+	spec, err := m.specOptions()
+	if err != nil {
+		return nil, nil, err
+	}
+	f.model, f.draft, f.spec, f.rollback, f.compat = m.model, m.draft, m.spec, m.rollback, "ddflash"
+	f.tp, f.maxRunning, f.context = m.tp, maxRunning, m.context
+	if spec.Mode == engine.SpecTree {
+		f.budget = m.budget
+	}
+	s, err := f.resolveOn(fs, device)
+	if err != nil {
+		return nil, nil, err
+	}
+	if maxPos := s.models.Target.Config.MaxPositions; s.knobs.Context <= 0 || s.knobs.Context > maxPos {
+		s.knobs.Context = maxPos
+	}
+	p, err := planner.Compute(s.models, s.knobs)
+	return s, p, err
+}
+
+// device is the memory the caches are planned in (see planDevice).
+func (c *serveConfig) device() (gpu.Device, error) { return planDevice(c.memSize, c.model.device) }
+
+// planDevice is the memory a plan for serve or bench takes: gpuMem, rank
+// 0's GPU on the CUDA backend, or this host's memory (total, and available
+// now) on the CPU.
+func planDevice(gpuMem, device string) (gpu.Device, error) {
+	if gpuMem != "" {
+		total, err := gpu.ParseSize(gpuMem)
 		if err != nil {
 			return gpu.Device{}, fmt.Errorf("--gpu-mem: %w", err)
 		}
 		return gpu.Device{Name: "--gpu-mem", Total: total}, nil
 	}
-	if c.model.device != "cpu" {
+	if device != "cpu" {
 		index := 0 // rank 0's GPU: cuda means GPUs 0..tp-1
-		if n, ok := strings.CutPrefix(c.model.device, "cuda:"); ok {
+		if n, ok := strings.CutPrefix(device, "cuda:"); ok {
 			var err error
 			if index, err = strconv.Atoi(n); err != nil {
-				return gpu.Device{}, fmt.Errorf("--device %s: want cpu, cuda or cuda:N", c.model.device)
+				return gpu.Device{}, fmt.Errorf("--device %s: want cpu, cuda or cuda:N", device)
 			}
 		}
 		d, err := gpu.Local(index)
