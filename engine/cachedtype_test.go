@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"ddflash/kernels"
@@ -49,5 +50,17 @@ func TestSpecGreedyIsLosslessPerCacheDType(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestRefusesBF16RecurrentState: a config asking for a bfloat16 recurrent
+// state is refused naming the field, not run in another dtype.
+func TestRefusesBF16RecurrentState(t *testing.T) {
+	e := newTestEngine(t, "tiny", 1, Options{Context: 32})
+	cfg := *e.Model.Cfg
+	cfg.SSMStateFP32 = false
+	shards := []Shard{{B: e.Model.Backend(), W: e.Model.ranks[0].w}}
+	if _, err := New(&cfg, shards, nil, e.ValidVocab, e.EOS, Options{Context: 32}); err == nil || !strings.Contains(err.Error(), "mamba_ssm_dtype") {
+		t.Fatalf("a bfloat16 recurrent state: %v, want a refusal naming mamba_ssm_dtype", err)
 	}
 }

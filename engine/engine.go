@@ -101,6 +101,9 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 	if opts.PrefillChunk <= 0 {
 		opts.PrefillChunk = 512
 	}
+	if !cfg.SSMStateFP32 {
+		return nil, errors.New("config mamba_ssm_dtype: the engine keeps the GDN recurrent state in float32 only")
+	}
 	rc, err := splitConfig(cfg, len(shards))
 	if err != nil {
 		return nil, err
