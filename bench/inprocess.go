@@ -61,7 +61,7 @@ type InProcess struct {
 	Device   string // the backend's name, for the record
 
 	// The latest degree's engine (or why it failed to load): the previous
-	// one is dropped before the next loads, so one is in memory at a time.
+	// one is closed before the next loads, so one is in memory at a time.
 	tp     int
 	engine *engine.Engine
 	err    error
@@ -75,7 +75,9 @@ func (p *InProcess) engineFor(tp int) (*engine.Engine, error) {
 	if p.tp == tp && (p.engine != nil || p.err != nil) {
 		return p.engine, p.err
 	}
-	p.engine, p.err = nil, nil // let the previous engine go before loading
+	if p.engine != nil {
+		p.engine.Close() // its device memory goes back before the next degree loads
+	}
 	p.engine, p.err = p.Load(tp)
 	p.tp = tp
 	return p.engine, p.err

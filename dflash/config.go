@@ -73,6 +73,21 @@ func (c *Config) LayerCausal(i int) bool {
 	return c.Layers[i] == SlidingAttention
 }
 
+// RingTokens is the length of one sliding layer's per-request ring cache
+// for pages of pageSize tokens and sequences of at most context tokens:
+// whole pages covering the window's last SlidingWindow-1 committed
+// positions (from the page the window starts in) and a block being
+// drafted, or the whole sequence when that is shorter. 0 without sliding
+// layers.
+func (c *Config) RingTokens(pageSize, context int) int {
+	if c.NumSliding() == 0 {
+		return 0
+	}
+	window := ((c.SlidingWindow-1+c.BlockSize+pageSize-1)/pageSize + 1) * pageSize
+	whole := (context + c.BlockSize + pageSize - 1) / pageSize * pageSize
+	return min(window, whole)
+}
+
 // NumSliding counts the sliding-window layers.
 func (c *Config) NumSliding() int {
 	n := 0

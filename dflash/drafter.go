@@ -35,19 +35,33 @@ type Drafter struct {
 	hiddenNorm kernels.Buffer // [hidden]
 	norm       kernels.Buffer // [hidden]
 	layers     []layerWeights
-	kv         *engine.KVCache // context K/V of committed tokens, per draft layer
-	allVisible kernels.Buffer  // I32 block mask of ones: non-causal layers
+	// Context K/V of committed tokens: full-attention layers page the whole
+	// sequence in kv; sliding layers keep a ring of ringPages pages per
+	// session in ring (see ringTable). cacheIndex is a layer's index in its cache.
+	kv, ring   *engine.KVCache
+	ringPages  int
+	cacheIndex []int
+	allVisible kernels.Buffer // I32 block mask of ones: non-causal layers
 	attn       kernels.AttnShape
 	invFreq    kernels.Buffer // RoPE inverse frequencies (plain or YaRN)
 	ropeScale  float32
 }
 
 // Options sizes the drafter's context cache: room for Sequences sessions
-// of Context committed tokens plus one block each.
+// of Context committed tokens plus one block each in the full-attention
+// layers, and one ring (Config.RingTokens) each in the sliding layers,
+// stored in the target's KV cache dtype.
 type Options struct {
-	PageSize  int // tokens per page of the draft KV cache; 0 means 16
+	PageSize  int // tokens per page of the draft KV cache; 0 means engine.DefaultPageSize
 	Sequences int // sessions in flight; 0 means 1
 	Context   int // longest sequence; 0 means the target's max positions
+	// Tokens is the full-attention layers' capacity, like the target's KV
+	// tokens; 0 means Sequences × (Context + BlockSize).
+	Tokens int
+
+	// pagedSliding keeps the sliding layers in the paged cache with the
+	// full ones (the rings' reference in tests).
+	pagedSliding bool
 }
 
 // LoadDrafter reads a z-lab drafter checkpoint (config.json and safetensors
@@ -74,14 +88,13 @@ func LoadDrafter(dir string, target *engine.Model, opts Options) (*Drafter, erro
 		return nil, fmt.Errorf("drafter %s: %w", dir, err)
 	}
 	if opts.PageSize <= 0 {
-		opts.PageSize = 16
+		opts.PageSize = engine.DefaultPageSize
 	}
 	if opts.Context <= 0 {
 		opts.Context = target.Cfg.MaxPositions
 	}
-	tokens := max(opts.Sequences, 1) * (opts.Context + cfg.BlockSize)
-	kvDim := cfg.NumKVHeads * cfg.HeadDim
-	if d.kv, err = engine.NewKVCache([]engine.KVShard{{B: b, KVDim: kvDim}}, cfg.NumLayers, opts.PageSize, (tokens+opts.PageSize-1)/opts.PageSize); err != nil {
+	if err := d.allocCaches(opts); err != nil {
+		d.Close()
 		return nil, err
 	}
 	ones := make([]int32, cfg.BlockSize*cfg.BlockSize)
@@ -142,6 +155,62 @@ func (d *Drafter) tensorSpecs() []engine.TensorSpec {
 	return specs
 }
 
+// allocCaches allocates the paged cache of the full-attention layers and
+// the rings of the sliding ones.
+func (d *Drafter) allocCaches(opts Options) error {
+	cfg, seqs := d.Cfg, max(opts.Sequences, 1)
+	shard := []engine.KVShard{{B: d.b, KVDim: cfg.NumKVHeads * cfg.HeadDim, DType: d.target.KV.Shard(0).DType}}
+	var paged, ringed int
+	for _, kind := range cfg.Layers {
+		if kind == SlidingAttention && !opts.pagedSliding {
+			d.cacheIndex = append(d.cacheIndex, ringed)
+			ringed++
+		} else {
+			d.cacheIndex = append(d.cacheIndex, paged)
+			paged++
+		}
+	}
+	tokens := opts.Tokens
+	if tokens <= 0 {
+		tokens = seqs * (opts.Context + cfg.BlockSize)
+	}
+	pages := (tokens + opts.PageSize - 1) / opts.PageSize
+	var err error
+	if d.kv, err = engine.NewKVCache(shard, paged, opts.PageSize, pages); err != nil {
+		return err
+	}
+	if ringed > 0 {
+		d.ringPages = cfg.RingTokens(opts.PageSize, opts.Context) / opts.PageSize
+		if d.ring, err = engine.NewKVCache(shard, ringed, opts.PageSize, seqs*d.ringPages); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ringed reports whether layer i keeps its context in a ring.
+func (d *Drafter) ringed(i int) bool { return d.ring != nil && d.Cfg.Layers[i] == SlidingAttention }
+
+// Close releases the drafter's weights, caches and constants (the shared
+// embedding and LM head belong to the target).
+func (d *Drafter) Close() {
+	for _, s := range d.tensorSpecs() {
+		if *s.Dst != nil {
+			d.b.Free(*s.Dst)
+		}
+	}
+	for _, c := range []*engine.KVCache{d.kv, d.ring} {
+		if c != nil {
+			c.Close()
+		}
+	}
+	for _, buf := range []kernels.Buffer{d.allVisible, d.invFreq} {
+		if buf != nil {
+			d.b.Free(buf)
+		}
+	}
+}
+
 // TapLayers lists the target layers whose outputs the drafter reads.
 func (d *Drafter) TapLayers() []int { return d.Cfg.TargetLayerIDs }
 
@@ -149,11 +218,12 @@ func (d *Drafter) TapLayers() []int { return d.Cfg.TargetLayerIDs }
 func (d *Drafter) BlockSize() int { return d.Cfg.BlockSize }
 
 // Session is one sequence's drafter state: the context K/V of its committed
-// tokens. Only committed tokens ever enter it.
+// tokens (the sliding layers' last ones in its ring). Only committed tokens
+// ever stay in it.
 type Session struct {
-	d      *Drafter
-	kv     engine.SeqKV
-	cached int // committed tokens whose context K/V are in the cache
+	d        *Drafter
+	kv, ring engine.SeqKV
+	cached   int // committed tokens whose context K/V are in the cache
 }
 
 // NewSession starts an empty context; the drafter sees the prompt through
@@ -161,7 +231,36 @@ type Session struct {
 func (d *Drafter) NewSession([]int32) (engine.DraftSession, error) { return &Session{d: d}, nil }
 
 // Close returns the session's cache pages.
-func (s *Session) Close() { s.d.kv.Truncate(&s.kv, 0) }
+func (s *Session) Close() {
+	s.d.kv.Truncate(&s.kv, 0)
+	if s.d.ring != nil {
+		s.d.ring.Truncate(&s.ring, 0)
+	}
+}
+
+// ringTable maps the positions [from, end) of a session's sliding layers
+// to its ring: from must start a page, and logical page j (positions
+// from+j·P …) is ring page (from/P + j) mod ringPages. Positions a whole
+// ring apart share a slot; a ring holds the window and a block (see
+// Config.RingTokens), so every position a query still sees is intact.
+func (s *Session) ringTable(from, end int) []int32 {
+	P := s.d.ring.PageSize()
+	table := make([]int32, (end-from+P-1)/P)
+	for j := range table {
+		table[j] = s.ring.Pages[(from/P+j)%s.d.ringPages]
+	}
+	return table
+}
+
+// ringSlots is the ring slot of each position.
+func (s *Session) ringSlots(pos []int32) []int32 {
+	P := s.d.ring.PageSize()
+	slots := make([]int32, len(pos))
+	for i, p := range pos {
+		slots[i] = s.ring.Pages[(int(p)/P)%s.d.ringPages]*int32(P) + p%int32(P)
+	}
+	return slots
+}
 
 // Draft appends the fused features of newly committed tokens (rows of
 // len(TapLayers)·targetHidden values, in tap order) to the context, runs the
@@ -180,6 +279,17 @@ func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 	if err := d.kv.Reserve(&s.kv, start+Q); err != nil {
 		return nil, err
 	}
+	// The sliding layers keep the context rows a query can still see,
+	// from the page where the block's first window starts.
+	keep, ringFrom := 0, 0
+	if d.ring != nil {
+		if err := d.ring.Reserve(&s.ring, d.ringPages*d.ring.PageSize()); err != nil {
+			return nil, err
+		}
+		first := max(0, start-(c.SlidingWindow-1))
+		keep = start - max(s.cached, first)
+		ringFrom = first / d.ring.PageSize() * d.ring.PageSize()
+	}
 	a := arena{b: b}
 	defer a.free()
 	qDim, kvDim := c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
@@ -192,6 +302,13 @@ func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 	ctxSlots, blockSlots := slotsOf(&s.kv, d.kv.PageSize(), ctxPos), slotsOf(&s.kv, d.kv.PageSize(), blockPos)
 	idsBuf, pagesBuf := a.i32(ids), a.i32(s.kv.Pages)
 	blockPosBuf, blockSlotsBuf := a.i32(blockPos), a.i32(blockSlots)
+	var ringPagesBuf, ringCtxSlotsBuf, ringBlockSlotsBuf kernels.Buffer
+	if d.ring != nil {
+		ringPagesBuf, ringBlockSlotsBuf = a.i32(s.ringTable(ringFrom, start+Q)), a.i32(s.ringSlots(blockPos))
+		if keep > 0 {
+			ringCtxSlotsBuf = a.i32(s.ringSlots(ctxPos[ctxRows-keep:]))
+		}
+	}
 	x, u := a.f32(Q*H), a.f32(Q*H)
 	q, attn := a.f32(Q*qDim), a.f32(Q*qDim)
 	k, v := a.f32(max(Q, ctxRows)*kvDim), a.f32(max(Q, ctxRows)*kvDim)
@@ -214,18 +331,29 @@ func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 	}
 	b.Embedding(x, d.target.Embeddings(), idsBuf, Q, H)
 	for i, lw := range d.layers {
-		kc, vc := d.kv.Layer(0, i)
-		if ctxRows > 0 {
+		kc, vc := d.kv.Layer(0, d.cacheIndex[i])
+		seq := kernels.AttnSeq{QueryLen: Q, Prefix: start, Pages: pagesBuf}
+		slots := blockSlotsBuf
+		switch {
+		case d.ringed(i):
+			kc, vc = d.ring.Layer(0, d.cacheIndex[i])
+			if keep > 0 {
+				from := ctxRows - keep
+				d.keysValues(&lw, k, v, b.Slice(ctx, from*H, keep*H), b.Slice(ctxPosBuf, from, keep), keep)
+				b.WriteKV(kc, vc, k, v, ringCtxSlotsBuf, keep, kvDim)
+			}
+			slots = ringBlockSlotsBuf
+			seq = kernels.AttnSeq{QueryLen: Q, Prefix: start - ringFrom, Pages: ringPagesBuf}
+		case ctxRows > 0:
 			d.keysValues(&lw, k, v, ctx, ctxPosBuf, ctxRows)
 			b.WriteKV(kc, vc, k, v, ctxSlotsBuf, ctxRows, kvDim)
 		}
 		b.RMSNorm(u, x, lw.InputNorm, Q, H, eps, false)
 		d.keysValues(&lw, k, v, u, blockPosBuf, Q)
-		b.WriteKV(kc, vc, k, v, blockSlotsBuf, Q, kvDim)
+		b.WriteKV(kc, vc, k, v, slots, Q, kvDim)
 		b.MatMul(q, u, lw.QProj, Q, qDim, H)
 		b.RMSNorm(q, q, lw.QNorm, Q*c.NumHeads, c.HeadDim, eps, false)
 		b.RoPE(q, blockPosBuf, d.invFreq, Q, c.NumHeads, c.HeadDim, c.HeadDim, d.ropeScale)
-		seq := kernels.AttnSeq{QueryLen: Q, Prefix: start, Pages: pagesBuf}
 		if !c.LayerCausal(i) {
 			seq.Mask = d.allVisible
 		}
@@ -327,11 +455,13 @@ func (a *arena) free() {
 }
 
 // Attach loads the drafter in dir for the engine's target and enables
-// speculative decoding with the given options. The engine must have been
+// speculative decoding with the given options. Its full-attention layers
+// hold as many tokens as the target's KV cache, its rings one per state slot. The engine must have been
 // sized with Options.VerifyTokens >= spec.VerifyTokens(block size); see
 // VerifyTokens.
 func Attach(e *engine.Engine, dir string, spec engine.SpecOptions) error {
-	d, err := LoadDrafter(dir, e.Model, Options{Sequences: e.Model.States.Slots(), Context: e.Context})
+	kv := e.Model.KV
+	d, err := LoadDrafter(dir, e.Model, Options{Sequences: e.Model.States.Slots(), Context: e.Context, Tokens: kv.Pages() * kv.PageSize()})
 	if err != nil {
 		return err
 	}

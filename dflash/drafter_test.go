@@ -18,7 +18,8 @@ func tinyPair(t *testing.T, seed uint64, spec engine.SpecOptions) *engine.Engine
 	return tinyPairWith(t, seed, spec, testmodel.DraftOptions{Window: 24})
 }
 
-// tinyPairWith is tinyPair with drafter options (target and seed are set here).
+// tinyPairWith is tinyPair with drafter options (target and seed are set
+// here), with room for two sequences (a test's incremental and fresh sessions).
 func tinyPairWith(t *testing.T, seed uint64, spec engine.SpecOptions, draft testmodel.DraftOptions) *engine.Engine {
 	t.Helper()
 	target, draftDir := writePair(t, "tiny", seed, "", draft)
@@ -26,7 +27,7 @@ func tinyPairWith(t *testing.T, seed uint64, spec engine.SpecOptions, draft test
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := engine.Load(cpu.New(2), target, engine.Options{VerifyTokens: verify, PageSize: 4})
+	e, err := engine.Load(cpu.New(2), target, engine.Options{VerifyTokens: verify, PageSize: 4, MaxSeqs: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,6 +105,69 @@ func TestDraftCacheHoldsOnlyCommittedContext(t *testing.T) {
 		if diff > 1e-5 {
 			t.Fatalf("after %d context rows: incremental draft differs from fresh by %g", done, diff)
 		}
+	}
+}
+
+// TestSlidingRingsMatchFullCache drafts over a context five times the
+// sliding window, in rounds of varied sizes (one longer than the window),
+// with the sliding layers in per-session rings and, as the reference, in
+// the paged cache over the whole context: the logits must agree bit for
+// bit (attention depends only on the keys a row sees, in order), and the
+// rings must hold RingTokens per session.
+func TestSlidingRingsMatchFullCache(t *testing.T) {
+	const window = 12
+	target, dir := writePair(t, "tiny", 4, "", testmodel.DraftOptions{Window: window})
+	e, err := engine.Load(cpu.New(2), target, engine.Options{PageSize: 4, MaxSeqs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ringed, err := LoadDrafter(dir, e.Model, Options{PageSize: 4, Sequences: 2, Context: e.Context})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ringed.Close()
+	paged, err := LoadDrafter(dir, e.Model, Options{PageSize: 4, Sequences: 1, Context: e.Context, pagedSliding: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer paged.Close()
+	if ringed.ring == nil || paged.ring != nil {
+		t.Fatalf("ring caches: %v with rings, %v without: want one and none", ringed.ring != nil, paged.ring != nil)
+	}
+	kvDim := ringed.Cfg.NumKVHeads * ringed.Cfg.HeadDim
+	k, _ := ringed.ring.Layer(0, 0)
+	if want := 2 * ringed.Cfg.RingTokens(4, e.Context) * kvDim; k.Len() != want {
+		t.Errorf("ring layer of %d elements, want two sessions' RingTokens × kvDim = %d", k.Len(), want)
+	}
+	width := len(ringed.TapLayers()) * e.Model.Cfg.HiddenSize
+	rng := rand.New(rand.NewPCG(5, 6))
+	all := randomFeatures(rng, 5*window*width)
+	sessions := []engine.DraftSession{}
+	for _, d := range []*Drafter{ringed, paged} {
+		s, err := d.NewSession(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		sessions = append(sessions, s)
+	}
+	done := 0
+	for _, rows := range []int{3, 1, 17, 2, 7, 11, 5, 1, 13} {
+		anchor := int32(rng.IntN(290))
+		var out [2][]float32
+		for i, s := range sessions {
+			if out[i], err = s.Draft(all[done*width:(done+rows)*width], anchor); err != nil {
+				t.Fatal(err)
+			}
+		}
+		done += rows
+		if !slices.Equal(out[0], out[1]) {
+			t.Fatalf("after %d context rows (window %d): ring draft differs from the full-cache draft", done, window)
+		}
+	}
+	if done < 5*window {
+		t.Fatalf("the rounds cover %d rows, want at least %d", done, 5*window)
 	}
 }
 

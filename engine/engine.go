@@ -13,13 +13,21 @@ import (
 	"ddflash/tokenizer"
 )
 
+// DefaultPageSize is the KV tokens per page when Options leave it 0.
+const DefaultPageSize = 16
+
 // Options sizes an engine's caches.
 type Options struct {
 	Context      int // longest sequence (prompt + output); 0 means the model's max positions
 	MaxSeqs      int // GDN state slots, i.e. sequences in flight; 0 means 1
-	PageSize     int // KV tokens per page; 0 means 16
+	PageSize     int // KV tokens per page; 0 means DefaultPageSize
 	KVTokens     int // KV cache capacity in tokens; 0 means MaxSeqs × (Context + VerifyTokens)
 	PrefillChunk int // longest prefill forward; 0 means 512
+	// KVDType is the KV cache's storage dtype: F32 (the zero value) or BF16.
+	KVDType kernels.DType
+	// ConvDType is the GDN conv state's storage dtype: F32 (the zero
+	// value) or BF16. The recurrent state is F32.
+	ConvDType kernels.DType
 	// VerifyTokens is the most tokens one speculative verify writes to the
 	// KV cache (the block, or the tree budget plus its root); 0 without
 	// speculation. A tree's nodes sit past the sequence's end until commit.
@@ -104,13 +112,16 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 	}
 	opts.MaxSeqs = max(opts.MaxSeqs, 1)
 	if opts.PageSize <= 0 {
-		opts.PageSize = 16
+		opts.PageSize = DefaultPageSize
 	}
 	if opts.KVTokens <= 0 {
 		opts.KVTokens = opts.MaxSeqs * (opts.Context + opts.VerifyTokens)
 	}
 	if opts.PrefillChunk <= 0 {
 		opts.PrefillChunk = 512
+	}
+	if !cfg.SSMStateFP32 {
+		return nil, errors.New("config mamba_ssm_dtype: the engine keeps the GDN recurrent state in float32 only")
 	}
 	rc, err := splitConfig(cfg, len(shards))
 	if err != nil {
@@ -119,8 +130,8 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 	kvShards := make([]KVShard, len(shards))
 	stateShards := make([]mamba.Shard, len(shards))
 	for i, sh := range shards {
-		kvShards[i] = KVShard{B: sh.B, KVDim: KVDim(rc)}
-		stateShards[i] = mamba.Shard{B: sh.B, Shape: StateShape(rc)}
+		kvShards[i] = KVShard{B: sh.B, KVDim: KVDim(rc), DType: opts.KVDType}
+		stateShards[i] = mamba.Shard{B: sh.B, Shape: StateShape(rc), ConvDType: opts.ConvDType}
 	}
 	pages := (opts.KVTokens + opts.PageSize - 1) / opts.PageSize
 	kv, err := NewKVCache(kvShards, cfg.NumFull(), opts.PageSize, pages)
@@ -140,6 +151,17 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 	}
 	m.ValidVocab = validVocab
 	return &Engine{Model: m, ValidVocab: validVocab, EOS: eos, Context: opts.Context, opts: opts}, nil
+}
+
+// Close releases everything the engine allocated on its backends: the
+// model, its caches and scratch, and the drafter when it can be closed.
+// The engine must not be used afterwards.
+func (e *Engine) Close() {
+	if d, ok := e.Drafter.(interface{ Close() }); ok {
+		d.Close()
+	}
+	e.Drafter = nil
+	e.Model.Close()
 }
 
 // Request is one generation.

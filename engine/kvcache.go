@@ -23,11 +23,13 @@ type KVCache struct {
 	free     []int32
 }
 
-// KVShard is one rank's part of a KV cache: its backend and the width of one
-// token's K (or V) for the KV heads it holds.
+// KVShard is one rank's part of a KV cache: its backend, the width of one
+// token's K (or V) for the KV heads it holds, and the storage dtype (F32,
+// the zero value, or BF16).
 type KVShard struct {
 	B     kernels.Backend
 	KVDim int
+	DType kernels.DType
 }
 
 type kvShard struct {
@@ -44,15 +46,19 @@ func NewKVCache(shards []KVShard, layers, pageSize, numPages int) (*KVCache, err
 	c := &KVCache{pageSize: pageSize, numPages: numPages}
 	rows := pageSize * numPages
 	for r, sh := range shards {
+		if sh.DType != kernels.F32 && sh.DType != kernels.BF16 {
+			c.Close()
+			return nil, fmt.Errorf("engine: KV cache dtype %v: want F32 or BF16", sh.DType)
+		}
 		c.shards = append(c.shards, kvShard{KVShard: sh})
 		cs := &c.shards[r]
 		for l := 0; l < layers; l++ {
-			k, err := sh.B.Alloc(kernels.F32, rows*sh.KVDim)
+			k, err := sh.B.Alloc(sh.DType, rows*sh.KVDim)
 			if err != nil {
 				c.Close()
 				return nil, fmt.Errorf("engine: rank %d KV cache of %d tokens: %w", r, rows, err)
 			}
-			v, err := sh.B.Alloc(kernels.F32, rows*sh.KVDim)
+			v, err := sh.B.Alloc(sh.DType, rows*sh.KVDim)
 			if err != nil {
 				sh.B.Free(k)
 				c.Close()

@@ -139,6 +139,17 @@ func NewModel(cfg *config.Config, shards []Shard, kv *KVCache, states *mamba.Poo
 	return m, nil
 }
 
+// Close releases the model's weights, activations and caches on every rank.
+func (m *Model) Close() {
+	for _, r := range m.ranks {
+		r.w.Free(r.b)
+		r.b.Free(r.invFreq)
+		r.s.free(r.b)
+	}
+	m.KV.Close()
+	m.States.Close()
+}
+
 // Backend is rank 0's backend, where the drafter runs and outputs are read.
 func (m *Model) Backend() kernels.Backend { return m.ranks[0].b }
 
@@ -784,14 +795,18 @@ type scratch struct {
 	up, act             kernels.Buffer // MLP
 }
 
+func (s *scratch) free(b kernels.Backend) {
+	for _, buf := range s.bufs {
+		b.Free(buf)
+	}
+	s.bufs, s.rows = nil, 0
+}
+
 func (s *scratch) ensure(b kernels.Backend, cfg *config.Config, rows int) error {
 	if rows <= s.rows {
 		return nil
 	}
-	for _, buf := range s.bufs {
-		b.Free(buf)
-	}
-	s.bufs = nil
+	s.free(b)
 	H, qDim, kvDim := cfg.HiddenSize, cfg.NumHeads*cfg.HeadDim, KVDim(cfg)
 	sizes := []struct {
 		dst   *kernels.Buffer

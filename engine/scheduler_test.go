@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -183,6 +184,62 @@ func TestSchedulerQueueBoundWhileRunning(t *testing.T) {
 	res, err := first.Wait()
 	if !errors.Is(err, context.Canceled) || res == nil {
 		t.Fatalf("cancelled request: result %v, error %v; want its partial result and context.Canceled", res, err)
+	}
+	waitIdle(t, s)
+}
+
+// TestSchedulerLongAndShortShareThePool sizes the KV cache by a fixed
+// token count (as a memory plan does), not by requests × context: a long
+// request holds most pages while short ones come and go beside it, two at
+// a time; a request that could never fit is refused naming both page
+// counts; nothing deadlocks and every output equals autoregressive decoding.
+func TestSchedulerLongAndShortShareThePool(t *testing.T) {
+	const seed, ctxLen = 8, 256
+	rng := rand.New(rand.NewPCG(21, 22))
+	ar := newTestEngine(t, "tiny", seed, Options{Context: ctxLen})
+	long := Request{Prompt: randomTokens(rng, 20, 290), MaxTokens: 100, IgnoreEOS: true}
+	reqs := []Request{long}
+	for range 6 {
+		reqs = append(reqs, Request{Prompt: randomTokens(rng, 3, 290), MaxTokens: 10, IgnoreEOS: true})
+	}
+	var answers [][]int32
+	for _, r := range reqs {
+		res, err := ar.Generate(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		answers = append(answers, res.Tokens)
+	}
+	// Pages of 4: the long request's worst case is (120 + 16 verify) / 4 = 34
+	// pages, a short one's (13 + 16) / 4 → 8, of 50.
+	e := specEngineBlock(t, seed, specCase{SpecLinear, 0, mamba.Replay}, pathOracle(), 1, ctxLen, 16, Options{MaxSeqs: 4, KVTokens: 200})
+	s := runScheduler(t, e, SchedulerOptions{})
+	if _, err := s.Submit(context.Background(), Request{Prompt: randomTokens(rng, 200, 290), MaxTokens: 40}); !errors.Is(err, ErrPromptTooLong) ||
+		!strings.Contains(err.Error(), "needs 64 KV pages") || !strings.Contains(err.Error(), "has 50") {
+		t.Fatalf("a request that can never fit: %v, want ErrPromptTooLong naming 64 and 50 pages", err)
+	}
+	streams := make([]*Stream, len(reqs))
+	for i, r := range reqs {
+		var err error
+		if streams[i], err = s.Submit(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := len(reqs) - 1; i >= 0; i-- { // the short ones first
+		res, err := streams[i].Wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(res.Tokens, answers[i]) {
+			t.Fatalf("request %d: output differs from autoregressive decoding", i)
+		}
+		if i == 1 {
+			select {
+			case <-streams[0].done:
+				t.Fatal("the long request finished before the short ones: they did not run beside it")
+			default:
+			}
+		}
 	}
 	waitIdle(t, s)
 }

@@ -44,3 +44,22 @@ type Weights struct {
 	LMHead    kernels.Buffer // [vocab, hidden]; the embedding when tied
 	Layers    []LayerWeights
 }
+
+// Free releases every buffer of the weights on b (a tied LM head once).
+func (w *Weights) Free(b kernels.Backend) {
+	bufs := []*kernels.Buffer{&w.Embed, &w.FinalNorm, &w.LMHead}
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		bufs = append(bufs, &l.InputNorm, &l.PostNorm, &l.Gate, &l.Up, &l.Down,
+			&l.QProj, &l.KProj, &l.VProj, &l.OProj, &l.QNorm, &l.KNorm,
+			&l.InProjQKV, &l.InProjZ, &l.InProjB, &l.InProjA, &l.Conv, &l.DtBias, &l.ALog, &l.Norm, &l.OutProj)
+	}
+	freed := map[kernels.Buffer]bool{}
+	for _, buf := range bufs {
+		if *buf != nil && !freed[*buf] {
+			freed[*buf] = true
+			b.Free(*buf)
+		}
+		*buf = nil
+	}
+}

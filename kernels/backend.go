@@ -7,8 +7,9 @@
 // synchronously; a CUDA backend queues them.
 //
 // Shapes are row-major. Weights are [out, in] as stored in safetensors.
-// Activations and states are F32 on every backend; weights may be F32, BF16
-// or F16. Index buffers (token ids, positions, page tables, tree parents) are I32.
+// Activations and recurrent states are F32 on every backend, KV caches and
+// conv states F32 or BF16; weights may be F32, BF16 or F16. Index buffers
+// (token ids, positions, page tables, tree parents) are I32.
 package kernels
 
 import "fmt"
@@ -119,7 +120,8 @@ type Backend interface {
 	// Copy copies rows×cols elements: dst[r*dstStride+c] = src[r*srcStride+c].
 	// Buffers of any one dtype; Slice them to start at an offset.
 	Copy(dst, src Buffer, rows, cols, dstStride, srcStride int)
-	// Fill sets every element of an F32 buffer to v.
+	// Fill sets every element of an F32 or BF16 buffer to v (rounded to
+	// nearest even for BF16).
 	Fill(dst Buffer, v float32)
 
 	// Embedding gathers rows: out[i,:] = table[ids[i],:] for i < n, table [*, dim].
@@ -152,10 +154,12 @@ type Backend interface {
 	MulSigmoid(x, gate Buffer, n int)
 
 	// WriteKV stores n rows of k and v ([n, kvDim], F32) into the caches at
-	// the physical slots given by the I32 buffer slots [n]. Caches are F32 [slots, kvDim].
+	// the physical slots given by the I32 buffer slots [n]. Caches are
+	// [slots, kvDim], both F32 or both BF16 (stored rounded to nearest even).
 	WriteKV(kCache, vCache, k, v, slots Buffer, n, kvDim int)
 	// Attention computes out [rows, NumHeads*HeadDim] from q [rows, NumHeads*HeadDim]
-	// over the paged caches ([slots, NumKVHeads*HeadDim]); softmax in F32.
+	// over the paged caches ([slots, NumKVHeads*HeadDim], F32 or BF16, read
+	// widened to F32); softmax in F32.
 	Attention(out, q, kCache, vCache Buffer, shape AttnShape, seqs []AttnSeq)
 	// MoveKV copies cache rows: for i < n, slot dst[i] takes the contents of
 	// slot src[i] (both I32 buffers), in both caches; all reads happen before writes.
@@ -166,11 +170,13 @@ type Backend interface {
 	// Row t's history is its ancestor chain: parents (I32 [T], parents[t] < t,
 	// -1 = the committed state) or, when parents is nil, the rows before it.
 	// Inputs before the chain's start come from state [K-1, channels], oldest
-	// first. w is [channels, K] of any float dtype. state is not modified.
+	// first, F32 or BF16 (widened). w is [channels, K] of any float dtype.
+	// state is not modified.
 	CausalConv(out, x, state, w, parents Buffer, T, channels, K int)
 	// ConvCommit sets state to the last K-1 inputs of the chain ending at row
 	// node of x (following parents, or the preceding rows when parents is nil),
-	// filling from the old state where the chain is shorter than K-1.
+	// filling from the old state where the chain is shorter than K-1,
+	// rounding to nearest even when the state is BF16.
 	// node = -1 leaves the state unchanged.
 	ConvCommit(state, x, parents Buffer, node, channels, K int)
 

@@ -22,15 +22,17 @@ type Shape struct {
 	GDN        kernels.GDNShape
 }
 
-// ConvLen is the number of F32 elements of one layer's conv state: [K-1, ConvDim].
+// ConvLen is the number of elements of one layer's conv state: [K-1, ConvDim].
 func (s Shape) ConvLen() int { return (s.ConvKernel - 1) * s.ConvDim }
 
 // Shard is one tensor-parallel rank's part of the state: the backend that
-// holds it and the geometry of the heads that rank owns. Without tensor
-// parallelism there is one shard with the whole model's shape.
+// holds it, the geometry of the heads that rank owns and the conv state's
+// storage dtype (F32, the zero value, or BF16; the recurrent state is F32).
+// Without tensor parallelism there is one shard with the whole model's shape.
 type Shard struct {
-	B     kernels.Backend
-	Shape Shape
+	B         kernels.Backend
+	Shape     Shape
+	ConvDType kernels.DType
 }
 
 // Pool holds slots of GDN state on one or more shards; a slot number names
@@ -59,9 +61,13 @@ func NewPool(shards []Shard, n int) (*Pool, error) {
 	}
 	p := &Pool{slots: n, inUse: make([]bool, n)}
 	for r, sh := range shards {
+		if sh.ConvDType != kernels.F32 && sh.ConvDType != kernels.BF16 {
+			p.Close()
+			return nil, fmt.Errorf("mamba: conv state dtype %v: want F32 or BF16", sh.ConvDType)
+		}
 		ps := poolShard{Shard: sh}
 		for l := 0; l < sh.Shape.Layers; l++ {
-			c, err := sh.B.Alloc(kernels.F32, n*sh.Shape.ConvLen())
+			c, err := sh.B.Alloc(sh.ConvDType, n*sh.Shape.ConvLen())
 			if err != nil {
 				p.Close()
 				return nil, fmt.Errorf("mamba: rank %d conv state for %d slots: %w", r, n, err)

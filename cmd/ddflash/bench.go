@@ -15,6 +15,7 @@ import (
 	"ddflash/bench"
 	"ddflash/dflash"
 	"ddflash/engine"
+	"ddflash/engine/gpu"
 	"ddflash/mamba"
 	"ddflash/tokenizer"
 )
@@ -77,6 +78,7 @@ OpenAI-compatible server with --url. Each finished run is saved at once
 	url := fs.String("url", "", "benchmark this OpenAI-compatible server (ddflash, vLLM, SGLang) instead of loading --model")
 	servedModel := fs.String("served-model", "", "with --url: the model name to request (default: the server's first)")
 	apiKey := fs.String("api-key", os.Getenv("OPENAI_API_KEY"), "with --url: bearer token (default $OPENAI_API_KEY)")
+	gpuMem := fs.String("gpu-mem", "", "in-process: size each degree's engine by serve's memory plan in this memory, e.g. 64GiB (on --device cuda the GPU's by default; on the CPU, without it, room for the largest concurrency at full context)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -94,7 +96,7 @@ OpenAI-compatible server with --url. Each finished run is saved at once
 		if backend, err = bench.NewOpenAI(ctx, *url, *servedModel, *apiKey); err != nil {
 			return err
 		}
-	} else if backend, err = inProcessBackend(&mf, plan); err != nil {
+	} else if backend, err = inProcessBackend(&mf, plan, fs, *gpuMem); err != nil {
 		return err
 	}
 	sum, err := bench.Sweep(ctx, bench.Options{
@@ -134,11 +136,31 @@ func parsePlan(modes, tps, maxTokens, workloads, concurrency string, numPrompts,
 	return p, nil
 }
 
+// benchSizing sizes an in-process engine for running requests as serve
+// does, by the memory plan (planEngine, Plan.EngineOptions) in gpuMem or,
+// on a GPU, the GPU's memory; on the CPU without gpuMem, with room for
+// running requests at full context (a plan would take the host's memory).
+func benchSizing(mf *modelFlags, fs *flag.FlagSet, running int, gpuMem string) (engine.Options, error) {
+	if gpuMem == "" && mf.device == "cpu" {
+		return unplannedSizing(running), nil
+	}
+	var memory planFlags
+	memory.convDtype = "bf16" // plan's default
+	_, p, err := planEngine(mf, memory, fs, running, func() (gpu.Device, error) { return planDevice(gpuMem, mf.device) })
+	if err != nil {
+		return engine.Options{}, err
+	}
+	if err := p.Fits(); err != nil {
+		return engine.Options{}, err
+	}
+	return p.EngineOptions()
+}
+
 // inProcessBackend loads the target (by default the embedded pair) once,
 // sized for the sweep's largest verify and concurrency, with the drafter
 // attached when a mode speculates; the sweep then switches the spec mode
 // between configurations.
-func inProcessBackend(mf *modelFlags, plan *bench.Plan) (*bench.InProcess, error) {
+func inProcessBackend(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem string) (*bench.InProcess, error) {
 	if err := mf.resolveDefault(); err != nil {
 		return nil, err
 	}
@@ -167,7 +189,11 @@ func inProcessBackend(mf *modelFlags, plan *bench.Plan) (*bench.InProcess, error
 	}
 	load := func(tp int) (*engine.Engine, error) {
 		mf.tp = tp
-		return mf.load(slices.Max(plan.Concurrency))
+		sizing, err := benchSizing(mf, fs, slices.Max(plan.Concurrency), gpuMem)
+		if err != nil {
+			return nil, err
+		}
+		return mf.load(sizing)
 	}
 	return &bench.InProcess{Load: load, Prompter: bench.ChatPrompter{Dir: tok}, Rollback: rollback, Threads: mf.threads, Device: mf.device}, nil
 }

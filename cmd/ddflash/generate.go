@@ -42,7 +42,7 @@ func runGenerate(args []string) error {
 	if (*prompt == "") == (*tokens == "") {
 		return errors.New("give the prompt as --prompt TEXT or --tokens 1,2,3")
 	}
-	eng, err := mf.load(1)
+	eng, err := mf.load(unplannedSizing(1))
 	if err != nil {
 		return err
 	}

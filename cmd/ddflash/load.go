@@ -18,6 +18,9 @@ import (
 type modelFlags struct {
 	model, draft, spec, rollback, device string
 	budget, context, threads, tp         int
+
+	// wrapBackend, when set, wraps each rank's backend (tests count allocations).
+	wrapBackend func(kernels.Backend) kernels.Backend
 }
 
 func (m *modelFlags) register(fs *flag.FlagSet) {
@@ -102,9 +105,10 @@ func (m *modelFlags) backends() ([]kernels.Backend, error) {
 	return ranks, nil
 }
 
-// load builds the engine (and drafter) the flags describe, with room for
-// sequences requests in flight.
-func (m *modelFlags) load(sequences int) (*engine.Engine, error) {
+// load builds the engine (and drafter) the flags describe, sized by opts
+// (sequences in flight, KV tokens, cache dtypes; the context and verify
+// room come from the flags).
+func (m *modelFlags) load(opts engine.Options) (*engine.Engine, error) {
 	if err := m.resolveDefault(); err != nil {
 		return nil, err
 	}
@@ -116,7 +120,14 @@ func (m *modelFlags) load(sequences int) (*engine.Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := engine.Options{Context: m.context, MaxSeqs: sequences}
+	if m.wrapBackend != nil {
+		for i, b := range backends {
+			backends[i] = m.wrapBackend(b)
+		}
+	}
+	if opts.Context == 0 {
+		opts.Context = m.context
+	}
 	if spec.Mode != engine.SpecAuto {
 		if opts.VerifyTokens, err = dflash.VerifyTokens(m.draft, spec); err != nil {
 			return nil, err
@@ -132,4 +143,10 @@ func (m *modelFlags) load(sequences int) (*engine.Engine, error) {
 		}
 	}
 	return e, nil
+}
+
+// unplannedSizing sizes an engine for sequences requests without a memory
+// plan (generate, bench): KV and conv state in bf16, as plan assumes by default.
+func unplannedSizing(sequences int) engine.Options {
+	return engine.Options{MaxSeqs: sequences, KVDType: kernels.BF16, ConvDType: kernels.BF16}
 }

@@ -48,19 +48,25 @@ func (f *planFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxRunning, "max-running-requests", 0, "requests running at once")
 	fs.StringVar(&f.spec, "spec", "ddtree", "decoding: auto (autoregressive, no drafter), linear (DFlash chain) or ddtree")
 	fs.IntVar(&f.budget, "budget", 0, "DDTree nodes per step (default: drafter block_size-1)")
-	fs.IntVar(&f.prefixSlots, "prefix-slots", 0, "extra GDN state slots kept for prefix caching")
 	fs.IntVar(&f.context, "context", planner.DefaultContext, "tokens per request, prompt and output")
 	fs.StringVar(&f.rollback, "rollback", "", "GDN rollback: replay (ddflash default) or snapshot (per-token states, as SGLang)")
 	fs.StringVar(&f.compat, "compat", "ddflash", "whose memory rules to follow: ddflash or sglang")
+	f.registerMemory(fs)
+	fs.Float64Var(&f.memFractionStatic, "mem-fraction-static", 0, "SGLang's --mem-fraction-static (default: its automatic rule)")
+	fs.IntVar(&f.maxMambaCacheSize, "max-mamba-cache-size", planner.ReportedMambaCacheSize, "SGLang's Mamba slots; 24 is the reported deployment's setting, 0 SGLang's ratio rule")
+	fs.Float64Var(&f.mambaFullMemoryRatio, "mamba-full-memory-ratio", 0.9, "SGLang's Mamba share of KV+Mamba memory, used by the ratio rule")
+	fs.BoolVar(&f.disableRadixCache, "disable-radix-cache", false, "SGLang without prefix caching: one Mamba slot per request")
+}
+
+// registerMemory registers the cache and memory flags that serve shares
+// with plan and tune, so that the serve line a plan prints runs as printed.
+func (f *planFlags) registerMemory(fs *flag.FlagSet) {
+	fs.IntVar(&f.prefixSlots, "prefix-slots", 0, "extra GDN state slots kept for prefix caching")
 	fs.StringVar(&f.kvDtype, "kv-dtype", "", "KV cache dtype: bf16, fp16, fp8 or fp32 (default: the checkpoint's)")
 	fs.StringVar(&f.ssmDtype, "ssm-dtype", "", "recurrent state dtype: fp32, bf16 or fp16 (default: the config's mamba_ssm_dtype)")
 	fs.StringVar(&f.convDtype, "conv-dtype", "bf16", "conv state dtype: bf16, fp16 or fp32")
 	fs.Float64Var(&f.memFraction, "mem-fraction", 0, fmt.Sprintf("share of GPU memory for weights and caches (ddflash default %.2f; with --compat sglang, SGLang's automatic rule)", planner.DefaultMemFraction))
 	fs.StringVar(&f.reserve, "reserve", "", "runtime reserve for activations instead of --mem-fraction, e.g. 8GiB")
-	fs.Float64Var(&f.memFractionStatic, "mem-fraction-static", 0, "SGLang's --mem-fraction-static (default: its automatic rule)")
-	fs.IntVar(&f.maxMambaCacheSize, "max-mamba-cache-size", planner.ReportedMambaCacheSize, "SGLang's Mamba slots; 24 is the reported deployment's setting, 0 SGLang's ratio rule")
-	fs.Float64Var(&f.mambaFullMemoryRatio, "mamba-full-memory-ratio", 0.9, "SGLang's Mamba share of KV+Mamba memory, used by the ratio rule")
-	fs.BoolVar(&f.disableRadixCache, "disable-radix-cache", false, "SGLang without prefix caching: one Mamba slot per request")
 }
 
 // planSetup is a resolved request for a plan: configs, GPU and knobs.
@@ -69,10 +75,20 @@ type planSetup struct {
 	knobs              planner.Knobs
 	device             gpu.Device
 	modelRef, draftRef string
+	gpuMem             string // --gpu-mem when the memory came from it, for the serve line
 }
 
 // resolve turns flags into configs and knobs; fs tells which flags were set.
 func (f *planFlags) resolve(fs *flag.FlagSet) (*planSetup, error) {
+	s, err := f.resolveOn(fs, f.resolveGPU)
+	if err == nil {
+		s.gpuMem = f.gpuMem
+	}
+	return s, err
+}
+
+// resolveOn is resolve with the memory to plan in given by device.
+func (f *planFlags) resolveOn(fs *flag.FlagSet, device func() (gpu.Device, error)) (*planSetup, error) {
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
 	s := &planSetup{modelRef: f.model}
@@ -112,7 +128,7 @@ func (f *planFlags) resolve(fs *flag.FlagSet) (*planSetup, error) {
 			return nil, err
 		}
 	}
-	if s.device, err = f.resolveGPU(); err != nil {
+	if s.device, err = device(); err != nil {
 		return nil, err
 	}
 	k.GPUTotal, k.GPUFree = s.device.Total, s.device.Free
@@ -344,6 +360,9 @@ func serveFlags(s *planSetup, p *planner.Plan) string {
 		return "sglang flags: " + strings.Join(f, " ")
 	}
 	add("model", s.modelRef)
+	if s.gpuMem != "" {
+		add("gpu-mem", s.gpuMem)
+	}
 	if k.Spec != planner.SpecAutoregressive {
 		add("draft", s.draftRef)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -33,9 +34,11 @@ func runServe(args []string) error {
 	return serve(ctx, args, nil)
 }
 
-// serveConfig is serve's flags: the model's and the server's own.
+// serveConfig is serve's flags: the model's, the memory plan's (as plan
+// takes them) and the server's own.
 type serveConfig struct {
 	model                        modelFlags
+	memory                       planFlags // the cache and memory flags only
 	addr, apiKey, name, memSize  string
 	maxRunning, maxQueue, chunk  int
 	maxBody                      int64
@@ -60,6 +63,7 @@ func (l *listFlag) Set(v string) error {
 
 func (c *serveConfig) register(fs *flag.FlagSet) {
 	c.model.register(fs)
+	c.memory.registerMemory(fs)
 	fs.StringVar(&c.addr, "addr", "127.0.0.1:8000", "listen address (loopback by default; elsewhere, set --api-key)")
 	fs.StringVar(&c.apiKey, "api-key", os.Getenv("DDFLASH_API_KEY"), "require \"Authorization: Bearer KEY\" on every endpoint but /health (default: $DDFLASH_API_KEY)")
 	fs.StringVar(&c.name, "served-model-name", "", "model name in the API (default: the --model directory's name)")
@@ -83,6 +87,11 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 // serve runs `ddflash serve` until ctx ends. ready, if set, is told the
 // address once the server listens (before the model is loaded).
 func serve(ctx context.Context, args []string, ready func(addr string)) error {
+	return serveTo(ctx, args, ready, os.Stderr)
+}
+
+// serveTo is serve with its start-up plan and log going to stderr.
+func serveTo(ctx context.Context, args []string, ready func(addr string), stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	var c serveConfig
 	c.register(fs)
@@ -107,8 +116,8 @@ func serve(ctx context.Context, args []string, ready func(addr string)) error {
 	if err := c.model.resolveDefault(); err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	running, err := c.plan(log)
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	sizing, _, err := c.plan(fs, log, stderr)
 	if err != nil {
 		return err
 	}
@@ -130,7 +139,7 @@ func serve(ctx context.Context, args []string, ready func(addr string)) error {
 		ready(ln.Addr().String())
 	}
 
-	model, err := c.load(running, log)
+	model, err := c.load(sizing, log)
 	if err != nil {
 		_ = httpSrv.Close()
 		return err
@@ -158,65 +167,85 @@ func serve(ctx context.Context, args []string, ready func(addr string)) error {
 	return err
 }
 
-// plan checks that the settings fit the memory (the host's, on the CPU
-// backend) and returns how many requests may run at once: the least of
-// --max-running-requests, what the KV cache holds at full context, and the
-// state slots.
-func (c *serveConfig) plan(log *slog.Logger) (int, error) {
-	m := &c.model
-	spec, err := m.specOptions()
+// plan computes the memory plan from the same flags and with the same
+// function as `ddflash plan`, in the host's memory on the CPU backend (or
+// --gpu-mem), checks that it fits, logs it and returns the engine sizing
+// it plans: KV tokens, state slots (the requests that may run at once) and
+// cache dtypes.
+func (c *serveConfig) plan(fs *flag.FlagSet, log *slog.Logger, stderr io.Writer) (engine.Options, *planner.Plan, error) {
+	s, p, err := planEngine(&c.model, c.memory, fs, c.maxRunning, c.device)
 	if err != nil {
-		return 0, err
+		return engine.Options{}, nil, err
 	}
-	s := &planSetup{modelRef: m.model, draftRef: m.draft}
-	if s.models.Target, err = planner.LoadTarget(m.model); err != nil {
-		return 0, err
-	}
-	if spec.Mode != engine.SpecAuto {
-		if s.models.Drafter, err = planner.LoadDrafter(m.draft); err != nil {
-			return 0, err
-		}
-	}
-	if s.device, err = c.memory(); err != nil {
-		return 0, err
-	}
-	k := &s.knobs
-	k.GPUTotal, k.GPUFree = s.device.Total, s.device.Free
-	k.MaxRunningRequests, k.Context, k.Rollback, k.TP = c.maxRunning, m.context, spec.Rollback, m.tp
-	if k.Context <= 0 || k.Context > s.models.Target.Config.MaxPositions {
-		k.Context = s.models.Target.Config.MaxPositions
-	}
-	// The engine keeps KV, conv and recurrent state in f32 on every backend.
-	k.KVDtype, k.SSMDtype, k.ConvDtype = planner.FP32, planner.FP32, planner.FP32
-	if k.Spec, err = planner.ParseSpec(m.spec); err != nil {
-		return 0, err
-	}
-	if spec.Mode == engine.SpecTree {
-		k.Budget = spec.Budget
-	}
-	p, err := planner.Compute(s.models, *k)
-	if err != nil {
-		return 0, err
-	}
-	writePlan(os.Stderr, s, p)
+	s.gpuMem = c.memSize
+	writePlan(stderr, s, p)
 	if err := p.Fits(); err != nil {
-		return 0, err
+		return engine.Options{}, nil, err
+	}
+	opts, err := p.EngineOptions()
+	if err != nil {
+		return engine.Options{}, nil, err
 	}
 	if p.MaxRunning.Effective < c.maxRunning {
 		log.Warn("the memory plan lowers --max-running-requests", "requested", c.maxRunning, "effective", p.MaxRunning.Effective)
 	}
-	return p.MaxRunning.Effective, nil
+	log.Info("memory plan", "kv_tokens", p.KVTokens, "state_slots", p.StateSlots, "max_running_requests", p.MaxRunning.Effective,
+		"kv_dtype", p.Settings.KVDtype.Name, "conv_dtype", p.Settings.ConvDtype.Name, "ssm_dtype", p.Settings.SSMDtype.Name,
+		"context", p.Settings.Context, "flags", serveFlags(s, p))
+	return opts, p, nil
 }
 
-// memory is what the caches are planned in: --gpu-mem, or this host's
-// memory (total, and available now).
-func (c *serveConfig) memory() (gpu.Device, error) {
-	if c.memSize != "" {
-		total, err := gpu.ParseSize(c.memSize)
+// planEngine computes the memory plan for the model flags, maxRunning
+// requests and the cache and memory flags in f, with plan's resolver and
+// planner.Compute, in the memory device gives; fs tells which flags were set.
+func planEngine(m *modelFlags, f planFlags, fs *flag.FlagSet, maxRunning int, device func() (gpu.Device, error)) (*planSetup, *planner.Plan, error) {
+	spec, err := m.specOptions()
+	if err != nil {
+		return nil, nil, err
+	}
+	f.model, f.draft, f.spec, f.rollback, f.compat = m.model, m.draft, m.spec, m.rollback, "ddflash"
+	f.tp, f.maxRunning, f.context = m.tp, maxRunning, m.context
+	if spec.Mode == engine.SpecTree {
+		f.budget = m.budget
+	}
+	s, err := f.resolveOn(fs, device)
+	if err != nil {
+		return nil, nil, err
+	}
+	if maxPos := s.models.Target.Config.MaxPositions; s.knobs.Context <= 0 || s.knobs.Context > maxPos {
+		s.knobs.Context = maxPos
+	}
+	p, err := planner.Compute(s.models, s.knobs)
+	return s, p, err
+}
+
+// device is the memory the caches are planned in (see planDevice).
+func (c *serveConfig) device() (gpu.Device, error) { return planDevice(c.memSize, c.model.device) }
+
+// planDevice is the memory a plan for serve or bench takes: gpuMem, rank
+// 0's GPU on the CUDA backend, or this host's memory (total, and available
+// now) on the CPU.
+func planDevice(gpuMem, device string) (gpu.Device, error) {
+	if gpuMem != "" {
+		total, err := gpu.ParseSize(gpuMem)
 		if err != nil {
 			return gpu.Device{}, fmt.Errorf("--gpu-mem: %w", err)
 		}
 		return gpu.Device{Name: "--gpu-mem", Total: total}, nil
+	}
+	if device != "cpu" {
+		index := 0 // rank 0's GPU: cuda means GPUs 0..tp-1
+		if n, ok := strings.CutPrefix(device, "cuda:"); ok {
+			var err error
+			if index, err = strconv.Atoi(n); err != nil {
+				return gpu.Device{}, fmt.Errorf("--device %s: want cpu, cuda or cuda:N", device)
+			}
+		}
+		d, err := gpu.Local(index)
+		if err != nil {
+			return gpu.Device{}, fmt.Errorf("cannot read GPU %d's memory (%w): give --gpu-mem SIZE", index, err)
+		}
+		return d, nil
 	}
 	total, avail, err := hostMemory()
 	if err != nil {
@@ -256,8 +285,8 @@ func hostMemory() (total, avail int64, err error) {
 }
 
 // load builds the engine, its scheduler and the tokenizer.
-func (c *serveConfig) load(running int, log *slog.Logger) (*server.Model, error) {
-	e, err := c.model.load(running)
+func (c *serveConfig) load(sizing engine.Options, log *slog.Logger) (*server.Model, error) {
+	e, err := c.model.load(sizing)
 	if err != nil {
 		return nil, err
 	}
@@ -268,7 +297,7 @@ func (c *serveConfig) load(running int, log *slog.Logger) (*server.Model, error)
 	if err != nil {
 		return nil, err
 	}
-	sched := engine.NewScheduler(e, engine.SchedulerOptions{MaxRunning: running, MaxQueue: c.maxQueue, StepPrefill: c.chunk})
+	sched := engine.NewScheduler(e, engine.SchedulerOptions{MaxRunning: sizing.MaxSeqs, MaxQueue: c.maxQueue, StepPrefill: c.chunk})
 	return &server.Model{Engine: e, Scheduler: sched, Tokenizer: e.Tokenizer, Defaults: defaults, Parsers: c.parsers}, nil
 }
 

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -30,7 +32,7 @@ func tinyModelDirs(t *testing.T) (target, draft string) {
 }
 
 // TestServeLifecycle starts `ddflash serve` on a free loopback port with
-// the host's memory plan, waits for /health, completes a request with an
+// a memory plan for 1 GiB, waits for /health, completes a request with an
 // API key, and shuts down when its context ends; with --tp 2 the greedy
 // completion is the same.
 func TestServeLifecycle(t *testing.T) {
@@ -48,7 +50,7 @@ func serveOnce(t *testing.T, target, draft, tp string) string {
 	addrs := make(chan string, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- serve(ctx, []string{"--model", target, "--draft", draft, "--spec", "ddtree", "--budget", "4", "--tp", tp,
+		done <- serve(ctx, []string{"--model", target, "--draft", draft, "--spec", "ddtree", "--budget", "4", "--tp", tp, "--gpu-mem", "1GiB",
 			"--addr", "127.0.0.1:0", "--max-running-requests", "2", "--threads", "1", "--api-key", "k",
 			"--write-timeout", "1m", "--allowed-origins", "https://ui.example, https://two.example"}, func(a string) { addrs <- a })
 	}()
@@ -59,20 +61,7 @@ func serveOnce(t *testing.T, target, draft, tp string) string {
 	case err := <-done:
 		t.Fatalf("serve ended before listening: %v", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := http.Get(base + "/health")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never healthy: %v", err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitHealthy(t, base)
 	req, _ := http.NewRequest("POST", base+"/v1/completions", strings.NewReader(`{"model": "tiny", "prompt": "the fox", "max_tokens": 5, "temperature": 0, "ignore_eos": true}`))
 	req.Header.Set("Authorization", "Bearer k")
 	req.Header.Set("Content-Type", "application/json")
@@ -114,4 +103,90 @@ func TestServeRefusesWhatCannotFit(t *testing.T) {
 		t.Fatalf("err = %v, want the planner's shortfall with its remedies", err)
 	}
 	t.Log(err)
+}
+
+// TestServeRunsThePrintedPlan runs the serve line `ddflash plan --json`
+// prints for a small model and a memory budget, as printed, and checks
+// that serve's start-up log states the same plan: KV tokens, state slots,
+// running requests, cache dtypes and the same serve line.
+func TestServeRunsThePrintedPlan(t *testing.T) {
+	target, draft := tinyModelDirs(t)
+	var planOut bytes.Buffer
+	if err := planTo(&planOut, []string{"--model", target, "--draft", draft, "--gpu-mem", "1GiB", "--max-running-requests", "2",
+		"--spec", "ddtree", "--budget", "4", "--context", "256", "--json"}); err != nil {
+		t.Fatal(err)
+	}
+	var plan struct {
+		Flags      string `json:"flags"`
+		KVTokens   int64  `json:"kv_tokens"`
+		StateSlots int    `json:"state_slots"`
+		MaxRunning struct {
+			Effective int `json:"effective"`
+		} `json:"max_running_requests"`
+		Settings struct {
+			KVDtype   string `json:"kv_dtype"`
+			ConvDtype string `json:"conv_dtype"`
+		} `json:"settings"`
+	}
+	if err := json.Unmarshal(planOut.Bytes(), &plan); err != nil {
+		t.Fatal(err)
+	}
+	args, ok := strings.CutPrefix(plan.Flags, "ddflash serve ")
+	if !ok {
+		t.Fatalf("plan printed %q, want a ddflash serve line", plan.Flags)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var log bytes.Buffer
+	done := make(chan error, 1)
+	addrs := make(chan string, 1)
+	go func() {
+		done <- serveTo(ctx, append(strings.Fields(args), "--addr", "127.0.0.1:0", "--threads", "1"), func(a string) { addrs <- a }, &log)
+	}()
+	select {
+	case a := <-addrs:
+		waitHealthy(t, "http://"+a)
+	case err := <-done:
+		t.Fatalf("the printed serve line failed: %v\n%s", err, log.String())
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var logged string
+	for line := range strings.Lines(log.String()) {
+		if strings.Contains(line, `msg="memory plan"`) {
+			logged = line
+		}
+	}
+	for _, want := range []string{
+		fmt.Sprintf("kv_tokens=%d ", plan.KVTokens),
+		fmt.Sprintf("state_slots=%d ", plan.StateSlots),
+		fmt.Sprintf("max_running_requests=%d ", plan.MaxRunning.Effective),
+		fmt.Sprintf("kv_dtype=%s ", plan.Settings.KVDtype),
+		fmt.Sprintf("conv_dtype=%s ", plan.Settings.ConvDtype),
+		fmt.Sprintf("flags=%q", plan.Flags),
+	} {
+		if !strings.Contains(logged, want) {
+			t.Errorf("serve's start-up plan lacks %s\n got: %s", want, logged)
+		}
+	}
+}
+
+// waitHealthy polls /health until it answers 200.
+func waitHealthy(t *testing.T, base string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(base + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never healthy: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"ddflash/dflash"
+	"ddflash/engine"
 	"ddflash/engine/config"
 	"ddflash/kernels"
 	"ddflash/mamba"
@@ -174,10 +175,10 @@ func (p *Plan) unitCosts(m Models, k Knobs, r rank) {
 		// SGLang's draft pool keeps every drafter layer for every token.
 		p.Bytes.DraftKVPerToken = int64(d.NumLayers) * draftLayerToken
 	} else {
-		// ddflash keeps a ring of sliding_window tokens per request for the
-		// sliding layers and pages only the full layers.
+		// ddflash keeps a ring per request for the sliding layers (the
+		// window and a block, in whole pages) and pages only the full layers.
 		p.Bytes.DraftKVPerToken = int64(d.NumLayers-d.NumSliding()) * draftLayerToken
-		p.Bytes.DraftKVPerRequest = int64(d.NumSliding()) * int64(min(d.SlidingWindow, k.Context)) * draftLayerToken
+		p.Bytes.DraftKVPerRequest = int64(d.NumSliding()) * int64(d.RingTokens(engine.DefaultPageSize, k.Context)) * draftLayerToken
 	}
 	rollback := k.Rollback
 	if k.Mode == ModeSGLang {
@@ -284,7 +285,7 @@ func (p *Plan) planDDFlash(k Knobs) {
 	p.Memory = []Segment{
 		{"CUDA context", cudaContextBytes},
 		{"other processes", k.GPUTotal - free},
-		{"runtime reserve (activations, workspace)", reserve},
+		{reserveUse, reserve},
 		{"target weights", b.TargetWeights},
 		{"draft weights", b.DraftWeights},
 		{"KV cache", p.KVTokens * b.PerKVToken},
@@ -293,6 +294,23 @@ func (p *Plan) planDDFlash(k Knobs) {
 		{rollbackUse(k.Rollback), rollback},
 	}
 	p.closeMemory(k.GPUTotal)
+}
+
+const reserveUse = "runtime reserve (activations, workspace)"
+
+// EngineBytes is what the plan assigns to the engine's own allocations:
+// weights, caches, state slots and rollback (not the CUDA context, other
+// processes, the runtime reserve for activations, or what is left).
+func (p *Plan) EngineBytes() int64 {
+	var n int64
+	for _, seg := range p.Memory[:len(p.Memory)-1] { // the last one closes the sum
+		switch seg.Use {
+		case "CUDA context", "other processes", reserveUse:
+		default:
+			n += seg.Bytes
+		}
+	}
+	return n
 }
 
 // closeMemory adds what is left of the GPU, so the segments sum to its total:
@@ -344,4 +362,26 @@ func (p *Plan) limit(maxPositions int) {
 		p.shortfall = fmt.Sprintf("%d state slots at %d per request leave no room for a running request: raise --max-mamba-cache-size", p.StateSlots, p.SlotsPerRequest)
 	}
 	p.Warnings = p.warnings(maxPositions)
+}
+
+// EngineOptions is the engine sizing the plan sets: its KV tokens, one
+// state slot per running request, the context and the cache dtypes. It
+// refuses what the engine cannot store (fp16 or fp8 caches, a non-fp32
+// recurrent state, prefix-cache slots).
+func (p *Plan) EngineOptions() (engine.Options, error) {
+	k := p.Settings
+	storage := map[DType]kernels.DType{FP32: kernels.F32, BF16: kernels.BF16}
+	kv, okKV := storage[k.KVDtype]
+	conv, okConv := storage[k.ConvDtype]
+	switch {
+	case !okKV:
+		return engine.Options{}, fmt.Errorf("--kv-dtype %s: the engine stores the KV cache in bf16 or fp32", k.KVDtype.Name)
+	case !okConv:
+		return engine.Options{}, fmt.Errorf("--conv-dtype %s: the engine stores the conv state in bf16 or fp32", k.ConvDtype.Name)
+	case k.SSMDtype != FP32:
+		return engine.Options{}, fmt.Errorf("--ssm-dtype %s: the engine keeps the GDN recurrent state in fp32", k.SSMDtype.Name)
+	case k.PrefixSlots > 0:
+		return engine.Options{}, fmt.Errorf("--prefix-slots %d: the engine has no prefix cache", k.PrefixSlots)
+	}
+	return engine.Options{Context: k.Context, MaxSeqs: p.MaxRunning.Effective, KVTokens: int(p.KVTokens), KVDType: kv, ConvDType: conv}, nil
 }

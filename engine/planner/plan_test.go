@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"ddflash/kernels"
 	"ddflash/mamba"
 )
 
@@ -166,10 +167,12 @@ func TestUnitCostsMatchTheDocs(t *testing.T) {
 		t.Errorf("text weights %.3f GiB", g)
 	}
 	// Draft KV: 20 KiB per token for five layers in SGLang's pool; ddflash pages
-	// only the full layer and keeps 2,048-token rings for the four sliding ones.
+	// only the full layer and keeps a ring per request for each of the four
+	// sliding ones: the 2,048-token window and a 16-token block in 16-token
+	// pages, plus the page the window starts in: 2,080 tokens.
 	s := mustPlan(t, m, reported(4))
 	d := mustPlan(t, m, Knobs{GPUTotal: rtxPro6000, MaxRunningRequests: 4, Spec: SpecDDTree})
-	if s.Bytes.DraftKVPerToken != 20*1024 || d.Bytes.DraftKVPerToken != 4096 || d.Bytes.DraftKVPerRequest != 4*2048*4096 {
+	if s.Bytes.DraftKVPerToken != 20*1024 || d.Bytes.DraftKVPerToken != 4096 || d.Bytes.DraftKVPerRequest != 4*2080*4096 {
 		t.Errorf("draft KV: sglang %d/token, ddflash %d/token + %d/request", s.Bytes.DraftKVPerToken, d.Bytes.DraftKVPerToken, d.Bytes.DraftKVPerRequest)
 	}
 }
@@ -438,4 +441,39 @@ func containsPrefix(list []string, prefix string) bool {
 		}
 	}
 	return false
+}
+
+// TestEngineOptions maps a plan's cache dtypes and figures to the engine's
+// sizing and refuses what the engine cannot store.
+func TestEngineOptions(t *testing.T) {
+	for _, c := range []struct {
+		kv, conv, ssm DType
+		prefix        int
+		err           string
+	}{
+		{BF16, BF16, FP32, 0, ""},
+		{FP32, FP32, FP32, 0, ""},
+		{FP16, BF16, FP32, 0, "--kv-dtype fp16"},
+		{FP8, BF16, FP32, 0, "--kv-dtype fp8"},
+		{BF16, FP16, FP32, 0, "--conv-dtype fp16"},
+		{BF16, BF16, BF16, 0, "--ssm-dtype bf16"},
+		{BF16, BF16, FP32, 2, "--prefix-slots 2"},
+	} {
+		p := &Plan{KVTokens: 1234, Settings: Knobs{KVDtype: c.kv, ConvDtype: c.conv, SSMDtype: c.ssm, PrefixSlots: c.prefix, Context: 99}}
+		p.MaxRunning.Effective = 3
+		opts, err := p.EngineOptions()
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%+v: error %v, want one naming %s", c, err, c.err)
+			}
+			continue
+		}
+		wantKV, wantConv := kernels.BF16, kernels.BF16
+		if c.kv == FP32 {
+			wantKV, wantConv = kernels.F32, kernels.F32
+		}
+		if err != nil || opts.KVTokens != 1234 || opts.MaxSeqs != 3 || opts.Context != 99 || opts.KVDType != wantKV || opts.ConvDType != wantConv {
+			t.Errorf("%+v: options %+v, %v", c, opts, err)
+		}
+	}
 }

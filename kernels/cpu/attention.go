@@ -3,20 +3,24 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
+
+	"ddflash/internal/half"
 
 	"ddflash/kernels"
 )
 
-// WriteKV stores n rows of k and v into the caches at the given slots.
+// WriteKV stores n rows of k and v into the caches at the given slots,
+// rounding to the caches' dtype (F32, or BF16 to nearest even).
 func (be *Backend) WriteKV(kCache, vCache, k, v, slots kernels.Buffer, n, kvDim int) {
 	kv, vv := f32s("WriteKV k", k, n*kvDim), f32s("WriteKV v", v, n*kvDim)
 	sl := i32s("WriteKV slots", slots, n)
 	kc, vc := cacheRows("WriteKV", kCache, vCache, kvDim)
 	for i, s := range sl {
-		checkSlot("WriteKV", s, kc, kvDim)
-		copy(kc[int(s)*kvDim:(int(s)+1)*kvDim], kv[i*kvDim:(i+1)*kvDim])
-		copy(vc[int(s)*kvDim:(int(s)+1)*kvDim], vv[i*kvDim:(i+1)*kvDim])
+		kc.checkSlot("WriteKV", s)
+		kc.store(int(s), kv[i*kvDim:(i+1)*kvDim])
+		vc.store(int(s), vv[i*kvDim:(i+1)*kvDim])
 	}
 }
 
@@ -24,39 +28,94 @@ func (be *Backend) WriteKV(kCache, vCache, k, v, slots kernels.Buffer, n, kvDim 
 func (be *Backend) MoveKV(kCache, vCache, dst, src kernels.Buffer, n, kvDim int) {
 	dv, sv := i32s("MoveKV dst", dst, n), i32s("MoveKV src", src, n)
 	kc, vc := cacheRows("MoveKV", kCache, vCache, kvDim)
-	saved := make([]float32, 2*n*kvDim)
-	for i, s := range sv {
-		checkSlot("MoveKV src", s, kc, kvDim)
-		copy(saved[2*i*kvDim:], kc[int(s)*kvDim:(int(s)+1)*kvDim])
-		copy(saved[(2*i+1)*kvDim:], vc[int(s)*kvDim:(int(s)+1)*kvDim])
-	}
-	for i, d := range dv {
-		checkSlot("MoveKV dst", d, kc, kvDim)
-		copy(kc[int(d)*kvDim:(int(d)+1)*kvDim], saved[2*i*kvDim:(2*i+1)*kvDim])
-		copy(vc[int(d)*kvDim:(int(d)+1)*kvDim], saved[(2*i+1)*kvDim:(2*i+2)*kvDim])
+	for _, c := range []kvRows{kc, vc} {
+		saved := make([]kvRows, n)
+		for i, s := range sv {
+			c.checkSlot("MoveKV src", s)
+			saved[i] = c.row(int(s)).clone()
+		}
+		for i, d := range dv {
+			c.checkSlot("MoveKV dst", d)
+			c.row(int(d)).copyFrom(saved[i])
+		}
 	}
 }
 
-// cacheRows returns the two F32 caches, which must have the same length.
-func cacheRows(op string, kCache, vCache kernels.Buffer, kvDim int) (k, v []float32) {
+// kvRows is one cache, [slots, width] of F32 or BF16 bit patterns (exactly
+// one slice is set), or a row of it.
+type kvRows struct {
+	f32   []float32
+	bf16  []uint16
+	width int
+}
+
+// cacheRows returns the two caches, which must have one dtype (F32 or
+// BF16) and one length.
+func cacheRows(op string, kCache, vCache kernels.Buffer, kvDim int) (k, v kvRows) {
 	kb, vb := asBuffer(kCache), asBuffer(vCache)
-	checkDType(op+" kCache", kb, kernels.F32)
-	checkDType(op+" vCache", vb, kernels.F32)
-	if len(kb.f32) != len(vb.f32) || kvDim <= 0 {
-		panic(fmt.Sprintf("cpu: %s caches of %d and %d elements with kvDim %d: need equal caches and kvDim > 0", op, len(kb.f32), len(vb.f32), kvDim))
+	if kb.dt != vb.dt || kb.dt != kernels.F32 && kb.dt != kernels.BF16 || kb.Len() != vb.Len() || kvDim <= 0 {
+		panic(fmt.Sprintf("cpu: %s caches %v[%d] and %v[%d] with kvDim %d: need two F32 or two BF16 caches of one length and kvDim > 0",
+			op, kb.dt, kb.Len(), vb.dt, vb.Len(), kvDim))
 	}
-	return kb.f32, vb.f32
+	return kvRows{kb.f32, kb.u16, kvDim}, kvRows{vb.f32, vb.u16, kvDim}
 }
 
-func checkSlot(op string, slot int32, cache []float32, kvDim int) {
-	if slot < 0 || int(slot) >= len(cache)/kvDim {
-		panic(fmt.Sprintf("cpu: %s slot %d outside the cache's %d slots", op, slot, len(cache)/kvDim))
+func (c kvRows) slots() int { return (len(c.f32) + len(c.bf16)) / c.width }
+
+func (c kvRows) checkSlot(op string, slot int32) {
+	if slot < 0 || int(slot) >= c.slots() {
+		panic(fmt.Sprintf("cpu: %s slot %d outside the cache's %d slots", op, slot, c.slots()))
 	}
+}
+
+// row returns slot s.
+func (c kvRows) row(s int) kvRows { return c.span(s*c.width, c.width) }
+
+// span returns elements [off, off+n) as a row.
+func (c kvRows) span(off, n int) kvRows {
+	if c.bf16 != nil {
+		return kvRows{bf16: c.bf16[off : off+n], width: n}
+	}
+	return kvRows{f32: c.f32[off : off+n], width: n}
+}
+
+func (c kvRows) clone() kvRows {
+	return kvRows{slices.Clone(c.f32), slices.Clone(c.bf16), c.width}
+}
+
+func (c kvRows) copyFrom(src kvRows) {
+	copy(c.f32, src.f32)
+	copy(c.bf16, src.bf16)
+}
+
+// store writes x into slot s, rounding to BF16 when the cache holds it.
+func (c kvRows) store(s int, x []float32) {
+	r := c.row(s)
+	if r.bf16 == nil {
+		copy(r.f32, x)
+		return
+	}
+	for i, f := range x {
+		r.bf16[i] = half.Float32ToBF16(f)
+	}
+}
+
+// widen copies the row into dst as float32 (BF16 widening is exact).
+func (kern *kernelSet) widenRow(dst []float32, r kvRows) {
+	if r.bf16 == nil {
+		copy(dst, r.f32)
+		return
+	}
+	kern.widen(dst, r.bf16, kernels.BF16)
 }
 
 // attnBlockRows is the most query rows of one work item: all the query
 // heads of these rows that read one KV head share its key and value loads.
 const attnBlockRows = 16
+
+// attnBlockKeys is the most key positions a work item gathers at a time:
+// its scratch is bounded by this, not by the context.
+const attnBlockKeys = 256
 
 // attnItem is one work item: rows [row0, row0+rows) of sequence seq, and
 // the query heads of KV head kvHead.
@@ -112,13 +171,15 @@ func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernel
 	})
 }
 
-// attnScratch holds one worker's buffers for attendBlock.
+// attnScratch holds one worker's buffers for attendBlock, all bounded by
+// attnBlockRows, attnBlockKeys and the head shape.
 type attnScratch struct {
-	sees         []bool
-	keys         []int
-	k, v, q, out []float32
-	scores, row  []float32
-	inv          []float32
+	sees            []bool
+	keys            []int
+	k, v, q         []float32
+	scores, factors []float32
+	top, sum, acc   []float32
+	raised, events  []int
 }
 
 var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
@@ -131,76 +192,142 @@ func grow[T any](s []T, n int) []T {
 	return s[:n]
 }
 
-// attendBlock computes one work item. It gathers the keys any of its rows
-// sees (in position order) and the rows' query heads into dense arrays,
-// scores every query against every gathered key with rows4, takes the
-// softmax of each row's own visible scores, in order, and sets the others
-// to zero, then sums the values in key order. A score is a fixed function
-// of its query and key, and adding a zero-weighted value changes no bit
-// (values are finite), so a row's result depends only on what it sees.
-func (kern *kernelSet) attendBlock(sc *attnScratch, out, q, kc, vc []float32, shape kernels.AttnShape, sq *kernels.AttnSeq, pages, mask []int32, it attnItem) {
+// attendBlock computes one work item, streaming over the keys in blocks
+// of attnBlockKeys positions: it gathers the keys any of its rows sees in
+// the block (widened to F32) and the rows' query heads, scores every query
+// against every gathered key with rows4, and folds each row's visible
+// scores into its online softmax one key at a time, in order (see
+// foldScores): the running max, sum and value accumulator are rescaled
+// exactly when a key raises the max. Every step depends only on the row's
+// own visible keys in order, never on where blocks start or on the other
+// rows (a score is a fixed function of its query and key; an invisible
+// key gets weight 0 and factor 1, which change no bit of finite sums), so
+// a row's result depends only on what it sees.
+func (kern *kernelSet) attendBlock(sc *attnScratch, out, q []float32, kc, vc kvRows, shape kernels.AttnShape, sq *kernels.AttnSeq, pages, mask []int32, it attnItem) {
 	hd, total := shape.HeadDim, sq.Prefix+sq.QueryLen
 	group := shape.NumHeads / shape.NumKVHeads
 	kvDim, qDim := shape.NumKVHeads*hd, shape.NumHeads*hd
-	sc.sees = grow(sc.sees, it.rows*total)
-	sc.keys = sc.keys[:0]
-	for p := range total {
-		seen := false
-		for r := range it.rows {
-			v := sees(sq, it.row0+r, p, mask)
-			sc.sees[r*total+p] = v
-			seen = seen || v
-		}
-		if seen {
-			sc.keys = append(sc.keys, p)
-		}
-	}
-	n := len(sc.keys)
-	n4 := (n + matmulTile - 1) &^ (matmulTile - 1) // whole tiles of keys, zero-padded
-	hd16 := (hd + 15) &^ 15                        // value rows are padded to whole vectors
-	sc.k, sc.v = grow(sc.k, n4*hd), grow(sc.v, n*hd16)
-	clear(sc.k[n*hd:])
-	for u, p := range sc.keys {
-		slot := int(pages[p/shape.PageSize])*shape.PageSize + p%shape.PageSize
-		base := slot*kvDim + it.kvHead*hd
-		if base+hd > len(kc) {
-			panic(fmt.Sprintf("cpu: Attention page table points at slot %d outside the cache's %d slots", slot, len(kc)/kvDim))
-		}
-		copy(sc.k[u*hd:(u+1)*hd], kc[base:base+hd])
-		copy(sc.v[u*hd16:u*hd16+hd], vc[base:base+hd])
-		clear(sc.v[u*hd16+hd : (u+1)*hd16])
-	}
-	// Query heads kvHead·group … +group-1 are adjacent in each row.
+	hd16 := (hd + 15) &^ 15 // value rows are padded to whole vectors
 	nq := it.rows * group
+	// Query heads kvHead·group … +group-1 are adjacent in each row.
 	sc.q = grow(sc.q, nq*hd)
 	for r := range it.rows {
 		copy(sc.q[r*group*hd:(r+1)*group*hd], q[r*qDim+it.kvHead*group*hd:])
 	}
-	sc.scores = grow(sc.scores, nq*n4)
-	kern.rows4(sc.scores, n4, sc.q, nq, hd, sc.k)
-	sc.row, sc.inv = grow(sc.row, n), grow(sc.inv, nq)
+	sc.top, sc.sum, sc.acc = grow(sc.top, nq), grow(sc.sum, nq), grow(sc.acc, nq*hd)
 	for i := range nq {
-		scores, visible := sc.scores[i*n4:i*n4+n], sc.sees[i/group*total:]
-		row := sc.row[:0]
-		for u, p := range sc.keys {
-			if visible[p] {
-				row = append(row, scores[u]*shape.Scale)
-			}
-		}
-		sc.inv[i] = kern.softmax(row)
-		for u, p := range sc.keys {
-			if visible[p] {
-				scores[u], row = row[0], row[1:]
-			} else {
-				scores[u] = 0
-			}
-		}
+		sc.top[i] = float32(math.Inf(-1))
 	}
-	sc.out = grow(sc.out, nq*hd)
-	kern.mixValues(sc.out, sc.scores, n4, nq, n, sc.v, hd, sc.inv)
+	clear(sc.sum)
+	clear(sc.acc)
+	first := 0 // no row of the item sees a key before its first row's window
+	if sq.Window > 0 {
+		first = max(0, sq.Prefix+it.row0-sq.Window+1)
+	}
+	const n4 = attnBlockKeys // scores stride: whole tiles of keys, zero-padded
+	sc.sees = grow(sc.sees, it.rows*attnBlockKeys)
+	for b0 := first; b0 < total; b0 += attnBlockKeys {
+		sc.keys = sc.keys[:0]
+		for p := b0; p < min(b0+attnBlockKeys, total); p++ {
+			seen := false
+			for r := range it.rows {
+				v := sees(sq, it.row0+r, p, mask)
+				sc.sees[r*attnBlockKeys+len(sc.keys)] = v
+				seen = seen || v
+			}
+			if seen {
+				sc.keys = append(sc.keys, p)
+			}
+		}
+		n := len(sc.keys)
+		if n == 0 {
+			continue
+		}
+		sc.k, sc.v = grow(sc.k, n4*hd), grow(sc.v, n*hd16)
+		clear(sc.k[n*hd:])
+		for u, p := range sc.keys {
+			slot := int(pages[p/shape.PageSize])*shape.PageSize + p%shape.PageSize
+			if slot < 0 || slot >= kc.slots() {
+				panic(fmt.Sprintf("cpu: Attention page table points at slot %d outside the cache's %d slots", slot, kc.slots()))
+			}
+			base := slot*kvDim + it.kvHead*hd
+			kern.widenRow(sc.k[u*hd:(u+1)*hd], kc.span(base, hd))
+			kern.widenRow(sc.v[u*hd16:u*hd16+hd], vc.span(base, hd))
+			clear(sc.v[u*hd16+hd : (u+1)*hd16])
+		}
+		sc.scores, sc.factors = grow(sc.scores, nq*n4), grow(sc.factors, nq*n4)
+		kern.rows4(sc.scores, n4, sc.q, nq, hd, sc.k[:(n+matmulTile-1)&^(matmulTile-1)*hd])
+		for i := range nq {
+			visible := sc.sees[i/group*attnBlockKeys : i/group*attnBlockKeys+n]
+			kern.foldScores(sc, sc.scores[i*n4:i*n4+n], sc.factors[i*n4:i*n4+n], visible, shape.Scale, &sc.top[i], &sc.sum[i])
+		}
+		sc.events = rescaleEvents(sc.events[:0], sc.factors, n4, nq, n)
+		kern.mixValues(sc.acc, sc.scores, sc.factors, n4, nq, n, sc.v, hd, sc.events)
+	}
 	for r := range it.rows {
-		copy(out[r*qDim+it.kvHead*group*hd:], sc.out[r*group*hd:(r+1)*group*hd])
+		for g := range group {
+			i := r*group + g
+			o := out[r*qDim+(it.kvHead*group+g)*hd:][:hd]
+			inv := float32(0) // a row that sees no key gets zeros
+			if sc.sum[i] > 0 {
+				inv = 1 / sc.sum[i]
+			}
+			for d, a := range sc.acc[i*hd : (i+1)*hd] {
+				o[d] = a * inv
+			}
+		}
 	}
+}
+
+// foldScores folds one row's scores of a block into its online softmax
+// (running max top, running sum), key by key in order. It sets scores[u]
+// to the key's weight exp(x_u - top_u), where x_u is its scaled score and
+// top_u the max over the row's visible keys up to u, and factors[u] to
+// exp(top_{u-1} - top_u), by which everything summed before key u must be
+// scaled (1 unless u raises the max; 0 at the row's first key). Invisible
+// keys get weight 0 and factor 1.
+func (kern *kernelSet) foldScores(sc *attnScratch, scores, factors []float32, visible []bool, scale float32, top, sum *float32) {
+	sc.raised = sc.raised[:0]
+	m := *top
+	for u, s := range scores {
+		factors[u] = 1
+		if !visible[u] {
+			scores[u] = 0
+			continue
+		}
+		x := s * scale
+		if x > m {
+			sc.raised = append(sc.raised, u)
+			factors[u] = float32(math.Exp(float64(m - x))) // 0 when m is -Inf
+			m = x
+		}
+		scores[u] = x - m
+	}
+	*top = m
+	kern.exp(scores)
+	l := *sum
+	for u, w := range scores {
+		if !visible[u] {
+			scores[u] = 0
+			continue
+		}
+		l = l*factors[u] + w
+	}
+	*sum = l
+}
+
+// rescaleEvents appends to dst, in order, the keys u < n at which any of
+// the nq rows' factors (row i at factors[i*stride:]) is not 1.
+func rescaleEvents(dst []int, factors []float32, stride, nq, n int) []int {
+	for u := range n {
+		for i := range nq {
+			if factors[i*stride+u] != 1 {
+				dst = append(dst, u)
+				break
+			}
+		}
+	}
+	return dst
 }
 
 // sees reports whether query row i of sq may attend to key position p.
@@ -213,36 +340,28 @@ func sees(sq *kernels.AttnSeq, i, p int, mask []int32) bool {
 	return sq.Window <= 0 || sq.Prefix+i-p < sq.Window
 }
 
-// softmaxPortable sets s[j] = exp(s[j] - max s) and returns 1/Σ s[j], or 0
-// for an empty row.
-func softmaxPortable(s []float32) float32 {
-	if len(s) == 0 {
-		return 0
+// expPortable sets x[j] = exp(x[j]).
+func expPortable(x []float32) {
+	for j, v := range x {
+		x[j] = float32(math.Exp(float64(v)))
 	}
-	top := float32(math.Inf(-1))
-	for _, v := range s {
-		top = max(top, v)
-	}
-	var sum float32
-	for j, v := range s {
-		s[j] = float32(math.Exp(float64(v - top)))
-		sum += s[j]
-	}
-	return 1 / sum
 }
 
-// mixValuesPortable sets out[i] = inv[i]·Σ_j p[i·pStride+j]·v_j over the
-// n value rows v_j (of stride hd rounded up to 16), for the nq rows of out [nq, hd].
-func mixValuesPortable(out, p []float32, pStride, nq, n int, v []float32, hd int, inv []float32) {
+// mixValuesPortable updates each of the nq rows of acc [nq, hd], key by
+// key in order: acc_i = acc_i·f[i·pStride+u] + p[i·pStride+u]·v_u over the
+// n value rows v_u (of stride hd rounded up to 16). Events lists the keys
+// where some factor is not 1; this version needs no list.
+func mixValuesPortable(acc, p, f []float32, pStride, nq, n int, v []float32, hd int, _ []int) {
 	hd16 := (hd + 15) &^ 15
 	for i := range nq {
-		o := out[i*hd : (i+1)*hd]
-		clear(o)
-		for j, pj := range p[i*pStride : i*pStride+n] {
-			axpy(o, v[j*hd16:j*hd16+hd], pj)
-		}
-		for d := range o {
-			o[d] *= inv[i]
+		o := acc[i*hd : (i+1)*hd]
+		for u, pu := range p[i*pStride : i*pStride+n] {
+			if fu := f[i*pStride+u]; fu != 1 {
+				for d := range o {
+					o[d] *= fu
+				}
+			}
+			axpy(o, v[u*hd16:u*hd16+hd], pu)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 
+	"ddflash/internal/half"
 	"ddflash/kernels"
 )
 
@@ -57,10 +58,10 @@ func treeParents(op string, parents kernels.Buffer, T int) []int32 {
 
 // CausalConv runs the depthwise causal conv + SiLU over rows whose history
 // is their ancestor chain. Each row is computed alone from its window, so
-// a verify block matches decoding.
+// a verify block matches decoding (with a BF16 state too: see pastInputs).
 func (be *Backend) CausalConv(out, x, state, w, parents kernels.Buffer, T, channels, K int) {
 	o, xv := f32s("CausalConv out", out, T*channels), f32s("CausalConv x", x, T*channels)
-	st := f32s("CausalConv state", state, (K-1)*channels)
+	st := convState("CausalConv state", state, (K-1)*channels)
 	wv := widened("CausalConv w", w, channels*K)
 	wT := make([]float32, K*channels) // [K, channels]: tap j of every channel is contiguous
 	for c := range channels {
@@ -69,13 +70,17 @@ func (be *Backend) CausalConv(out, x, state, w, parents kernels.Buffer, T, chann
 		}
 	}
 	history := convHistory(treeParents("CausalConv", parents, T), T, K)
+	past := pastInputs(state, xv)
 	be.pool.parallelFor(T, K*channels, func(lo, hi int) {
 		window := make([][]float32, K)
 		for t := lo; t < hi; t++ {
 			for j, s := range history[t*K : (t+1)*K] {
-				if s >= 0 {
-					window[j] = xv[int(s)*channels : int(s+1)*channels]
-				} else {
+				switch {
+				case j == K-1: // the row's own input
+					window[j] = xv[t*channels : (t+1)*channels]
+				case s >= 0:
+					window[j] = past[int(s)*channels : int(s+1)*channels]
+				default:
 					window[j] = st[(-1-int(s))*channels : -int(s)*channels]
 				}
 			}
@@ -99,7 +104,7 @@ func convPortable(out []float32, window [][]float32, wT []float32) {
 
 // ConvCommit sets state to the last K-1 inputs of the chain ending at node.
 func (be *Backend) ConvCommit(state, x, parents kernels.Buffer, node, channels, K int) {
-	st := f32s("ConvCommit state", state, (K-1)*channels)
+	st := convState("ConvCommit state", state, (K-1)*channels)
 	if node < 0 {
 		return // nothing accepted: the state stays
 	}
@@ -116,5 +121,41 @@ func (be *Backend) ConvCommit(state, x, parents kernels.Buffer, node, channels, 
 			copy(next[j*channels:(j+1)*channels], st[(-1-int(s))*channels:])
 		}
 	}
-	copy(st, next)
+	storeConvState(state, next)
+}
+
+// pastInputs is x as a row's history sees it: as the state holds it once
+// committed (rounded to nearest even for a BF16 state), so that a row in a
+// block sees what it sees decoded after its history was committed.
+func pastInputs(state kernels.Buffer, x []float32) []float32 {
+	if asBuffer(state).dt != kernels.BF16 {
+		return x
+	}
+	past := make([]float32, len(x))
+	for i, v := range x {
+		past[i] = half.BF16ToFloat32(half.Float32ToBF16(v))
+	}
+	return past
+}
+
+// convState returns a conv state's values: an F32 state itself, a BF16
+// one widened (exactly) into a copy.
+func convState(op string, state kernels.Buffer, n int) []float32 {
+	if asBuffer(state).dt != kernels.BF16 {
+		return f32s(op, state, n)
+	}
+	return widened(op, state, n)
+}
+
+// storeConvState writes values into a conv state, rounding to nearest
+// even when it is BF16.
+func storeConvState(state kernels.Buffer, values []float32) {
+	st := asBuffer(state)
+	if st.dt == kernels.F32 {
+		copy(st.f32, values)
+		return
+	}
+	for i, v := range values {
+		st.u16[i] = half.Float32ToBF16(v)
+	}
 }

@@ -226,6 +226,13 @@ func copyRows[T any](dst, src []T, rows, cols, dstStride, srcStride int) {
 // Fill sets every element of an F32 buffer to v.
 func (be *Backend) Fill(dst kernels.Buffer, v float32) {
 	d := asBuffer(dst)
+	if d.dt == kernels.BF16 {
+		bits := half.Float32ToBF16(v)
+		for i := range d.u16 {
+			d.u16[i] = bits
+		}
+		return
+	}
 	checkDType("Fill", d, kernels.F32)
 	for i := range d.f32 {
 		d.f32[i] = v

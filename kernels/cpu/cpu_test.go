@@ -110,14 +110,15 @@ func weightBytes(raw []byte, dt kernels.DType) []byte {
 }
 
 // TestAttentionBatchInvariant checks that each query row of a block (causal
-// or tree-masked, longer than one work item) equals, bit for bit, the same
-// row computed alone over the keys it sees, with every kernel set.
+// or tree-masked, longer than one work item, after a prefix longer than one
+// block of keys) equals, bit for bit, the same row computed alone over the
+// keys it sees, with every kernel set and cache dtype.
 func TestAttentionBatchInvariant(t *testing.T) {
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 4))
 	for _, hd := range []int{48, 10} {
 		shape := kernels.AttnShape{NumHeads: 4, NumKVHeads: 2, HeadDim: hd, PageSize: 1, Scale: 0.3}
 		qDim, kvDim := shape.NumHeads*hd, shape.NumKVHeads*hd
-		const prefix, rows = 23, attnBlockRows + 5
+		const prefix, rows = attnBlockKeys + 23, attnBlockRows + 5
 		total := prefix + rows
 		normal := func(n int) []float32 {
 			v := make([]float32, n)
@@ -142,35 +143,39 @@ func TestAttentionBatchInvariant(t *testing.T) {
 			identity[p] = int32(p)
 		}
 		for _, kern := range kernelVariants() {
-			be := newBackend(2, kern, 1)
-			kc, vc := upload(t, be, keys), upload(t, be, values)
-			for _, m := range [][]int32{nil, mask} {
-				seq := kernels.AttnSeq{QueryLen: rows, Prefix: prefix, Pages: uploadI32(t, be, identity)}
-				if m != nil {
-					seq.Mask = uploadI32(t, be, m)
-				}
-				out, _ := be.Alloc(kernels.F32, rows*qDim)
-				be.Attention(out, upload(t, be, qs), kc, vc, shape, []kernels.AttnSeq{seq})
-				all := make([]float32, rows*qDim)
-				if err := be.DownloadF32(out, 0, all); err != nil {
-					t.Fatal(err)
-				}
-				for i := range rows {
-					var seen []int32 // the slots row i sees, in order; its own last
-					for p := range total {
-						if j := p - prefix; j < 0 || m == nil && j <= i || m != nil && m[i*rows+j] != 0 {
-							seen = append(seen, int32(p))
-						}
+			for _, cacheType := range []kernels.DType{kernels.F32, kernels.BF16} {
+				be := newBackend(2, kern, 1)
+				kc, _ := be.Alloc(cacheType, total*kvDim)
+				vc, _ := be.Alloc(cacheType, total*kvDim)
+				be.WriteKV(kc, vc, upload(t, be, keys), upload(t, be, values), uploadI32(t, be, identity), total, kvDim)
+				for _, m := range [][]int32{nil, mask} {
+					seq := kernels.AttnSeq{QueryLen: rows, Prefix: prefix, Pages: uploadI32(t, be, identity)}
+					if m != nil {
+						seq.Mask = uploadI32(t, be, m)
 					}
-					alone := kernels.AttnSeq{QueryLen: 1, Prefix: len(seen) - 1, Pages: uploadI32(t, be, seen)}
-					one, _ := be.Alloc(kernels.F32, qDim)
-					be.Attention(one, upload(t, be, qs[i*qDim:(i+1)*qDim]), kc, vc, shape, []kernels.AttnSeq{alone})
-					got := make([]float32, qDim)
-					if err := be.DownloadF32(one, 0, got); err != nil {
+					out, _ := be.Alloc(kernels.F32, rows*qDim)
+					be.Attention(out, upload(t, be, qs), kc, vc, shape, []kernels.AttnSeq{seq})
+					all := make([]float32, rows*qDim)
+					if err := be.DownloadF32(out, 0, all); err != nil {
 						t.Fatal(err)
 					}
-					if !slices.Equal(got, all[i*qDim:(i+1)*qDim]) {
-						t.Errorf("%s hd %d tree %v: row %d alone differs from the block of %d", kern.name, hd, m != nil, i, rows)
+					for i := range rows {
+						var seen []int32 // the slots row i sees, in order; its own last
+						for p := range total {
+							if j := p - prefix; j < 0 || m == nil && j <= i || m != nil && m[i*rows+j] != 0 {
+								seen = append(seen, int32(p))
+							}
+						}
+						alone := kernels.AttnSeq{QueryLen: 1, Prefix: len(seen) - 1, Pages: uploadI32(t, be, seen)}
+						one, _ := be.Alloc(kernels.F32, qDim)
+						be.Attention(one, upload(t, be, qs[i*qDim:(i+1)*qDim]), kc, vc, shape, []kernels.AttnSeq{alone})
+						got := make([]float32, qDim)
+						if err := be.DownloadF32(one, 0, got); err != nil {
+							t.Fatal(err)
+						}
+						if !slices.Equal(got, all[i*qDim:(i+1)*qDim]) {
+							t.Errorf("%s %v cache hd %d tree %v: row %d alone differs from the block of %d", kern.name, cacheType, hd, m != nil, i, rows)
+						}
 					}
 				}
 			}
@@ -192,4 +197,34 @@ func uploadI32(t *testing.T, be kernels.Backend, v []int32) kernels.Buffer {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestAttentionScratchBounded checks that a work item's scratch does not
+// grow with the context: the same item over 600 and 6,000 keys (BF16 cache,
+// several blocks) leaves scratch of the same size.
+func TestAttentionScratchBounded(t *testing.T) {
+	shape := kernels.AttnShape{NumHeads: 4, NumKVHeads: 1, HeadDim: 64, PageSize: 16, Scale: 0.125}
+	kvDim := shape.HeadDim
+	var sizes []int
+	for _, keys := range []int{600, 6000} {
+		be := newBackend(1, portableKernels, 1)
+		kc, _ := be.Alloc(kernels.BF16, keys*kvDim)
+		vc, _ := be.Alloc(kernels.BF16, keys*kvDim)
+		k, v := cacheRows("test", kc, vc, kvDim)
+		pages := make([]int32, (keys+shape.PageSize-1)/shape.PageSize)
+		for i := range pages {
+			pages[i] = int32(i)
+		}
+		rows := attnBlockRows
+		q := make([]float32, rows*shape.NumHeads*shape.HeadDim)
+		out := make([]float32, len(q))
+		sq := &kernels.AttnSeq{QueryLen: rows, Prefix: keys - rows}
+		sc := new(attnScratch)
+		portableKernels.attendBlock(sc, out, q, k, v, shape, sq, pages, nil, attnItem{rows: rows})
+		sizes = append(sizes, 4*(cap(sc.k)+cap(sc.v)+cap(sc.q)+cap(sc.scores)+cap(sc.factors)+cap(sc.top)+cap(sc.sum)+cap(sc.acc))+
+			cap(sc.sees)+8*(cap(sc.keys)+cap(sc.raised)+cap(sc.events)))
+	}
+	if sizes[0] != sizes[1] || sizes[1] > 1<<20 {
+		t.Errorf("attention scratch of %d bytes at 600 keys and %d at 6,000: want equal and under 1 MiB", sizes[0], sizes[1])
+	}
 }

@@ -31,13 +31,13 @@ type kernelSet struct {
 	// conv sets out[c] = Σ_j wT[j·len(out)+c]·window[j][c], summing over the
 	// taps j in order.
 	conv func(out []float32, window [][]float32, wT []float32)
-	// softmax sets s[j] = exp(s[j] - max s) and returns 1/Σ s[j] (0 when s
-	// is empty), each a fixed function of s.
-	softmax func(s []float32) float32
-	// mixValues sets out[i] = inv[i]·Σ_j p[i·pStride+j]·v_j for the nq rows
-	// of out [nq, hd], summing the n rows v_j (stride hd rounded up to 16,
-	// zero-padded) in order.
-	mixValues func(out, p []float32, pStride, nq, n int, v []float32, hd int, inv []float32)
+	// exp sets x[j] = exp(x[j]), each a fixed function of x[j].
+	exp func(x []float32)
+	// mixValues updates the nq rows of acc [nq, hd] key by key in order:
+	// acc_i = acc_i·f[i·pStride+u] + p[i·pStride+u]·v_u over the n rows v_u
+	// (stride hd rounded up to 16, zero-padded). events lists, in order,
+	// the keys u where some row's factor is not 1.
+	mixValues func(acc, p, f []float32, pStride, nq, n int, v []float32, hd int, events []int)
 	// expWeights sets w[i] = exp((x[i]−top)·scale) and returns the float64
 	// sum (see ExpWeights).
 	expWeights func(w, x []float32, top, scale float32) float64
@@ -53,7 +53,7 @@ var portableKernels = kernelSet{
 	mulSigmoid: mulSigmoidPortable,
 	deltaStep:  deltaStepPortable,
 	conv:       convPortable,
-	softmax:    softmaxPortable,
+	exp:        expPortable,
 	mixValues:  mixValuesPortable,
 	expWeights: expWeightsPortable,
 }

@@ -24,7 +24,7 @@ func simdKernels() (kernelSet, bool) {
 		mulSigmoid: mulSigmoidAVX512,
 		deltaStep:  deltaStepAVX512,
 		conv:       convAVX512,
-		softmax:    softmaxAVX512,
+		exp:        expAVX512,
 		mixValues:  mixValuesAVX512,
 		expWeights: expWeightsAVX512,
 	}, true

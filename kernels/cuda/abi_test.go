@@ -42,13 +42,21 @@ func TestLaunchArguments(t *testing.T) {
 		"Copy F32":   func() { be.Copy(f32(20), f32(20), 2, 3, 4, 5) },
 		"Copy BF16":  func() { be.Copy(fake(kernels.BF16, 20), fake(kernels.BF16, 20), 2, 3, 4, 5) },
 		"Fill":       func() { be.Fill(f32(9), 1) },
+		"Fill BF16":  func() { be.Fill(fake(kernels.BF16, 9), 1) },
 		"Add":        func() { be.Add(f32(9), f32(9), f32(9), 9) },
 		"SwiGLU":     func() { be.SwiGLU(f32(9), f32(9), f32(9), 9) },
 		"MulSigmoid": func() { be.MulSigmoid(f32(9), f32(9), 9) },
 		"L2Norm":     func() { be.L2Norm(f32(32), 2, 16, 1e-6, 1) },
 		"RoPE":       func() { be.RoPE(f32(64), i32(2), f32(4), 2, 2, 16, 8, 1) },
 		"WriteKV":    func() { be.WriteKV(f32(320), f32(320), f32(64), f32(64), i32(2), 2, 32) },
-		"MoveKV":     func() { be.MoveKV(f32(320), f32(320), i32(2), i32(2), 2, 32) },
+		"WriteKV BF16": func() {
+			be.WriteKV(fake(kernels.BF16, 320), fake(kernels.BF16, 320), f32(64), f32(64), i32(2), 2, 32)
+		},
+		"MoveKV":      func() { be.MoveKV(f32(320), f32(320), i32(2), i32(2), 2, 32) },
+		"MoveKV BF16": func() { be.MoveKV(fake(kernels.BF16, 320), fake(kernels.BF16, 320), i32(2), i32(2), 2, 32) },
+		"Attention BF16 cache": func() {
+			be.Attention(f32(128), f32(128), fake(kernels.BF16, 320), fake(kernels.BF16, 320), attn, []kernels.AttnSeq{{QueryLen: 2, Prefix: 3, Pages: i32(2)}})
+		},
 		"Attention causal": func() {
 			be.Attention(f32(128), f32(128), f32(320), f32(320), attn, []kernels.AttnSeq{{QueryLen: 2, Prefix: 3, Pages: i32(2)}})
 		},
@@ -63,6 +71,10 @@ func TestLaunchArguments(t *testing.T) {
 		},
 		"ConvCommit tree": func() { be.ConvCommit(f32(30), f32(40), i32(4), 3, 10, 4) },
 		"ConvCommit":      func() { be.ConvCommit(f32(30), f32(40), nil, 3, 10, 4) },
+		"ConvCommit BF16": func() { be.ConvCommit(fake(kernels.BF16, 30), f32(40), nil, 3, 10, 4) },
+		"CausalConv BF16 state": func() {
+			be.CausalConv(f32(40), f32(40), fake(kernels.BF16, 30), f32(40), nil, 4, 10, 4)
+		},
 		"GDNChain": func() {
 			be.GDNRecurrence(f32(96), f32(96), f32(96), f32(96), f32(12), f32(12), f32(512), f32(512), nil, nil, 3, gdn)
 		},
@@ -182,7 +194,9 @@ func TestAttnSeqsLayout(t *testing.T) {
 	if u32(maxAttnSeqs*attnSeqDescLen) != 2 {
 		t.Errorf("count = %d", u32(maxAttnSeqs*attnSeqDescLen))
 	}
-	if ps := kernelParams["attention"]; ps[4].size != attnSeqsLen {
-		t.Errorf("attention.cu's AttnSeqs is %d bytes, attention.go packs %d", ps[4].size, attnSeqsLen)
+	for _, name := range []string{"attention_f32", "attention_bf16"} {
+		if ps := kernelParams[name]; len(ps) < 5 || ps[4].size != attnSeqsLen {
+			t.Errorf("%s's AttnSeqs parameter %v, attention.go packs %d bytes", name, ps, attnSeqsLen)
+		}
 	}
 }

@@ -27,23 +27,23 @@ const (
 func (be *Backend) WriteKV(kCache, vCache, k, v, slots kernels.Buffer, n, kvDim int) {
 	kv, vv := f32s("WriteKV k", k, n*kvDim), f32s("WriteKV v", v, n*kvDim)
 	sl := i32s("WriteKV slots", slots, n)
-	kc, vc := caches("WriteKV", kCache, vCache, kvDim)
+	kc, vc, variant := caches("WriteKV", kCache, vCache, kvDim)
 	be.mu.Lock()
 	defer be.mu.Unlock()
-	be.launch("write_kv", be.gridFor(n*kvDim, 256), d1(256), 0, kc, vc, kv, vv, sl, i32(n), i32(kvDim), int64(kc.n/kvDim))
+	be.launch("write_kv"+variant, be.gridFor(n*kvDim, 256), d1(256), 0, kc, vc, kv, vv, sl, i32(n), i32(kvDim), int64(kc.n/kvDim))
 }
 
 // MoveKV copies cache rows src[i] → dst[i]: all rows go to scratch first,
 // then to their destinations, so every read precedes every write.
 func (be *Backend) MoveKV(kCache, vCache, dst, src kernels.Buffer, n, kvDim int) {
 	dv, sv := i32s("MoveKV dst", dst, n), i32s("MoveKV src", src, n)
-	kc, vc := caches("MoveKV", kCache, vCache, kvDim)
+	kc, vc, variant := caches("MoveKV", kCache, vCache, kvDim)
 	if n == 0 {
 		return
 	}
 	be.mu.Lock()
 	defer be.mu.Unlock()
-	half := n * kvDim * 4
+	half := n * kvDim * kc.dt.Size()
 	tmp, err := be.scratchPtr(2 * half)
 	if err != nil {
 		be.fail(err)
@@ -52,17 +52,20 @@ func (be *Backend) MoveKV(kCache, vCache, dst, src kernels.Buffer, n, kvDim int)
 	tk, tv := tmp, tmp+devPtr(half)
 	slots := int64(kc.n / kvDim)
 	grid := be.gridFor(n*kvDim, 256)
-	be.launch("move_kv", grid, d1(256), 0, tk, tv, kc, vc, nil, sv, i32(n), i32(kvDim), slots)
-	be.launch("move_kv", grid, d1(256), 0, kc, vc, tk, tv, dv, nil, i32(n), i32(kvDim), slots)
+	be.launch("move_kv"+variant, grid, d1(256), 0, tk, tv, kc, vc, nil, sv, i32(n), i32(kvDim), slots)
+	be.launch("move_kv"+variant, grid, d1(256), 0, kc, vc, tk, tv, dv, nil, i32(n), i32(kvDim), slots)
 }
 
-// caches checks the two F32 caches, which must have the same length.
-func caches(op string, kCache, vCache kernels.Buffer, kvDim int) (k, v *buffer) {
-	k, v = f32s(op+" kCache", kCache, 0), f32s(op+" vCache", vCache, 0)
-	if k.n != v.n || kvDim <= 0 {
-		panic(fmt.Sprintf("cuda: %s caches of %d and %d elements with kvDim %d: need equal caches and kvDim > 0", op, k.n, v.n, kvDim))
+// caches checks the two caches, which must be both F32 or both BF16 and of
+// one length, and returns the suffix of the kernels for their dtype.
+func caches(op string, kCache, vCache kernels.Buffer, kvDim int) (k, v *buffer, variant string) {
+	k, v = asBuffer(kCache), asBuffer(vCache)
+	if k.dt != v.dt || k.dt != kernels.F32 && k.dt != kernels.BF16 || k.n != v.n || kvDim <= 0 {
+		panic(fmt.Sprintf("cuda: %s caches %v[%d] and %v[%d] with kvDim %d: need two F32 or two BF16 caches of one length and kvDim > 0",
+			op, k.dt, k.n, v.dt, v.n, kvDim))
 	}
-	return k, v
+	_, variant = weights(op, kCache, 0)
+	return k, v, variant
 }
 
 // Attention computes paged, masked softmax attention for every sequence:
@@ -75,7 +78,7 @@ func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernel
 		panic(fmt.Sprintf("cuda: Attention head dim %d: the kernel supports 1..%d", shape.HeadDim, maxHeadDim))
 	}
 	qDim := shape.NumHeads * shape.HeadDim
-	kc, vc := caches("Attention", kCache, vCache, shape.NumKVHeads*shape.HeadDim)
+	kc, vc, variant := caches("Attention", kCache, vCache, shape.NumKVHeads*shape.HeadDim)
 	qRows := 0
 	for _, sq := range seqs {
 		qRows = max(qRows, sq.QueryStart+sq.QueryLen)
@@ -96,7 +99,7 @@ func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernel
 			}
 			parts = p
 		}
-		be.launch("attention", dim3{rows, shape.NumHeads, splits}, d1(attnThreads), 0, ov, qv, kc, vc, desc,
+		be.launch("attention"+variant, dim3{rows, shape.NumHeads, splits}, d1(attnThreads), 0, ov, qv, kc, vc, desc,
 			i32(shape.NumHeads), i32(shape.NumKVHeads), i32(shape.HeadDim), i32(shape.PageSize),
 			int64(kc.n/(shape.NumKVHeads*shape.HeadDim)), shape.Scale, parts, i32(splits))
 		if splits > 1 {

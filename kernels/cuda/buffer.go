@@ -61,6 +61,7 @@ func (be *Backend) Alloc(dt kernels.DType, n int) (kernels.Buffer, error) {
 		return nil, err
 	}
 	b.mem = &allocation{p, bytes}
+	be.live += int64(bytes)
 	return b, nil
 }
 
@@ -195,10 +196,13 @@ func (be *Backend) Copy(dst, src kernels.Buffer, rows, cols, dstStride, srcStrid
 
 // Fill sets every element of an F32 buffer to v.
 func (be *Backend) Fill(dst kernels.Buffer, v float32) {
-	d := f32s("Fill", dst, 0)
+	d, variant := weights("Fill", dst, 0)
+	if variant == "_f16" {
+		panic("cuda: Fill needs an F32 or BF16 buffer, got F16")
+	}
 	be.mu.Lock()
 	defer be.mu.Unlock()
-	be.launch("fill_f32", be.gridFor(d.n, 256), d1(256), 0, d, int64(d.n), v)
+	be.launch("fill"+variant, be.gridFor(d.n, 256), d1(256), 0, d, int64(d.n), v)
 }
 
 func asBuffer(b kernels.Buffer) *buffer {

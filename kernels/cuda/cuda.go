@@ -44,6 +44,7 @@ type Backend struct {
 	blasErr error // why blas is nil
 
 	freed      []allocation // Freed buffers, released once the stream has caught up
+	live       int64        // bytes of Alloc'd buffers not yet released
 	scratch    allocation   // grow-only device memory for ops' temporaries
 	retired    []allocation // outgrown scratch that live graphs may still use
 	graphs     int          // graphs not yet closed
@@ -230,9 +231,19 @@ func (be *Backend) releaseFreed(syncErr error) {
 		return
 	}
 	for i := range be.freed {
+		be.live -= int64(be.freed[i].bytes)
 		be.freed[i].free(be)
 	}
 	be.freed = be.freed[:0]
+}
+
+// BufferBytes is the device memory held by buffers made by Alloc: Freed
+// ones count until the next Sync releases them. (Ops' scratch is not
+// included: the backend keeps it for its lifetime.)
+func (be *Backend) BufferBytes() int64 {
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	return be.live
 }
 
 // fn returns a kernel by name, looking through the modules once.

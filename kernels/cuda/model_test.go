@@ -12,10 +12,12 @@ import (
 
 	"ddflash/dflash"
 	"ddflash/engine"
+	"ddflash/engine/planner"
 	"ddflash/engine/testmodel"
 	"ddflash/kernels"
 	"ddflash/kernels/cpu"
 	"ddflash/kernels/cuda"
+	"ddflash/mamba"
 )
 
 // Whole-model checks against the CPU backend, run on the GPU by
@@ -34,6 +36,85 @@ func TestEmulatedModel(t *testing.T) {
 	}
 	t.Run("Logits", func(t *testing.T) { checkModelLogits(t, be, "tiny") })
 	t.Run("Spec", func(t *testing.T) { checkSpecGeneration(t, be) })
+	t.Run("Close", func(t *testing.T) { checkCloseReleases(t, be) })
+	t.Run("PlannedAllocation", func(t *testing.T) { checkPlannedAllocation(t, be) })
+}
+
+// checkPlannedAllocation plans a tiny bf16 pair in 1 GiB as serve does
+// (planner.Compute, Plan.EngineOptions), loads it, runs a full batch of
+// speculative requests through the scheduler, and checks that the device
+// buffers it holds are within 2 % (or 64 MiB) of what the plan assigns to
+// weights, caches, state slots and rollback.
+func checkPlannedAllocation(t *testing.T, be kernels.Backend) {
+	held := be.(interface{ BufferBytes() int64 }).BufferBytes
+	target, draft := tinyBF16Pair(t, 6)
+	var models planner.Models
+	var err error
+	models.Target, err = planner.LoadTarget(target)
+	must(t, err)
+	models.Drafter, err = planner.LoadDrafter(draft)
+	must(t, err)
+	spec := engine.SpecOptions{Mode: engine.SpecTree, Budget: 4, Rollback: mamba.Replay}
+	plan, err := planner.Compute(models, planner.Knobs{GPUTotal: 1 << 30, MaxRunningRequests: 2, Context: 256, Spec: planner.SpecDDTree,
+		Budget: spec.Budget, Rollback: spec.Rollback, KVDtype: planner.BF16, ConvDtype: planner.BF16, SSMDtype: planner.FP32})
+	must(t, err)
+	must(t, plan.Fits())
+	opts, err := plan.EngineOptions()
+	must(t, err)
+	opts.VerifyTokens, err = dflash.VerifyTokens(draft, spec)
+	must(t, err)
+	must(t, be.Sync())
+	before := held()
+	e, err := engine.Load(be, target, opts)
+	must(t, err)
+	defer e.Close()
+	must(t, dflash.Attach(e, draft, spec))
+	s := engine.NewScheduler(e, engine.SchedulerOptions{})
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	var streams []*engine.Stream
+	for i := range plan.MaxRunning.Effective {
+		st, err := s.Submit(context.Background(), engine.Request{Prompt: []int32{7, int32(i), 3}, MaxTokens: 16, IgnoreEOS: true})
+		must(t, err)
+		streams = append(streams, st)
+	}
+	for _, st := range streams {
+		_, err := st.Wait()
+		must(t, err)
+	}
+	stop()
+	<-done
+	must(t, be.Sync())
+	got, planned := held()-before, plan.EngineBytes()
+	slack := max(planned/50, 64<<20)
+	if d := got - planned; d > slack || -d > slack || planned < 4*slack {
+		t.Errorf("device buffers %d bytes after a batch, the plan assigns %d: %+d, want within %d of a plan over %d", got, planned, d, slack, 4*slack)
+	}
+}
+
+// checkCloseReleases loads a target with a drafter on a BF16 KV cache,
+// generates speculatively, closes the engine and checks that the device
+// memory held in buffers is back at its level before the load.
+func checkCloseReleases(t *testing.T, be kernels.Backend) {
+	held := be.(interface{ BufferBytes() int64 }).BufferBytes
+	target, draft := tinyBF16Pair(t, 5)
+	must(t, be.Sync())
+	before := held()
+	spec := engine.SpecOptions{Mode: engine.SpecTree, Budget: 8}
+	verify, err := dflash.VerifyTokens(draft, spec)
+	must(t, err)
+	e, err := engine.Load(be, target, engine.Options{Context: 64, MaxSeqs: 2, VerifyTokens: verify, KVDType: kernels.BF16})
+	must(t, err)
+	must(t, dflash.Attach(e, draft, spec))
+	_, err = e.Generate(context.Background(), engine.Request{Prompt: []int32{3, 1, 4, 1, 5}, MaxTokens: 12, IgnoreEOS: true})
+	must(t, err)
+	loaded := held()
+	e.Close()
+	must(t, be.Sync())
+	if after := held(); after != before || loaded <= before {
+		t.Errorf("device buffers: %d bytes before the load, %d loaded, %d after Close: want Close to return to %d", before, loaded, after, before)
+	}
 }
 
 // checkModelLogits runs a random bf16 model of the preset on be and on the
@@ -89,12 +170,7 @@ func modelLogits(t *testing.T, be kernels.Backend, dir string, prompt, steps []i
 // (greedy speculative decoding reproduces the target's greedy tokens, and
 // both backends compute the same logits to F32 rounding).
 func checkSpecGeneration(t *testing.T, be kernels.Backend) {
-	p, err := testmodel.PresetByName("tiny")
-	must(t, err)
-	dir := t.TempDir()
-	target, draft := dir+"/target", dir+"/draft"
-	must(t, testmodel.Write(target, testmodel.Options{Preset: p, Seed: 3, DType: "bf16"}))
-	must(t, testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: 3, DType: "bf16"}))
+	target, draft := tinyBF16Pair(t, 3)
 	prompt := []int32{12, 40, 7, 99, 3, 250, 18}
 	for _, spec := range []engine.SpecOptions{
 		{Mode: engine.SpecLinear},
@@ -109,6 +185,17 @@ func checkSpecGeneration(t *testing.T, be kernels.Backend) {
 			}
 		})
 	}
+}
+
+// tinyBF16Pair writes a random bf16 tiny target of seed and its drafter.
+func tinyBF16Pair(t *testing.T, seed uint64) (target, draft string) {
+	p, err := testmodel.PresetByName("tiny")
+	must(t, err)
+	dir := t.TempDir()
+	target, draft = dir+"/target", dir+"/draft"
+	must(t, testmodel.Write(target, testmodel.Options{Preset: p, Seed: seed, DType: "bf16"}))
+	must(t, testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: seed, DType: "bf16"}))
+	return target, draft
 }
 
 func generate(t *testing.T, be kernels.Backend, target, draft string, spec engine.SpecOptions, prompt []int32) []int32 {

@@ -93,16 +93,23 @@ func (h *harness) filled(dt kernels.DType, n int) (kernels.Buffer, []float32) {
 	return b, vals
 }
 
-// testFill fills a view and checks the rest of the buffer is untouched.
+// testFill fills a view of an F32 and of a BF16 buffer (with a value BF16
+// must round) and checks the rest of the buffer is untouched.
 func testFill(h *harness) {
-	data := h.normal(13, 1)
-	b := h.f32(data)
-	h.be.Fill(h.be.Slice(b, 4, 6), -2.5)
-	want := append([]float32(nil), data...)
-	for i := 4; i < 10; i++ {
-		want[i] = -2.5
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		b, data := h.stateOf(dt, h.normal(13, 1))
+		const v = -2.51
+		h.be.Fill(h.be.Slice(b, 4, 6), v)
+		want := append([]float32(nil), data...)
+		_, rounded := roundBF16(v)
+		for i := 4; i < 10; i++ {
+			want[i] = v
+			if dt == kernels.BF16 {
+				want[i] = float32(rounded)
+			}
+		}
+		h.expectEqual(fmt.Sprintf("Fill of a %v view", dt), h.read(b, 13), want)
 	}
-	h.expectEqual("Fill of a view", h.read(b, 13), want)
 }
 
 // testEmbedding gathers rows of tables of every float dtype; widening is exact.

@@ -39,13 +39,26 @@ func pathTo(parents []int32, node int) []int {
 }
 
 // refConv computes the conv+SiLU output of every row, and the scale Σ|w·x|.
-func refConv(state, x []float32, w []float64, parents []int32, T, channels, K int) (out, scale []float64) {
+// A row's history inputs (all but its own) are as a state of stateType
+// holds them: a BF16 state's rows are rounded to nearest even, so a row
+// sees the same inputs in a block as decoded after its history was committed.
+func refConv(state, x []float32, w []float64, parents []int32, T, channels, K int, stateType kernels.DType) (out, scale []float64) {
 	out, scale = make([]float64, T*channels), make([]float64, T*channels)
+	history := x
+	if stateType == kernels.BF16 {
+		history = make([]float32, len(x))
+		for i, v := range x {
+			_, rounded := roundBF16(v)
+			history[i] = float32(rounded)
+		}
+	}
 	for t := range T {
 		path := pathTo(parents, t)
 		for c := range channels {
 			var sum float64
-			for j, in := range convInputs(state, x, path, channels, K, c) {
+			inputs := convInputs(state, history, path, channels, K, c)
+			inputs[K-1] = float64(x[t*channels+c])
+			for j, in := range inputs {
 				sum += w[c*K+j] * in
 				scale[t*channels+c] += math.Abs(w[c*K+j] * in)
 			}
@@ -57,15 +70,17 @@ func refConv(state, x []float32, w []float64, parents []int32, T, channels, K in
 
 // testCausalConv runs the conv as a chain, as a tree whose parents form the
 // same chain (which must give identical results), and as a random tree, with
-// F32 and BF16 kernels. Bound: (K+8)·u·Σ|w·x|.
+// F32 and BF16 kernels and F32 and BF16 states. Bound: (K+8)·u·Σ|w·x|.
 func testCausalConv(h *harness) {
 	const channels = 37
 	for _, K := range []int{4, 2} {
-		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		for i, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+			stateType := []kernels.DType{kernels.BF16, kernels.F32}[i] // both pairings with the weights
 			for _, T := range []int{1, 7} {
-				x, state := h.normal(T*channels, 1), h.normal((K-1)*channels, 1)
+				x := h.normal(T*channels, 1)
+				sb, state := h.stateOf(stateType, h.normal((K-1)*channels, 1))
 				w, wv := h.weights(dt, h.normal(channels*K, 0.5))
-				xb, sb := h.f32(x), h.f32(state)
+				xb := h.f32(x)
 				run := func(parents []int32) []float32 {
 					out := h.alloc(kernels.F32, T*channels)
 					var pb kernels.Buffer
@@ -76,9 +91,9 @@ func testCausalConv(h *harness) {
 					return h.read(out, T*channels)
 				}
 				tol := tolerance{1e-30, float64(K+8) * f32Unit}
-				name := fmt.Sprintf("CausalConv K=%d w %v T=%d", K, dt, T)
+				name := fmt.Sprintf("CausalConv K=%d w %v state %v T=%d", K, dt, stateType, T)
 				chain := run(nil)
-				want, scale := refConv(state, x, wv, nil, T, channels, K)
+				want, scale := refConv(state, x, wv, nil, T, channels, K, stateType)
 				h.expectClose(name+" chain", chain, want, scale, tol)
 
 				chainParents := make([]int32, T)
@@ -88,9 +103,18 @@ func testCausalConv(h *harness) {
 				h.expectEqual(name+" tree shaped as the chain", run(chainParents), chain)
 
 				tree := h.randomTree(T)
-				want, scale = refConv(state, x, wv, tree, T, channels, K)
+				want, scale = refConv(state, x, wv, tree, T, channels, K, stateType)
 				h.expectClose(name+" random tree", run(tree), want, scale, tol)
 				h.expectEqual(name+" state untouched", h.read(sb, len(state)), state)
+
+				// Each row alone, after committing its history, equals its row of the block.
+				for t := range T {
+					committed, _ := h.stateOf(stateType, state)
+					h.be.ConvCommit(committed, xb, nil, t-1, channels, K)
+					one := h.alloc(kernels.F32, channels)
+					h.be.CausalConv(one, h.be.Slice(xb, t*channels, channels), committed, w, nil, 1, channels, K)
+					h.expectEqual(fmt.Sprintf("%s row %d alone after ConvCommit", name, t), h.read(one, channels), chain[t*channels:(t+1)*channels])
+				}
 			}
 		}
 	}
@@ -98,33 +122,45 @@ func testCausalConv(h *harness) {
 
 // testConvCommit commits every node of a chain (shorter and longer than
 // K-1) and of a random tree: the new state is the last K-1 inputs of the
-// node's path after the old state; pure copies, so exact.
+// node's path after the old state; pure copies, so exact for an F32 state
+// and rounded to nearest even for a BF16 one.
 func testConvCommit(h *harness) {
-	const channels, K = 6, 4
-	for _, tree := range []bool{false, true} {
-		const T = 7
-		x, state := h.normal(T*channels, 1), h.normal((K-1)*channels, 1)
-		var parents []int32
-		var pb kernels.Buffer
-		if tree {
-			parents = h.randomTree(T)
-			pb = h.i32(parents)
+	for _, stateType := range []kernels.DType{kernels.F32, kernels.BF16} {
+		for _, tree := range []bool{false, true} {
+			testConvCommitOf(h, stateType, tree)
 		}
-		xb := h.f32(x)
-		for node := range T {
-			sb := h.f32(state)
-			h.be.ConvCommit(sb, xb, pb, node, channels, K)
-			want := make([]float32, (K-1)*channels)
-			path := pathTo(parents, node)
-			for c := range channels {
-				// The window of a virtual next row minus that row: the last K-1 inputs.
-				inputs := convInputs(state, x, path, channels, K, c)[1:]
-				for r, v := range inputs {
-					want[r*channels+c] = float32(v)
+	}
+}
+
+func testConvCommitOf(h *harness, stateType kernels.DType, tree bool) {
+	const channels, K = 6, 4
+	const T = 7
+	x := h.normal(T*channels, 1)
+	_, state := h.stateOf(stateType, h.normal((K-1)*channels, 1))
+	var parents []int32
+	var pb kernels.Buffer
+	if tree {
+		parents = h.randomTree(T)
+		pb = h.i32(parents)
+	}
+	xb := h.f32(x)
+	for node := range T {
+		sb, _ := h.stateOf(stateType, state)
+		h.be.ConvCommit(sb, xb, pb, node, channels, K)
+		want := make([]float32, (K-1)*channels)
+		path := pathTo(parents, node)
+		for c := range channels {
+			// The window of a virtual next row minus that row: the last K-1 inputs.
+			inputs := convInputs(state, x, path, channels, K, c)[1:]
+			for r, v := range inputs {
+				want[r*channels+c] = float32(v)
+				if stateType == kernels.BF16 {
+					_, rounded := roundBF16(float32(v))
+					want[r*channels+c] = float32(rounded)
 				}
 			}
-			h.expectEqual(fmt.Sprintf("ConvCommit tree=%v node %d", tree, node), h.read(sb, len(want)), want)
 		}
+		h.expectEqual(fmt.Sprintf("ConvCommit %v state tree=%v node %d", stateType, tree, node), h.read(sb, len(want)), want)
 	}
 }
 
@@ -150,4 +186,16 @@ func testGDNGates(h *harness) {
 	tol := tolerance{1e-30, 8 * f32Unit}
 	h.expectClose("GDNGates g", h.read(ab, T*heads), wantG, scaleG, tol)
 	h.expectClose("GDNGates beta", h.read(bb, T*heads), wantB, nil, tol)
+}
+
+// stateOf uploads values as a state of dtype dt (BF16: rounded to nearest
+// even) and returns the buffer and the values it holds.
+func (h *harness) stateOf(dt kernels.DType, values []float32) (kernels.Buffer, []float32) {
+	h.t.Helper()
+	b, exact := h.weights(dt, values)
+	held := make([]float32, len(exact))
+	for i, v := range exact {
+		held[i] = float32(v)
+	}
+	return b, held
 }

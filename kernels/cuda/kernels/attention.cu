@@ -1,5 +1,7 @@
 // Paged attention with causal, tree/block masks and sliding windows, and
-// the KV cache writes and moves. The caches are F32 [slots, kv_heads*head_dim].
+// the KV cache writes and moves. The caches are [slots, kv_heads*head_dim]
+// of F32 or BF16 (widened to F32 as they are read): each kernel has a _f32
+// and a _bf16 variant.
 #include "common.cuh"
 
 // Mirror of the Go attnSeqs struct (attention.go): one entry per sequence.
@@ -32,9 +34,10 @@ INLINE bool seq_row(const AttnSeqs &seqs, int block_row, int *s, int *i) {
 // and few rows, where (row, head) pairs alone would leave most of the GPU
 // idle) it writes its max, sum and unnormalised output to parts
 // [block row, head, split, 2 + head_dim], and attention_merge finishes.
-KERNEL attention(float *out, const float *q, const float *kc, const float *vc, AttnSeqs seqs, int num_heads,
-                 int num_kv_heads, int head_dim, int page_size, i64 num_slots, float scale, float *parts,
-                 int splits) {
+template <typename C>
+INLINE void attention(float *out, const float *q, const C *kc, const C *vc, AttnSeqs seqs, int num_heads,
+                      int num_kv_heads, int head_dim, int page_size, i64 num_slots, float scale, float *parts,
+                      int splits) {
   __shared__ float warp_m[ATTN_WARPS], warp_l[ATTN_WARPS];
   __shared__ float warp_acc[ATTN_WARPS][MAX_HEAD_DIM];
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -62,12 +65,12 @@ KERNEL attention(float *out, const float *q, const float *kc, const float *vc, A
     if (sq.mask && p >= sq.prefix && sq.mask[i * sq.query_len + (p - sq.prefix)] == 0) continue;
     i64 slot = (i64)sq.pages[p / page_size] * page_size + p % page_size;
     if (slot < 0 || slot >= num_slots) trap();
-    const float *kr = kc + slot * kv_dim + kvh * head_dim, *vr = vc + slot * kv_dim + kvh * head_dim;
+    const C *kr = kc + slot * kv_dim + kvh * head_dim, *vr = vc + slot * kv_dim + kvh * head_dim;
     float dot = 0.0f;
 #pragma unroll
     for (int c = 0; c < HD_PER_LANE; c++) {
       int d = lane + 32 * c;
-      if (d < head_dim) dot = fmaf_(qv[c], kr[d], dot);
+      if (d < head_dim) dot = fmaf_(qv[c], to_f32(kr[d]), dot);
     }
     float score = warp_sum(dot) * scale;
     float m_new = __builtin_fmaxf(m, score);
@@ -76,7 +79,7 @@ KERNEL attention(float *out, const float *q, const float *kc, const float *vc, A
 #pragma unroll
     for (int c = 0; c < HD_PER_LANE; c++) {
       int d = lane + 32 * c;
-      acc[c] = acc[c] * corr + (d < head_dim ? pr * vr[d] : 0.0f);
+      acc[c] = acc[c] * corr + (d < head_dim ? pr * to_f32(vr[d]) : 0.0f);
     }
     m = m_new;
   }
@@ -101,6 +104,18 @@ KERNEL attention(float *out, const float *q, const float *kc, const float *vc, A
       out[(row * num_heads + h) * head_dim + d] = sum > 0 ? o / sum : 0.0f;  // a row that sees no key gets zeros
   }
 }
+
+// Defines KERNEL name##_f32 and name##_bf16 from the template name<C> over
+// the cache type C; params is a macro of C giving the parameter list.
+#define CACHE_KERNELS(name, params, args)                       \
+  KERNEL name##_f32 params(float) { name<float> args; }         \
+  KERNEL name##_bf16 params(bf16) { name<bf16> args; }
+
+#define ATTENTION_PARAMS(C)                                                                                   \
+  (float *out, const float *q, const C *kc, const C *vc, AttnSeqs seqs, int num_heads, int num_kv_heads,   \
+   int head_dim, int page_size, i64 num_slots, float scale, float *parts, int splits)
+CACHE_KERNELS(attention, ATTENTION_PARAMS,
+              (out, q, kc, vc, seqs, num_heads, num_kv_heads, head_dim, page_size, num_slots, scale, parts, splits))
 
 // attention_merge combines the splits' partial results: block (query row, head).
 KERNEL attention_merge(float *out, const float *parts, AttnSeqs seqs, int num_heads, int head_dim, int splits) {
@@ -127,22 +142,31 @@ KERNEL attention_merge(float *out, const float *parts, AttnSeqs seqs, int num_he
   }
 }
 
+// store_cache rounds a value to the cache's type (BF16: to nearest even).
+INLINE void store_cache(float *dst, float v) { *dst = v; }
+INLINE void store_cache(bf16 *dst, float v) { dst->bits = to_bf16_rne(v); }
+
 // write_kv stores row i of k and v at cache slot slots[i].
-KERNEL write_kv(float *kc, float *vc, const float *k, const float *v, const int *slots, int n, int kv_dim,
-                i64 num_slots) {
+template <typename C>
+INLINE void write_kv(C *kc, C *vc, const float *k, const float *v, const int *slots, int n, int kv_dim,
+                     i64 num_slots) {
   GRID_LOOP(e, (i64)n * kv_dim) {
     i64 i = e / kv_dim, d = e % kv_dim, slot = slots[i];
     if (slot < 0 || slot >= num_slots) trap();
-    kc[slot * kv_dim + d] = k[e];
-    vc[slot * kv_dim + d] = v[e];
+    store_cache(&kc[slot * kv_dim + d], k[e]);
+    store_cache(&vc[slot * kv_dim + d], v[e]);
   }
 }
+#define WRITE_KV_PARAMS(C) \
+  (C * kc, C * vc, const float *k, const float *v, const int *slots, int n, int kv_dim, i64 num_slots)
+CACHE_KERNELS(write_kv, WRITE_KV_PARAMS, (kc, vc, k, v, slots, n, kv_dim, num_slots))
 
 // move_kv copies cache rows src_slots[i] to dst_slots[i] in both caches; a
 // null slot list means rows 0..n-1 of a scratch pair. MoveKV runs it twice,
 // caches to scratch and back, so that every read precedes every write.
-KERNEL move_kv(float *dk, float *dv, const float *sk, const float *sv, const int *dst_slots, const int *src_slots,
-               int n, int kv_dim, i64 num_slots) {
+template <typename C>
+INLINE void move_kv(C *dk, C *dv, const C *sk, const C *sv, const int *dst_slots, const int *src_slots, int n,
+                    int kv_dim, i64 num_slots) {
   GRID_LOOP(e, (i64)n * kv_dim) {
     i64 i = e / kv_dim, d = e % kv_dim;
     i64 ds = dst_slots ? dst_slots[i] : i, ss = src_slots ? src_slots[i] : i;
@@ -151,3 +175,6 @@ KERNEL move_kv(float *dk, float *dv, const float *sk, const float *sv, const int
     dv[ds * kv_dim + d] = sv[ss * kv_dim + d];
   }
 }
+#define MOVE_KV_PARAMS(C) \
+  (C * dk, C * dv, const C *sk, const C *sv, const int *dst_slots, const int *src_slots, int n, int kv_dim, i64 num_slots)
+CACHE_KERNELS(move_kv, MOVE_KV_PARAMS, (dk, dv, sk, sv, dst_slots, src_slots, n, kv_dim, num_slots))

@@ -15,6 +15,10 @@ KERNEL copy_rows_b16(u16 *dst, const u16 *src, int rows, int cols, int ds, int s
 KERNEL fill_f32(float *dst, i64 n, float v) {
   GRID_LOOP(i, n) dst[i] = v;
 }
+KERNEL fill_bf16(u16 *dst, i64 n, float v) {
+  u16 bits = to_bf16_rne(v);
+  GRID_LOOP(i, n) dst[i] = bits;
+}
 
 // embedding gathers rows of a table of table_rows rows: out[i,:] = table[ids[i],:].
 template <typename W>

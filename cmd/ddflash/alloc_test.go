@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+
+	"ddflash/engine"
+	"ddflash/kernels"
+)
+
+// countingBackend counts the bytes its backend holds in buffers made by
+// Alloc, and the peak.
+type countingBackend struct {
+	kernels.Backend
+	mu         sync.Mutex
+	live, peak int64
+}
+
+func (c *countingBackend) Alloc(dt kernels.DType, n int) (kernels.Buffer, error) {
+	b, err := c.Backend.Alloc(dt, n)
+	if err == nil {
+		c.mu.Lock()
+		c.live += int64(n * dt.Size())
+		c.peak = max(c.peak, c.live)
+		c.mu.Unlock()
+	}
+	return b, err
+}
+
+func (c *countingBackend) Free(b kernels.Buffer) {
+	c.mu.Lock()
+	c.live -= int64(b.Len() * b.DType().Size())
+	c.mu.Unlock()
+	c.Backend.Free(b)
+}
+
+// TestServeAllocatesThePlan starts serve's engine from its memory plan (the
+// same plan and load steps as serve) on a counting CPU backend, runs one
+// full batch of speculative requests, and checks that the peak of all
+// allocations is within 2 % (or 64 MiB) of what the plan assigns to
+// weights, caches, state slots and rollback; Close returns all of it.
+func TestServeAllocatesThePlan(t *testing.T) {
+	target, draft := tinyModelDirs(t)
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var c serveConfig
+	c.register(fs)
+	if err := fs.Parse([]string{"--model", target, "--draft", draft, "--spec", "ddtree", "--budget", "4", "--gpu-mem", "1GiB",
+		"--max-running-requests", "3", "--context", "256", "--kv-dtype", "bf16", "--threads", "1"}); err != nil {
+		t.Fatal(err)
+	}
+	counter := &countingBackend{}
+	c.model.wrapBackend = func(b kernels.Backend) kernels.Backend { counter.Backend = b; return counter }
+	sizing, p, err := c.plan(fs, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	model, err := c.load(sizing, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { model.Scheduler.Run(ctx); close(done) }()
+	var streams []*engine.Stream
+	for i := range p.MaxRunning.Effective {
+		st, err := model.Scheduler.Submit(context.Background(), engine.Request{Prompt: []int32{5, int32(i), 9, 4}, MaxTokens: 20, IgnoreEOS: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, st)
+	}
+	for _, st := range streams {
+		if _, err := st.Wait(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop()
+	<-done
+	planned := p.EngineBytes()
+	slack := max(planned/50, 64<<20)
+	if d := counter.peak - planned; d > slack || -d > slack {
+		t.Errorf("allocated at most %d bytes, the plan assigns %d to weights, caches, states and rollback: %+d, want within %d", counter.peak, planned, d, slack)
+	}
+	if planned < 4*slack {
+		t.Errorf("the plan assigns only %d bytes: the test needs a budget where the caches dominate the slack", planned)
+	}
+	model.Engine.Close()
+	if counter.live != 0 {
+		t.Errorf("%d bytes still allocated after Close", counter.live)
+	}
+	t.Logf("plan %d bytes, peak allocation %d (%+.3f%%)", planned, counter.peak, 100*float64(counter.peak-planned)/float64(planned))
+}
+
+// TestBenchSizingFollowsThePlan: given --gpu-mem, the in-process bench sizes
+// each degree's engine by the same plan serve computes for those flags (and
+// loads exactly its KV tokens); on the CPU without it, by concurrency alone.
+func TestBenchSizingFollowsThePlan(t *testing.T) {
+	target, draft := tinyModelDirs(t)
+	mf := modelFlags{model: target, draft: draft, spec: "ddtree", budget: 4, rollback: "replay", context: 256, device: "cpu", tp: 1, threads: 1}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	got, err := benchSizing(&mf, fs, 3, "1GiB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c serveConfig
+	c.register(fs)
+	if err := fs.Parse([]string{"--model", target, "--draft", draft, "--spec", "ddtree", "--budget", "4", "--context", "256",
+		"--max-running-requests", "3", "--gpu-mem", "1GiB"}); err != nil {
+		t.Fatal(err)
+	}
+	want, p, err := c.plan(fs, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Fatalf("bench sizing %+v, serve's %+v", got, want)
+	}
+	e, err := mf.load(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if kv := e.Model.KV; int64(kv.Pages()*kv.PageSize()) < p.KVTokens || int64((kv.Pages()-1)*kv.PageSize()) >= p.KVTokens {
+		t.Errorf("engine KV of %d pages of %d tokens for a plan of %d tokens", kv.Pages(), kv.PageSize(), p.KVTokens)
+	}
+	if unplanned, err := benchSizing(&mf, fs, 3, ""); err != nil || unplanned != unplannedSizing(3) {
+		t.Errorf("on the CPU without --gpu-mem: %+v, %v; want %+v", unplanned, err, unplannedSizing(3))
+	}
+}
