@@ -76,7 +76,11 @@ func TestQuantizationRefusals(t *testing.T) {
 		wantErr string // empty: accepted
 	}{
 		{func(map[string]any) {}, ""},
-		{func(q map[string]any) { delete(q, "fmt"); delete(q, "activation_scheme"); delete(q, "modules_to_not_convert") }, ""},
+		{func(q map[string]any) {
+			delete(q, "fmt")
+			delete(q, "activation_scheme")
+			delete(q, "modules_to_not_convert")
+		}, ""},
 		{func(q map[string]any) { q["modules_to_not_convert"] = nil }, ""},
 		{func(q map[string]any) { q["quant_method"] = "gptq" }, "quantization_config.quant_method"},
 		{func(q map[string]any) { delete(q, "quant_method") }, "quantization_config.quant_method: missing"},
