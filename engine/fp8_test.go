@@ -204,3 +204,43 @@ func TestFP8SpecGreedyIsLossless(t *testing.T) {
 		}
 	}
 }
+
+// tpBlocksPreset splits over two ranks into 128-aligned shards: every
+// rank holds whole 128×128 scale blocks of every FP8 matrix.
+var tpBlocksPreset = testmodel.Preset{
+	Name: "fp8-tp2", Hidden: 256, Layers: 4, FullEvery: 4, Intermediate: 512,
+	Heads: 4, KVHeads: 4, HeadDim: 64, PartialRotary: 0.25,
+	LinearKeyHeads: 2, LinearValueHeads: 4, LinearHeadDim: 128, ConvKernel: 4,
+	MaxPositions: 256, MaxMerges: 41, VocabSize: 320,
+}
+
+// TestFP8TensorParallel: FP8 weights and their scales split on the same
+// block boundaries, so two ranks decode exactly what one does (greedy); a
+// split inside a scale block is refused, naming the tensor.
+func TestFP8TensorParallel(t *testing.T) {
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Options{Preset: tpBlocksPreset, Seed: 6, DType: "fp8"}); err != nil {
+		t.Fatal(err)
+	}
+	req := Request{Prompt: randomTokens(rand.New(rand.NewPCG(2, 3)), 7, 290), MaxTokens: 32}
+	want, err := loadTP(t, dir, 1, Options{Context: 64}).Generate(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := loadTP(t, dir, 2, Options{Context: 64}).Generate(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.Tokens, want.Tokens) {
+		t.Fatalf("TP 2 output differs from one rank\n got %v\nwant %v", got.Tokens, want.Tokens)
+	}
+
+	unaligned := t.TempDir()
+	if err := testmodel.Write(unaligned, testmodel.Options{Preset: blocksPreset, Seed: 6, DType: "fp8"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = LoadParallel([]kernels.Backend{cpu.New(1), cpu.New(1)}, unaligned, Options{Context: 64})
+	if err == nil || !strings.Contains(err.Error(), "mlp.gate_proj.weight") || !strings.Contains(err.Error(), "scale blocks") {
+		t.Fatalf("TP 2 over 224-row MLP shards: error %v, want a refusal naming the tensor and the scale blocks", err)
+	}
+}
