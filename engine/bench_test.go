@@ -133,3 +133,35 @@ func BenchmarkSmallBatching(b *testing.B) {
 	}
 	b.ReportMetric(concurrent.Seconds()/sequential.Seconds(), "concurrent/sequential")
 }
+
+// BenchmarkSmallFP8 times decode and 16-token verify steps of the small
+// preset with bf16 weights and with FP8 weights (the same model quantised),
+// interleaved in one run, and reports bf16 time / FP8 time: the FP8 speedup.
+func BenchmarkSmallFP8(b *testing.B) {
+	opts := Options{Context: 1024, VerifyTokens: 16}
+	var engines [2]*Engine
+	for i, dtype := range []string{"bf16", "fp8"} {
+		e, err := Load(cpu.New(0), writeTestModel(b, "small", 1, dtype), opts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		engines[i] = e
+	}
+	for _, n := range []int{1, 16} {
+		b.Run(fmt.Sprintf("rows%d", n), func(b *testing.B) {
+			steps := [2]func(){verifyStep(b, engines[0], n), verifyStep(b, engines[1], n)}
+			var spent [2]time.Duration
+			b.ResetTimer()
+			for range b.N {
+				for i, step := range steps {
+					t0 := time.Now()
+					step()
+					spent[i] += time.Since(t0)
+				}
+			}
+			b.ReportMetric(spent[0].Seconds()*1000/float64(b.N), "bf16-ms/step")
+			b.ReportMetric(spent[1].Seconds()*1000/float64(b.N), "fp8-ms/step")
+			b.ReportMetric(spent[0].Seconds()/spent[1].Seconds(), "fp8-speedup")
+		})
+	}
+}
