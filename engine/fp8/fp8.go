@@ -78,9 +78,10 @@ func Convert(tensors []safetensors.Tensor, q *config.Quantization) ([]safetensor
 // text model with these layers under prefix (model.language_model.): the
 // vision tower, lm_head and the embedding, then per layer its norms and,
 // for Gated DeltaNet layers, A_log, conv1d, dt_bias and the small
-// in_proj_a/in_proj_b (and in_proj_ba, their fused name elsewhere).
+// in_proj_a/in_proj_b (and in_proj_ba, their fused name elsewhere), and
+// the MTP head's fc.
 func QwenNotConverted(layers []config.LayerKind, prefix string) []string {
-	names := []string{"visual", "model.visual", "lm_head", "model.embed_tokens"}
+	names := []string{"visual", "model.visual", "lm_head", "model.embed_tokens", "mtp.fc"}
 	for i, kind := range layers {
 		p := fmt.Sprintf("%slayers.%d.", prefix, i)
 		names = append(names, p+"input_layernorm", p+"post_attention_layernorm")
