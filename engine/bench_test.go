@@ -73,16 +73,7 @@ func BenchmarkSmallTensorParallel(b *testing.B) {
 	two := loadTP(b, dir, 2, opts)
 	for _, n := range []int{1, 16} {
 		b.Run(fmt.Sprintf("rows%d", n), func(b *testing.B) {
-			steps := [2]func(){verifyStep(b, one, n), verifyStep(b, two, n)}
-			var spent [2]time.Duration
-			b.ResetTimer()
-			for range b.N {
-				for i, step := range steps {
-					t0 := time.Now()
-					step()
-					spent[i] += time.Since(t0)
-				}
-			}
+			spent := interleaved(b, verifyStep(b, one, n), verifyStep(b, two, n))
 			b.ReportMetric(spent[0].Seconds()*1000/float64(b.N), "tp1-ms/step")
 			b.ReportMetric(spent[1].Seconds()*1000/float64(b.N), "tp2-ms/step")
 			b.ReportMetric(spent[1].Seconds()/spent[0].Seconds(), "tp2/tp1")
@@ -149,19 +140,25 @@ func BenchmarkSmallFP8(b *testing.B) {
 	}
 	for _, n := range []int{1, 16} {
 		b.Run(fmt.Sprintf("rows%d", n), func(b *testing.B) {
-			steps := [2]func(){verifyStep(b, engines[0], n), verifyStep(b, engines[1], n)}
-			var spent [2]time.Duration
-			b.ResetTimer()
-			for range b.N {
-				for i, step := range steps {
-					t0 := time.Now()
-					step()
-					spent[i] += time.Since(t0)
-				}
-			}
+			spent := interleaved(b, verifyStep(b, engines[0], n), verifyStep(b, engines[1], n))
 			b.ReportMetric(spent[0].Seconds()*1000/float64(b.N), "bf16-ms/step")
 			b.ReportMetric(spent[1].Seconds()*1000/float64(b.N), "fp8-ms/step")
 			b.ReportMetric(spent[0].Seconds()/spent[1].Seconds(), "fp8-speedup")
 		})
 	}
+}
+
+// interleaved runs b.N rounds of a then b and returns the time each took:
+// an A/B ratio on a machine whose load changes while it runs.
+func interleaved(b *testing.B, a, c func()) [2]time.Duration {
+	var spent [2]time.Duration
+	b.ResetTimer()
+	for range b.N {
+		for i, step := range [2]func(){a, c} {
+			t0 := time.Now()
+			step()
+			spent[i] += time.Since(t0)
+		}
+	}
+	return spent
 }

@@ -173,10 +173,7 @@ var blocksPreset = testmodel.Preset{
 // TestFP8SpecGreedyIsLossless: with FP8 weights every spec mode is token
 // for token autoregressive decoding (FP8 MatMul is batch-invariant).
 func TestFP8SpecGreedyIsLossless(t *testing.T) {
-	dir := t.TempDir()
-	if err := testmodel.Write(dir, testmodel.Options{Preset: blocksPreset, Seed: 4, DType: "fp8"}); err != nil {
-		t.Fatal(err)
-	}
+	dir := writeFP8Model(t, blocksPreset, 4)
 	rng := rand.New(rand.NewPCG(8, 9))
 	const ctxLen = 96
 	req := Request{Prompt: randomTokens(rng, 6, 290), MaxTokens: 40}
@@ -218,10 +215,7 @@ var tpBlocksPreset = testmodel.Preset{
 // block boundaries, so two ranks decode exactly what one does (greedy); a
 // split inside a scale block is refused, naming the tensor.
 func TestFP8TensorParallel(t *testing.T) {
-	dir := t.TempDir()
-	if err := testmodel.Write(dir, testmodel.Options{Preset: tpBlocksPreset, Seed: 6, DType: "fp8"}); err != nil {
-		t.Fatal(err)
-	}
+	dir := writeFP8Model(t, tpBlocksPreset, 6)
 	req := Request{Prompt: randomTokens(rand.New(rand.NewPCG(2, 3)), 7, 290), MaxTokens: 32}
 	want, err := loadTP(t, dir, 1, Options{Context: 64}).Generate(context.Background(), req)
 	if err != nil {
@@ -235,12 +229,19 @@ func TestFP8TensorParallel(t *testing.T) {
 		t.Fatalf("TP 2 output differs from one rank\n got %v\nwant %v", got.Tokens, want.Tokens)
 	}
 
-	unaligned := t.TempDir()
-	if err := testmodel.Write(unaligned, testmodel.Options{Preset: blocksPreset, Seed: 6, DType: "fp8"}); err != nil {
-		t.Fatal(err)
-	}
+	unaligned := writeFP8Model(t, blocksPreset, 6)
 	_, err = LoadParallel([]kernels.Backend{cpu.New(1), cpu.New(1)}, unaligned, Options{Context: 64})
 	if err == nil || !strings.Contains(err.Error(), "mlp.gate_proj.weight") || !strings.Contains(err.Error(), "scale blocks") {
 		t.Fatalf("TP 2 over 224-row MLP shards: error %v, want a refusal naming the tensor and the scale blocks", err)
 	}
+}
+
+// writeFP8Model writes the preset in the FP8 layout and returns its directory.
+func writeFP8Model(t *testing.T, p testmodel.Preset, seed uint64) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Options{Preset: p, Seed: seed, DType: "fp8"}); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }

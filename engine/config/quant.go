@@ -61,23 +61,11 @@ func parseQuantization(raw json.RawMessage) (*Quantization, error) {
 		return nil, fmt.Errorf("field quantization_config.quant_method: unsupported %q (ddflash runs fp8 checkpoints)", method)
 	}
 	// fmt and activation_scheme default, as in transformers, to e4m3 and dynamic.
-	if f.has("fmt") {
-		format, err := f.str("fmt")
-		if err != nil {
-			return nil, err
-		}
-		if format != "e4m3" {
-			return nil, fmt.Errorf("field quantization_config.fmt: unsupported %q (ddflash reads e4m3 weights)", format)
-		}
+	if err := f.optionalIs("fmt", "e4m3", "ddflash reads e4m3 weights"); err != nil {
+		return nil, err
 	}
-	if f.has("activation_scheme") {
-		scheme, err := f.str("activation_scheme")
-		if err != nil {
-			return nil, err
-		}
-		if scheme != "dynamic" {
-			return nil, fmt.Errorf("field quantization_config.activation_scheme: unsupported %q (ddflash quantises weights only and needs \"dynamic\")", scheme)
-		}
+	if err := f.optionalIs("activation_scheme", "dynamic", `ddflash quantises weights only and needs "dynamic"`); err != nil {
+		return nil, err
 	}
 	if !f.has("weight_block_size") || f.isNull("weight_block_size") {
 		return nil, fmt.Errorf("field quantization_config.weight_block_size: missing: per-tensor FP8 scales are not supported (ddflash reads [%d, %d] blocks)", kernels.FP8Block, kernels.FP8Block)
@@ -133,4 +121,16 @@ func (q *Quantization) Quantized(module string) bool {
 		}
 	}
 	return true
+}
+
+// optionalIs checks that the string field, when present, is want.
+func (f fields) optionalIs(name, want, why string) error {
+	if !f.has(name) {
+		return nil
+	}
+	v, err := f.str(name)
+	if err == nil && v != want {
+		err = fmt.Errorf("field %s%s: unsupported %q (%s)", f.prefix, name, v, why)
+	}
+	return err
 }

@@ -21,17 +21,7 @@ func testMatMulFP8(h *harness) {
 		w, wv := h.fp8Weights(n, k)
 		outBuf := h.alloc(kernels.F32, m*n+5)
 		h.be.MatMul(h.be.Slice(outBuf, 5, m*n), h.be.Slice(h.f32(x), 3, m*k), w, m, n, k)
-		x = x[3:]
-		want, scale := make([]float64, m*n), make([]float64, m*n)
-		for i := range m {
-			for j := range n {
-				for l := range k {
-					p := float64(x[i*k+l]) * wv[j*k+l]
-					want[i*n+j] += p
-					scale[i*n+j] += math.Abs(p)
-				}
-			}
-		}
+		want, scale := matmulReference(x[3:], wv, m, n, k)
 		got := h.read(outBuf, m*n+5)[5:]
 		h.expectClose(fmt.Sprintf("MatMul FP8 m=%d n=%d k=%d", m, n, k), got, want, scale, tolerance{1e-30, (2*float64(k) + 2) * f32Unit})
 	}
