@@ -46,8 +46,9 @@ func (s Span) Len() int { return s.To - s.From }
 
 // LoadWeights uploads the text model of the checkpoint in dir to b. Every
 // required tensor is checked for presence, dtype and shape before anything is
-// allocated. Matrices keep their checkpoint dtype; norm weights, the conv
-// kernel, A_log and dt_bias become F32.
+// allocated. Matrices keep their checkpoint dtype (FP8 ones with their block
+// scales, see loader_fp8.go); norm weights, the conv kernel, A_log and
+// dt_bias become F32.
 func LoadWeights(b kernels.Backend, dir string, cfg *config.Config) (*Weights, error) {
 	shards, err := loadShards([]kernels.Backend{b}, dir, cfg)
 	if err != nil {
