@@ -10,12 +10,13 @@ import (
 	"ddflash/kernels"
 )
 
-// tileFP8AVX512 is the AVX-512 fp8Tile: sixteens of x rows in fp8Dot1x16
-// (once per weight row), eights in fp8Dot2x8 (twice, two weight rows
-// each), the rest one at a time in fp8Dot4x1, all in assembly
-// (fp8_amd64.s): the more x rows share a widened weight vector, the less
-// widening costs per product. Both leave per-lane partial sums that, after
-// the k%16 tail, sum4 adds: rows4's chain and tree on the dequantised
+// tileFP8AVX512 is the AVX-512 fp8Tile. A single x row (decode) runs
+// fp8Dot4x1, which widens each weight vector in registers right before
+// its FMAs. Several rows (verify blocks, prefill) would widen every weight
+// vector once per row, so a whole tile of four rows is widened once into
+// an L1-sized float32 scratch tile (fp8Widen) that rows4 then reads for
+// every x row: the weights are still never held dequantised beyond the
+// four rows in use. Both give rows4's chain and tree on the dequantised
 // weights, so every row is bit-identical to the row alone. A block row
 // with a scale of 2^8 or more (never seen in checkpoints: weights beyond
 // 10^5) takes the portable kernel, whose widening has no range limit.
@@ -28,41 +29,33 @@ func tileFP8AVX512(out []float32, outStride, cols int, x []float32, m, k int, q 
 		}
 	}
 	k16 := k &^ 15
-	p0, p1, p2, p3 := rowPtr(q[0], k), rowPtr(q[1], k), rowPtr(q[2], k), rowPtr(q[3], k)
 	sp := unsafe.Pointer(unsafe.SliceData(blocks))
-	var acc [16][4][16]float32
-	i := 0
-	for ; i+16 <= m; i += 16 {
-		acc = [16][4][16]float32{}
-		for kb := 0; kb < k16; kb += fp8Chunk {
-			xp := rowPtr(x[i*k+kb:], 15*k+min(fp8Chunk, k16-kb))
-			s := unsafe.Add(sp, 4*(kb/kernels.FP8Block))
-			for r, p := range [4]unsafe.Pointer{p0, p1, p2, p3} {
-				fp8Dot1x16(unsafe.Add(p, kb), s, xp, min(fp8Chunk, k16-kb), k, unsafe.Pointer(&acc[0][r]))
+	if m > 1 && cols == matmulTile {
+		scratch := scratchPool.Get().(*[]float32)
+		defer scratchPool.Put(scratch)
+		if cap(*scratch) < matmulTile*k {
+			*scratch = make([]float32, matmulTile*k)
+		}
+		tile := (*scratch)[:matmulTile*k]
+		for r := range matmulTile {
+			row := tile[r*k : (r+1)*k]
+			fp8Widen(rowPtr(q[r], k), sp, k16, unsafe.Pointer(unsafe.SliceData(row)))
+			for l := k16; l < k; l++ {
+				row[l] = e4m3Values[q[r][l]] * blocks[l/kernels.FP8Block]
 			}
 		}
-		for s := range 16 {
-			fp8Finish(out[(i+s)*outStride:], cols, x[(i+s)*k:(i+s+1)*k], q, scales, k, &acc[s])
-		}
+		archsimd.ClearAVXUpperBits()
+		rows4AVX512(out, outStride, x, m, k, tile)
+		return
 	}
-	for ; i+8 <= m; i += 8 {
-		xp := rowPtr(x[i*k:], 8*k)
-		fp8Dot2x8(p0, p1, sp, xp, k16, k, unsafe.Pointer(&acc[0][0]))
-		fp8Dot2x8(p2, p3, sp, xp, k16, k, unsafe.Pointer(&acc[0][2]))
-		for s := range 8 {
-			fp8Finish(out[(i+s)*outStride:], cols, x[(i+s)*k:(i+s+1)*k], q, scales, k, &acc[s])
-		}
-	}
-	for ; i < m; i++ {
-		fp8Dot4x1(p0, p1, p2, p3, sp, rowPtr(x[i*k:], k), k16, &acc[0])
-		fp8Finish(out[i*outStride:], cols, x[i*k:(i+1)*k], q, scales, k, &acc[0])
+	p0, p1, p2, p3 := rowPtr(q[0], k), rowPtr(q[1], k), rowPtr(q[2], k), rowPtr(q[3], k)
+	var acc [4][16]float32
+	for i := range m {
+		fp8Dot4x1(p0, p1, p2, p3, sp, rowPtr(x[i*k:], k), k16, &acc)
+		fp8Finish(out[i*outStride:], cols, x[i*k:(i+1)*k], q, scales, k, &acc)
 	}
 	archsimd.ClearAVXUpperBits()
 }
-
-// fp8Chunk is how much of k fp8Dot1x16 covers per call: sixteen x rows of
-// it (16 KiB) stay in L1 while the four weight rows of a tile pass.
-const fp8Chunk = 2 * kernels.FP8Block
 
 // fp8MaxSIMDScale bounds the block scales the assembly widening handles.
 const fp8MaxSIMDScale = 1 << 8
@@ -104,16 +97,8 @@ func fp8Finish(out []float32, cols int, xr []float32, q *[4][]uint8, scales []fl
 //go:noescape
 func fp8Dot4x1(p0, p1, p2, p3, sp, x unsafe.Pointer, n int, acc *[4][16]float32)
 
-// fp8Dot1x16 is fp8Dot4x1 for sixteen x rows (stride floats apart) and one
-// weight row over n elements from the start of a scale block; x row s
-// continues the sums in the [16]float32 at acc + 256·s.
+// fp8Widen writes the first n (a multiple of 16) dequantised float32
+// weights of the E4M3 row at p to dst, as fp8Dot4x1 computes them.
 //
 //go:noescape
-func fp8Dot1x16(p0, sp, x unsafe.Pointer, n, stride int, acc unsafe.Pointer)
-
-// fp8Dot2x8 is fp8Dot4x1 for eight x rows (stride floats apart) and two
-// weight rows; x row s and weight row r sum into the [16]float32 at
-// acc + 256·s + 64·r.
-//
-//go:noescape
-func fp8Dot2x8(p0, p1, sp, x unsafe.Pointer, n, stride int, acc unsafe.Pointer)
+func fp8Widen(p, sp unsafe.Pointer, n int, dst unsafe.Pointer)
