@@ -10,14 +10,17 @@ import (
 	"ddflash/kernels"
 )
 
-// tileFP8AVX512 is the AVX-512 fp8Tile. A single x row (decode) runs
-// fp8Dot4x1, which widens each weight vector in registers right before
-// its FMAs. Several rows (verify blocks, prefill) would widen every weight
-// vector once per row, so a whole tile of four rows is widened once into
-// an L1-sized float32 scratch tile (fp8Widen) that rows4 then reads for
-// every x row: the weights are still never held dequantised beyond the
-// four rows in use. Both give rows4's chain and tree on the dequantised
-// weights, so every row is bit-identical to the row alone. A block row
+// tileFP8AVX512 is the AVX-512 fp8Tile, in assembly (fp8_amd64.s) where
+// archsimd lacks the half to float conversion or the registers. A single x
+// row (decode) runs fp8Dot4x1, which widens each weight vector in
+// registers right before its FMAs. Fours of x rows (verify blocks,
+// prefill) would widen every weight vector once per row, so the tile's
+// four weight rows are widened once (fp8Widen) into an L1-sized float32
+// scratch that fp8Dot4x4 reads for every four x rows: the weights are
+// never held dequantised beyond the four rows in use. All paths leave
+// per-lane partial sums of the same FMA chain that fp8Finish completes
+// (k%16 tail, sum4), so every output equals rows4's on the dequantised
+// weights and every row is bit-identical to the row alone. A block row
 // with a scale of 2^8 or more (never seen in checkpoints: weights beyond
 // 10^5) takes the portable kernel, whose widening has no range limit.
 func tileFP8AVX512(out []float32, outStride, cols int, x []float32, m, k int, q *[4][]uint8, scales []float32) {
@@ -30,27 +33,30 @@ func tileFP8AVX512(out []float32, outStride, cols int, x []float32, m, k int, q 
 	}
 	k16 := k &^ 15
 	sp := unsafe.Pointer(unsafe.SliceData(blocks))
-	if m > 1 && cols == matmulTile {
+	p0, p1, p2, p3 := rowPtr(q[0], k), rowPtr(q[1], k), rowPtr(q[2], k), rowPtr(q[3], k)
+	i := 0
+	if m >= 4 {
 		scratch := scratchPool.Get().(*[]float32)
 		defer scratchPool.Put(scratch)
 		if cap(*scratch) < matmulTile*k {
 			*scratch = make([]float32, matmulTile*k)
 		}
 		tile := (*scratch)[:matmulTile*k]
-		for r := range matmulTile {
-			row := tile[r*k : (r+1)*k]
-			fp8Widen(rowPtr(q[r], k), sp, k16, unsafe.Pointer(unsafe.SliceData(row)))
-			for l := k16; l < k; l++ {
-				row[l] = e4m3Values[q[r][l]] * blocks[l/kernels.FP8Block]
+		var w [4]unsafe.Pointer
+		for r, p := range [4]unsafe.Pointer{p0, p1, p2, p3} {
+			w[r] = unsafe.Pointer(&tile[r*k])
+			fp8Widen(p, sp, k16, w[r])
+		}
+		var acc [16][16]float32
+		for ; i+4 <= m; i += 4 {
+			fp8Dot4x4(w[0], w[1], w[2], w[3], rowPtr(x[i*k:], 4*k), k16, k, &acc)
+			for s := range 4 {
+				fp8Finish(out[(i+s)*outStride:], cols, x[(i+s)*k:(i+s+1)*k], q, scales, k, (*[4][16]float32)(acc[4*s:]))
 			}
 		}
-		archsimd.ClearAVXUpperBits()
-		rows4AVX512(out, outStride, x, m, k, tile)
-		return
 	}
-	p0, p1, p2, p3 := rowPtr(q[0], k), rowPtr(q[1], k), rowPtr(q[2], k), rowPtr(q[3], k)
 	var acc [4][16]float32
-	for i := range m {
+	for ; i < m; i++ {
 		fp8Dot4x1(p0, p1, p2, p3, sp, rowPtr(x[i*k:], k), k16, &acc)
 		fp8Finish(out[i*outStride:], cols, x[i*k:(i+1)*k], q, scales, k, &acc)
 	}
@@ -96,6 +102,13 @@ func fp8Finish(out []float32, cols int, xr []float32, q *[4][]uint8, scales []fl
 //
 //go:noescape
 func fp8Dot4x1(p0, p1, p2, p3, sp, x unsafe.Pointer, n int, acc *[4][16]float32)
+
+// fp8Dot4x4 stores to acc[4s+r] the per-lane partial sums of x row s
+// (stride floats apart) times float32 weight row r over the first n
+// elements (a multiple of 16), in fp8Dot4x1's order.
+//
+//go:noescape
+func fp8Dot4x4(p0, p1, p2, p3, x unsafe.Pointer, n, stride int, acc *[16][16]float32)
 
 // fp8Widen writes the first n (a multiple of 16) dequantised float32
 // weights of the E4M3 row at p to dst, as fp8Dot4x1 computes them.
