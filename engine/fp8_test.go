@@ -184,11 +184,7 @@ func TestFP8SpecGreedyIsLossless(t *testing.T) {
 	for _, c := range []specCase{{SpecLinear, 0, mamba.Replay}, {SpecTree, 8, mamba.Snapshot}, {SpecTree, 32, mamba.Replay}} {
 		e := loadTP(t, dir, 1, Options{Context: ctxLen, PageSize: 4, VerifyTokens: 33})
 		e.Spec = SpecOptions{Mode: c.mode, Budget: c.budget, Rollback: c.rollback}
-		e.Drafter = &oracleDrafter{
-			next: pathOracle(concat(req.Prompt, want.Tokens)), block: 16, vocab: e.Model.Cfg.VocabSize,
-			valid: e.ValidVocab, hidden: e.Model.Cfg.HiddenSize, noise: 0.3,
-			rng: rand.New(rand.NewPCG(1, 2)), taps: []int{1, 3},
-		}
+		e.Drafter = pathDrafter(e, concat(req.Prompt, want.Tokens))
 		got, err := e.Generate(context.Background(), req)
 		if err != nil {
 			t.Fatalf("%v: %v", c, err)
