@@ -73,16 +73,7 @@ func BenchmarkSmallTensorParallel(b *testing.B) {
 	two := loadTP(b, dir, 2, opts)
 	for _, n := range []int{1, 16} {
 		b.Run(fmt.Sprintf("rows%d", n), func(b *testing.B) {
-			steps := [2]func(){verifyStep(b, one, n), verifyStep(b, two, n)}
-			var spent [2]time.Duration
-			b.ResetTimer()
-			for range b.N {
-				for i, step := range steps {
-					t0 := time.Now()
-					step()
-					spent[i] += time.Since(t0)
-				}
-			}
+			spent := interleaved(b, verifyStep(b, one, n), verifyStep(b, two, n))
 			b.ReportMetric(spent[0].Seconds()*1000/float64(b.N), "tp1-ms/step")
 			b.ReportMetric(spent[1].Seconds()*1000/float64(b.N), "tp2-ms/step")
 			b.ReportMetric(spent[1].Seconds()/spent[0].Seconds(), "tp2/tp1")
@@ -164,4 +155,42 @@ func BenchmarkSampler(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkSmallFP8 times decode and 16-token verify steps of the small
+// preset with bf16 weights and with FP8 weights (the same model quantised),
+// interleaved in one run, and reports bf16 time / FP8 time: the FP8 speedup.
+func BenchmarkSmallFP8(b *testing.B) {
+	opts := Options{Context: 1024, VerifyTokens: 16}
+	var engines [2]*Engine
+	for i, dtype := range []string{"bf16", "fp8"} {
+		e, err := Load(cpu.New(0), writeTestModel(b, "small", 1, dtype), opts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		engines[i] = e
+	}
+	for _, n := range []int{1, 16} {
+		b.Run(fmt.Sprintf("rows%d", n), func(b *testing.B) {
+			spent := interleaved(b, verifyStep(b, engines[0], n), verifyStep(b, engines[1], n))
+			b.ReportMetric(spent[0].Seconds()*1000/float64(b.N), "bf16-ms/step")
+			b.ReportMetric(spent[1].Seconds()*1000/float64(b.N), "fp8-ms/step")
+			b.ReportMetric(spent[0].Seconds()/spent[1].Seconds(), "fp8-speedup")
+		})
+	}
+}
+
+// interleaved runs b.N rounds of a then b and returns the time each took:
+// an A/B ratio on a machine whose load changes while it runs.
+func interleaved(b *testing.B, a, c func()) [2]time.Duration {
+	var spent [2]time.Duration
+	b.ResetTimer()
+	for range b.N {
+		for i, step := range [2]func(){a, c} {
+			t0 := time.Now()
+			step()
+			spent[i] += time.Since(t0)
+		}
+	}
+	return spent
 }

@@ -23,8 +23,17 @@ type golden struct {
 // position's logits and every layer's output with the float64 reference.
 // The engine keeps activations in F32 and widens BF16 weights exactly, so
 // the only difference is F32 rounding: bound 1e-4 relative to the values' scale.
-func TestGoldenLogits(t *testing.T) {
-	const dir = "testdata/golden-tiny"
+func TestGoldenLogits(t *testing.T) { checkGolden(t, "testdata/golden-tiny") }
+
+// TestGoldenLogitsFP8 runs golden-tiny in Qwen's FP8 layout (its linear
+// layers block-quantised from the bf16 weights) against the float64
+// reference on the dequantised weights, within the bf16 golden's bound:
+// the engine widens each FP8 weight to the float32 of its dequantised
+// value, one rounding of 2^-24 relative.
+func TestGoldenLogitsFP8(t *testing.T) { checkGolden(t, "testdata/golden-tiny-fp8") }
+
+// checkGolden compares the checkpoint in dir with its golden.json.
+func checkGolden(t *testing.T, dir string) {
 	data, err := os.ReadFile(dir + "/golden.json")
 	if err != nil {
 		t.Fatal(err)

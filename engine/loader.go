@@ -32,6 +32,10 @@ type TensorSpec struct {
 	// every row), and within each row the column span (zero: every column).
 	Rows []Span
 	Cols Span
+	// Quantized marks an FP8 matrix (config.json's quantization_config):
+	// F8_E4M3 values with block scales in <module>.weight_scale_inv,
+	// uploaded as a *kernels.BlockScaled (loader_fp8.go).
+	Quantized bool
 }
 
 // Span is the half-open index range [From, To).
@@ -42,8 +46,9 @@ func (s Span) Len() int { return s.To - s.From }
 
 // LoadWeights uploads the text model of the checkpoint in dir to b. Every
 // required tensor is checked for presence, dtype and shape before anything is
-// allocated. Matrices keep their checkpoint dtype; norm weights, the conv
-// kernel, A_log and dt_bias become F32.
+// allocated. Matrices keep their checkpoint dtype (FP8 ones with their block
+// scales, see loader_fp8.go); norm weights, the conv kernel, A_log and
+// dt_bias become F32.
 func LoadWeights(b kernels.Backend, dir string, cfg *config.Config) (*Weights, error) {
 	shards, err := loadShards([]kernels.Backend{b}, dir, cfg)
 	if err != nil {
@@ -103,7 +108,7 @@ func LoadTensors(b kernels.Backend, ckpt *safetensors.Checkpoint, specs []Tensor
 	var loaded []kernels.Buffer
 	for _, s := range specs {
 		t, _ := ckpt.Tensor(s.Name)
-		buf, err := upload(b, t, s)
+		buf, err := upload(b, ckpt, t, s)
 		if err != nil {
 			for _, l := range loaded {
 				b.Free(l)
@@ -192,6 +197,7 @@ func expectedTensors(cfg *config.Config, prefix string, w *Weights, sh shard) []
 			add("linear_attn.out_proj.weight", false, &l.OutProj, nil, values, h, cfg.ValueDim())
 		}
 	}
+	markQuantized(specs, cfg, prefix)
 	return specs
 }
 
@@ -210,6 +216,8 @@ func checkTensors(ckpt *safetensors.Checkpoint, specs []TensorSpec, prefix strin
 			problems = append(problems, fmt.Sprintf("tensor %s: missing from checkpoint %s", s.Name, ckpt.Dir))
 		case !slices.Equal(t.Shape, s.Shape):
 			problems = append(problems, fmt.Sprintf("%s: tensor %s: shape %v, config.json implies %v", t.File, s.Name, t.Shape, s.Shape))
+		default:
+			problems = append(problems, checkQuantized(ckpt, s, t, expected)...)
 		}
 	}
 	for _, name := range ckpt.Names() {
@@ -217,7 +225,7 @@ func checkTensors(ckpt *safetensors.Checkpoint, specs []TensorSpec, prefix strin
 			continue
 		}
 		t, _ := ckpt.Tensor(name)
-		problems = append(problems, fmt.Sprintf("%s: tensor %s: not part of the model config.json describes", t.File, name))
+		problems = append(problems, fmt.Sprintf("%s: tensor %s: not part of the model config.json describes%s", t.File, name, unexpectedScaleHint(name)))
 	}
 	if len(problems) == 0 {
 		return nil
@@ -240,8 +248,11 @@ func hasAnyPrefix(s string, prefixes []string) bool {
 }
 
 // upload copies the spec's shard of t to a new buffer, in t's dtype or
-// converted to F32.
-func upload(b kernels.Backend, t safetensors.Tensor, s TensorSpec) (kernels.Buffer, error) {
+// converted to F32, or with its scales from ckpt for an FP8 weight.
+func upload(b kernels.Backend, ckpt *safetensors.Checkpoint, t safetensors.Tensor, s TensorSpec) (kernels.Buffer, error) {
+	if s.Quantized {
+		return uploadFP8(b, ckpt, t, s)
+	}
 	if s.ToF32 {
 		vals, err := t.Float32s()
 		if err != nil {
@@ -258,7 +269,7 @@ func upload(b kernels.Backend, t safetensors.Tensor, s TensorSpec) (kernels.Buff
 		}
 		return buf, nil
 	}
-	dt := map[string]kernels.DType{"F32": kernels.F32, "BF16": kernels.BF16, "F16": kernels.F16}[t.DType]
+	dt := map[string]kernels.DType{"F32": kernels.F32, "BF16": kernels.BF16, "F16": kernels.F16, "F8_E4M3": kernels.F8E4M3}[t.DType]
 	data := take(t.Data, s, dt.Size())
 	buf, err := b.Alloc(dt, len(data)/dt.Size())
 	if err != nil {

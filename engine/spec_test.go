@@ -113,6 +113,17 @@ func pathOracle(answers ...[]int32) func([]int32) int32 {
 
 func concat(a, b []int32) []int32 { return append(append([]int32{}, a...), b...) }
 
+// pathDrafter is an oracle drafter for e that proposes the continuation of
+// path (the prompt and the expected output), with 30% of its proposals
+// replaced by random tokens.
+func pathDrafter(e *Engine, path []int32) *oracleDrafter {
+	return &oracleDrafter{
+		next: pathOracle(path), block: 16, vocab: e.Model.Cfg.VocabSize,
+		valid: e.ValidVocab, hidden: e.Model.Cfg.HiddenSize, noise: 0.3,
+		rng: rand.New(rand.NewPCG(1, 2)), taps: []int{1, 3},
+	}
+}
+
 // specCase is one speculative configuration to compare with autoregressive decoding.
 type specCase struct {
 	mode     SpecMode

@@ -136,11 +136,7 @@ func TestTensorParallelGreedyEveryMode(t *testing.T) {
 					e := loadTP(t, dir, c.tp, Options{Context: ctxLen, PageSize: 4, VerifyTokens: 33})
 					if m.mode != SpecAuto {
 						e.Spec = SpecOptions{Mode: m.mode, Budget: m.budget, Rollback: m.rollback}
-						e.Drafter = &oracleDrafter{
-							next: pathOracle(concat(req.Prompt, want.Tokens)), block: 16, vocab: e.Model.Cfg.VocabSize,
-							valid: e.ValidVocab, hidden: e.Model.Cfg.HiddenSize, noise: 0.3,
-							rng: rand.New(rand.NewPCG(1, 2)), taps: []int{1, 3},
-						}
+						e.Drafter = pathDrafter(e, concat(req.Prompt, want.Tokens))
 					}
 					got, err := e.Generate(context.Background(), req)
 					if err != nil {

@@ -6,8 +6,8 @@ import (
 )
 
 // LayerWeights holds one decoder layer's tensors on the backend. Matrices keep
-// the checkpoint dtype ([out, in]); norm weights, the conv kernel, A_log and
-// dt_bias are F32.
+// the checkpoint dtype ([out, in]; FP8 ones as *kernels.BlockScaled); norm
+// weights, the conv kernel, A_log and dt_bias are F32.
 type LayerWeights struct {
 	Kind config.LayerKind
 

@@ -8,8 +8,9 @@
 //
 // Shapes are row-major. Weights are [out, in] as stored in safetensors.
 // Activations and recurrent states are F32 on every backend, KV caches and
-// conv states F32 or BF16; weights may be F32, BF16 or F16. Index buffers
-// (token ids, positions, page tables, tree parents) are I32.
+// conv states F32 or BF16; weights may be F32, BF16, F16 or FP8 block-scaled
+// (BlockScaled, fp8.go). Index buffers (token ids, positions, page tables,
+// tree parents) are I32.
 package kernels
 
 import "fmt"
@@ -22,6 +23,9 @@ const (
 	BF16
 	F16
 	I32
+	// F8E4M3 is float8 with 4 exponent and 3 mantissa bits (the "fn"
+	// variant of FP8 checkpoints); MatMul reads it only as BlockScaled.Q.
+	F8E4M3
 )
 
 // Size is the number of bytes of one element.
@@ -29,6 +33,8 @@ func (d DType) Size() int {
 	switch d {
 	case BF16, F16:
 		return 2
+	case F8E4M3:
+		return 1
 	default:
 		return 4
 	}
@@ -44,6 +50,8 @@ func (d DType) String() string {
 		return "F16"
 	case I32:
 		return "I32"
+	case F8E4M3:
+		return "F8E4M3"
 	}
 	return fmt.Sprintf("DType(%d)", uint8(d))
 }
@@ -126,7 +134,8 @@ type Backend interface {
 
 	// Embedding gathers rows: out[i,:] = table[ids[i],:] for i < n, table [*, dim].
 	Embedding(out, table, ids Buffer, n, dim int)
-	// MatMul computes out[m,n] = x[m,k] · w[n,k]ᵀ. x and out are F32; w is any float dtype.
+	// MatMul computes out[m,n] = x[m,k] · w[n,k]ᵀ. x and out are F32; w is any
+	// float dtype or a *BlockScaled FP8 weight, widened as it is read.
 	MatMul(out, x, w Buffer, m, n, k int)
 	// Add computes out = a + b over n elements (out may alias a or b).
 	Add(out, a, b Buffer, n int)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the committed fixtures from scratch, with fixed seeds:
-#   engine/testdata/golden-tiny/  float64 reference logits for a tiny random checkpoint (seconds)
+#   engine/testdata/golden-tiny/  float64 reference logits for a tiny random checkpoint (seconds),
+#                                 and golden-tiny-fp8/, the same in FP8 (ddflash quantize)
 #   models/default/               the trained tiny target + DFlash drafter, and eval.json (about
 #                                 an hour of CPU: target ~30 min, drafter ~35 min, evaluation)
 # Usage: scripts/fixtures.sh [golden|all]   (default all)
@@ -28,6 +29,12 @@ echo "BLAS: $(update-alternatives --query libblas.so.3-x86_64-linux-gnu | sed -n
 # Debian's python: another python3 earlier on PATH cannot import Debian's torch.
 python=/usr/bin/python3
 $python tools/reference/make_golden.py
+# golden-tiny in Qwen's FP8 layout (only its weights and config.json: the README stays).
+fp8tmp=$(mktemp -d)
+go run ./cmd/ddflash quantize --in engine/testdata/golden-tiny --out "$fp8tmp"
+cp "$fp8tmp/config.json" "$fp8tmp/model.safetensors" engine/testdata/golden-tiny-fp8/
+rm -rf "$fp8tmp"
+$python tools/reference/make_golden_fp8.py
 if [ "${1:-all}" = golden ]; then
 	exit 0
 fi

@@ -1,5 +1,5 @@
 // Command ddflash is a speculative-decoding inference engine for Qwen3.6
-// hybrid models: serve, generate, bench, plan, tune, tokenize, testmodel.
+// hybrid models: serve, generate, bench, plan, tune, tokenize, testmodel, quantize.
 package main
 
 import (

@@ -21,7 +21,7 @@ func runTestModel(args []string) error {
 	out := fs.String("out", "", "directory to write the target model into (required)")
 	preset := fs.String("preset", "tiny", "model size: "+strings.Join(names, "|"))
 	seed := fs.Uint64("seed", 1, "random seed; the same seed gives identical files")
-	dtype := fs.String("dtype", "f32", "weight dtype: f32|bf16")
+	dtype := fs.String("dtype", "f32", "weight dtype: f32|bf16|fp8 (fp8: bf16 with FP8 block-scaled linear layers, as Qwen's -FP8 checkpoints; the drafter stays bf16)")
 	shards := fs.Int("shards", 1, "number of safetensors files (more than 1 adds model.safetensors.index.json)")
 	draftOut := fs.String("draft-out", "", "also write a matching random DFlash drafter (z-lab layout) into this directory")
 	if err := fs.Parse(args); err != nil {
@@ -48,7 +48,11 @@ func runTestModel(args []string) error {
 	if *draftOut == "" {
 		return nil
 	}
-	if err := testmodel.WriteDrafter(*draftOut, testmodel.DraftOptions{Target: p, Seed: *seed, DType: *dtype}); err != nil {
+	draftDType := *dtype
+	if draftDType == "fp8" { // drafters ship unquantised
+		draftDType = "bf16"
+	}
+	if err := testmodel.WriteDrafter(*draftOut, testmodel.DraftOptions{Target: p, Seed: *seed, DType: draftDType}); err != nil {
 		return err
 	}
 	fmt.Printf("wrote a matching DFlash drafter to %s\n", *draftOut)

@@ -58,6 +58,8 @@ type Config struct {
 	BOSTokenID        int  // -1 when absent
 	SSMStateFP32      bool // mamba_ssm_dtype == float32 (the default)
 	Dtype             string
+
+	Quant *Quantization // quantization_config; nil for unquantised checkpoints
 }
 
 // RotaryDim is the number of leading head dimensions that RoPE rotates.
@@ -102,9 +104,10 @@ func Load(dir string) (*Config, error) {
 	return c, nil
 }
 
-// Parse reads a config.json body: either a multimodal wrapper (model_type
-// "qwen3_5", text fields under text_config) or a flat "qwen3_5_text" config.
-func Parse(data []byte) (*Config, error) {
+// parseArchitecture reads a config.json body: either a multimodal wrapper
+// (model_type "qwen3_5", text fields under text_config) or a flat
+// "qwen3_5_text" config.
+func parseArchitecture(data []byte) (*Config, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(data, &top); err != nil {
 		return nil, fmt.Errorf("invalid JSON: %w", err)

@@ -154,7 +154,7 @@ func (p *Plan) unitCosts(m Models, k Knobs, r rank) {
 	if k.Mode == ModeSGLang {
 		// SGLang shards everything, the drafter too, and loads the vision
 		// tower of a multimodal checkpoint.
-		p.Bytes.TargetWeights = (textParams(t) + m.Target.Vision.Params) * int64(dtypeBytes(t.Dtype)) / int64(k.TP)
+		p.Bytes.TargetWeights = (textBytes(t) + m.Target.Vision.Params*int64(dtypeBytes(t.Dtype))) / int64(k.TP)
 		if d != nil {
 			p.Bytes.DraftWeights = d.WeightParams() * int64(dtypeBytes(d.Dtype)) / int64(k.TP)
 		}
@@ -162,7 +162,7 @@ func (p *Plan) unitCosts(m Models, k Knobs, r rank) {
 		// ddflash replicates the embedding on every rank, splits the rest
 		// (the LM head by vocabulary) and runs the drafter whole on rank 0,
 		// the rank planned here.
-		p.Bytes.TargetWeights = ddflashRankParams(t, k.TP) * int64(dtypeBytes(t.Dtype))
+		p.Bytes.TargetWeights = ddflashRankBytes(t, k.TP)
 		if d != nil {
 			p.Bytes.DraftWeights = d.WeightParams() * int64(dtypeBytes(d.Dtype))
 		}
@@ -192,14 +192,14 @@ func rollbackBytes(how mamba.Strategy, s mamba.Shape, k Knobs, draftTokens int) 
 	return how.RollbackBytes(s, k.SSMDtype.Bytes, k.ConvDtype.Bytes, draftTokens, k.Spec == SpecDDTree)
 }
 
-// ddflashRankParams is the target parameters rank 0 holds under ddflash's
+// ddflashRankBytes is the target weight bytes rank 0 holds under ddflash's
 // tensor parallelism: the whole embedding, a 1/tp slice of everything else,
 // including the LM head (its own slice even when tied, once tp > 1).
-func ddflashRankParams(c *config.Config, tp int) int64 {
-	embed := int64(c.VocabSize) * int64(c.HiddenSize)
-	rest := textParams(c) - embed
+func ddflashRankBytes(c *config.Config, tp int) int64 {
+	embed := embedBytes(c)
+	rest := textBytes(c) - embed
 	if tp == 1 {
-		return textParams(c)
+		return textBytes(c)
 	}
 	if c.TieWordEmbeddings {
 		rest += embed

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -376,7 +377,7 @@ func TestLoadModels(t *testing.T) {
 	if _, err := LoadDrafter(dir); err == nil || !strings.Contains(err.Error(), "field hidden_size: missing") {
 		t.Errorf("a target config as drafter: %v", err)
 	}
-	if got := TargetPresets(); len(got) != 1 || got[0] != "qwen3.6-27b" {
+	if got := TargetPresets(); !slices.Equal(got, []string{"qwen3.6-27b", "qwen3.6-27b-fp8"}) {
 		t.Errorf("target presets %v", got)
 	}
 	if got := DrafterPresets(); len(got) != 1 || got[0] != "qwen3.6-27b-dflash" {

@@ -22,16 +22,19 @@ func (t Tensor) Float32s() ([]float32, error) {
 			out[i] = half.BF16ToFloat32(binary.LittleEndian.Uint16(t.Data[2*i:]))
 		case "F16":
 			out[i] = half.F16ToFloat32(binary.LittleEndian.Uint16(t.Data[2*i:]))
+		case "F8_E4M3":
+			out[i] = half.E4M3ToFloat32(t.Data[i])
 		}
 	}
 	return out, nil
 }
 
-// Encode stores values in dtype (F32, BF16 or F16), rounding to nearest even.
+// Encode stores values in dtype (F32, BF16, F16 or F8_E4M3), rounding to
+// nearest even (F8_E4M3 saturates at ±448).
 func Encode(dtype string, values []float32) ([]byte, error) {
 	size := DTypeSize(dtype)
 	if size == 0 {
-		return nil, fmt.Errorf("encode: unsupported dtype %q (want F32, BF16 or F16)", dtype)
+		return nil, fmt.Errorf("encode: unsupported dtype %q (want F32, BF16, F16 or F8_E4M3)", dtype)
 	}
 	out := make([]byte, size*len(values))
 	for i, v := range values {
@@ -42,6 +45,8 @@ func Encode(dtype string, values []float32) ([]byte, error) {
 			binary.LittleEndian.PutUint16(out[2*i:], half.Float32ToBF16(v))
 		case "F16":
 			binary.LittleEndian.PutUint16(out[2*i:], half.Float32ToF16(v))
+		case "F8_E4M3":
+			out[i] = half.Float32ToE4M3(v)
 		}
 	}
 	return out, nil

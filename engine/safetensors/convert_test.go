@@ -6,8 +6,8 @@ import (
 
 func TestEncodeDecodeRoundTrip(t *testing.T) {
 	// Values exactly representable in every dtype survive Encode then Float32s.
-	values := []float32{0, 1, -1.5, 0.25, 1024, -0.0078125}
-	for _, dt := range []string{"F32", "BF16", "F16"} {
+	values := []float32{0, 1, -1.5, 0.25, 448, -0.0078125, 1.0 / 512}
+	for _, dt := range []string{"F32", "BF16", "F16", "F8_E4M3"} {
 		data, err := Encode(dt, values)
 		if err != nil {
 			t.Fatal(err)

@@ -34,7 +34,7 @@ const (
 type Tensor struct {
 	Name  string
 	File  string // path of the file it was read from (empty when writing)
-	DType string // "F32", "BF16" or "F16"
+	DType string // "F32", "BF16", "F16" or "F8_E4M3"
 	Shape []int
 	Data  []byte
 }
@@ -55,6 +55,8 @@ func DTypeSize(dtype string) int {
 		return 4
 	case "BF16", "F16":
 		return 2
+	case "F8_E4M3":
+		return 1
 	}
 	return 0
 }
@@ -239,8 +241,11 @@ func parseEntry(name string, msg json.RawMessage, data []byte, path string) (Ten
 		return Tensor{}, 0, fmt.Errorf("%s: tensor %s: invalid header entry: %w", path, name, err)
 	}
 	size := DTypeSize(e.DType)
+	if e.DType == "F8_E5M2" {
+		return Tensor{}, 0, fmt.Errorf("%s: tensor %s: unsupported dtype F8_E5M2 (ddflash reads FP8 weights only as F8_E4M3 with block scales, the format of Qwen's FP8 checkpoints)", path, name)
+	}
 	if size == 0 {
-		return Tensor{}, 0, fmt.Errorf("%s: tensor %s: unsupported dtype %q (ddflash reads F32, BF16 and F16)", path, name, e.DType)
+		return Tensor{}, 0, fmt.Errorf("%s: tensor %s: unsupported dtype %q (ddflash reads F32, BF16, F16 and F8_E4M3)", path, name, e.DType)
 	}
 	if e.Shape == nil {
 		return Tensor{}, 0, fmt.Errorf("%s: tensor %s: shape is missing", path, name)

@@ -228,6 +228,8 @@ func TestOpenRejectsMalformedFiles(t *testing.T) {
 		{"missing shape", `{"w.q": {"dtype": "F32", "data_offsets": [0, 4]}}`, 4, []string{"w.q", "shape"}},
 		{"overlap", `{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}`, 8, []string{"overlaps"}},
 		{"entry not an object", `{"w.q": [1, 2]}`, 0, []string{"w.q", "invalid header entry"}},
+		{"F8_E5M2", `{"w.q": {"dtype": "F8_E5M2", "shape": [4], "data_offsets": [0, 4]}}`, 4, []string{"w.q", "F8_E5M2", "F8_E4M3"}},
+		{"FP8 scale truncated", `{"w.weight_scale_inv": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 12]}}`, 12, []string{"w.weight_scale_inv", "needs 16"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()

@@ -13,7 +13,7 @@ import (
 type DraftOptions struct {
 	Target    Preset // the target the drafter conditions on
 	Seed      uint64
-	DType     string  // "f32" or "bf16"; empty means f32
+	DType     string  // "f32" or "bf16" (not fp8); empty means f32
 	Layers    int     // draft layers; 0 means 2 (the last full attention, the others sliding)
 	BlockSize int     // query block; 0 means 16 as in the real drafters
 	Window    int     // sliding window of the sliding layers; 0 means 3/4 of the target context
@@ -30,6 +30,9 @@ func WriteDrafter(dir string, opt DraftOptions) error {
 	dt, err := checkOptions("test drafter", p, opt.DType)
 	if err != nil {
 		return err
+	}
+	if dt.fp8 {
+		return fmt.Errorf("test drafter: dtype fp8: DFlash drafters ship in bf16 (choose f32 or bf16)")
 	}
 	layers := opt.Layers
 	if layers == 0 {

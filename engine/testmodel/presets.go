@@ -5,6 +5,8 @@ package testmodel
 
 import (
 	"fmt"
+
+	"ddflash/engine/config"
 	"slices"
 	"strings"
 )
@@ -68,6 +70,17 @@ func PresetByName(name string) (Preset, error) {
 
 // isFull says whether layer i is a full-attention layer.
 func (p Preset) isFull(i int) bool { return (i+1)%p.FullEvery == 0 }
+
+// layerKinds lists every layer's kind.
+func (p Preset) layerKinds() []config.LayerKind {
+	kinds := make([]config.LayerKind, p.Layers)
+	for i := range kinds {
+		if p.isFull(i) {
+			kinds[i] = config.Full
+		}
+	}
+	return kinds
+}
 
 func (p Preset) keyDim() int   { return p.LinearKeyHeads * p.LinearHeadDim }
 func (p Preset) valueDim() int { return p.LinearValueHeads * p.LinearHeadDim }

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"ddflash/engine/config"
+	"ddflash/engine/fp8"
 	"ddflash/engine/safetensors"
 )
 
@@ -20,7 +22,7 @@ const TextPrefix = "model.language_model."
 type Options struct {
 	Preset Preset
 	Seed   uint64
-	DType  string // "f32" or "bf16"; empty means f32
+	DType  string // "f32", "bf16" or "fp8" (bf16 with FP8 linear layers); empty means f32
 	Shards int    // safetensors files; 0 or 1 writes a single model.safetensors
 }
 
@@ -35,18 +37,23 @@ func checkOptions(what string, p Preset, dtype string) (dtypeNames, error) {
 	}
 	dt, ok := checkpointDTypes[dtype]
 	if !ok {
-		return dt, fmt.Errorf("%s: dtype %q: choose f32 or bf16", what, dtype)
+		return dt, fmt.Errorf("%s: dtype %q: choose f32, bf16 or fp8", what, dtype)
 	}
 	return dt, nil
 }
 
-// dtypeNames is a dtype's name in safetensors headers and in config.json.
-type dtypeNames struct{ tensor, config string }
+// dtypeNames is a dtype's name in safetensors headers and in config.json;
+// fp8 checkpoints then quantise their linear layers (package fp8).
+type dtypeNames struct {
+	tensor, config string
+	fp8            bool
+}
 
 // checkpointDTypes maps the DType option to the safetensors and config.json names.
 var checkpointDTypes = map[string]dtypeNames{
-	"f32":  {"F32", "float32"},
-	"bf16": {"BF16", "bfloat16"},
+	"f32":  {"F32", "float32", false},
+	"bf16": {"BF16", "bfloat16", false},
+	"fp8":  {"BF16", "bfloat16", true},
 }
 
 // Init scales (see initTensor): matrices are N(0, 1/sqrt(fan_in)) so
@@ -83,7 +90,13 @@ func Write(dir string, opt Options) error {
 		return err
 	}
 	eos := []int{special["<|im_end|>"], special["<|endoftext|>"]}
-	modelCfg, err := marshalJSON(configJSON(p, dt.config, eos))
+	cfg := configJSON(p, dt.config, eos)
+	var quant *config.Quantization
+	if dt.fp8 {
+		quant = &config.Quantization{NotConverted: fp8.QwenNotConverted(p.layerKinds(), TextPrefix)}
+		cfg["quantization_config"] = fp8.ConfigJSON(quant.NotConverted)
+	}
+	modelCfg, err := marshalJSON(cfg)
 	if err != nil {
 		return fmt.Errorf("test model: encode config.json: %w", err)
 	}
@@ -108,6 +121,9 @@ func Write(dir string, opt Options) error {
 	tensors, err := randomTensors(p, dt.tensor, vocab.idCount(), opt.Seed)
 	if err != nil {
 		return err
+	}
+	if tensors, err = fp8.Convert(tensors, quant); err != nil {
+		return fmt.Errorf("test model: %w", err)
 	}
 	meta := map[string]string{"format": "pt", "generator": "ddflash testmodel " + p.Name}
 	return safetensors.WriteCheckpoint(dir, tensors, opt.Shards, meta)

@@ -18,6 +18,7 @@ type buffer struct {
 	dt  kernels.DType
 	f32 []float32
 	u16 []uint16 // BF16 and F16 bit patterns
+	u8  []uint8  // F8E4M3 bit patterns
 	i32 []int32
 }
 
@@ -29,6 +30,8 @@ func (b *buffer) Len() int {
 		return len(b.f32)
 	case kernels.BF16, kernels.F16:
 		return len(b.u16)
+	case kernels.F8E4M3:
+		return len(b.u8)
 	default:
 		return len(b.i32)
 	}
@@ -80,15 +83,22 @@ func (be *Backend) Alloc(dt kernels.DType, n int) (kernels.Buffer, error) {
 		return &buffer{dt: dt, u16: make([]uint16, n)}, nil
 	case kernels.I32:
 		return &buffer{dt: dt, i32: make([]int32, n)}, nil
+	case kernels.F8E4M3:
+		return &buffer{dt: dt, u8: make([]uint8, n)}, nil
 	}
 	return nil, fmt.Errorf("cpu: alloc: unknown dtype %v", dt)
 }
 
-// Free drops the buffer's memory; the garbage collector reclaims it once no
+// Free drops the buffer's memory (both parts of a BlockScaled weight); the garbage collector reclaims it once no
 // view references it.
 func (be *Backend) Free(b kernels.Buffer) {
+	if w, ok := b.(*kernels.BlockScaled); ok {
+		be.Free(w.Q)
+		be.Free(w.Scale)
+		return
+	}
 	buf := asBuffer(b)
-	buf.f32, buf.u16, buf.i32 = nil, nil, nil
+	buf.f32, buf.u16, buf.u8, buf.i32 = nil, nil, nil, nil
 }
 
 // Slice returns a view of n elements of b starting at element off.
@@ -103,6 +113,8 @@ func (be *Backend) Slice(b kernels.Buffer, off, n int) kernels.Buffer {
 		view.f32 = buf.f32[off : off+n : off+n]
 	case kernels.BF16, kernels.F16:
 		view.u16 = buf.u16[off : off+n : off+n]
+	case kernels.F8E4M3:
+		view.u8 = buf.u8[off : off+n : off+n]
 	default:
 		view.i32 = buf.i32[off : off+n : off+n]
 	}
@@ -131,6 +143,8 @@ func (be *Backend) Upload(b kernels.Buffer, off int, src []byte) error {
 		for i := range dst {
 			dst[i] = binary.LittleEndian.Uint16(src[2*i:])
 		}
+	case kernels.F8E4M3:
+		copy(buf.u8[off:off+n], src)
 	default:
 		dst := buf.i32[off : off+n]
 		for i := range dst {
@@ -166,8 +180,8 @@ func (be *Backend) UploadI32(b kernels.Buffer, off int, src []int32) error {
 	return nil
 }
 
-// DownloadF32 copies len(dst) elements of b from off, converting BF16, F16
-// and I32 elements to float32 (I32 values are exact below 2^24).
+// DownloadF32 copies len(dst) elements of b from off, converting BF16, F16,
+// F8E4M3 and I32 elements to float32 (I32 values are exact below 2^24).
 func (be *Backend) DownloadF32(b kernels.Buffer, off int, dst []float32) error {
 	buf := asBuffer(b)
 	if err := checkRange("download", buf, off, len(dst)); err != nil {
@@ -183,6 +197,10 @@ func (be *Backend) DownloadF32(b kernels.Buffer, off int, dst []float32) error {
 	case kernels.F16:
 		for i, h := range buf.u16[off : off+len(dst)] {
 			dst[i] = half.F16ToFloat32(h)
+		}
+	case kernels.F8E4M3:
+		for i, q := range buf.u8[off : off+len(dst)] {
+			dst[i] = half.E4M3ToFloat32(q)
 		}
 	default:
 		for i, v := range buf.i32[off : off+len(dst)] {
@@ -212,6 +230,8 @@ func (be *Backend) Copy(dst, src kernels.Buffer, rows, cols, dstStride, srcStrid
 		copyRows(d.f32, s.f32, rows, cols, dstStride, srcStride)
 	case kernels.BF16, kernels.F16:
 		copyRows(d.u16, s.u16, rows, cols, dstStride, srcStride)
+	case kernels.F8E4M3:
+		copyRows(d.u8, s.u8, rows, cols, dstStride, srcStride)
 	default:
 		copyRows(d.i32, s.i32, rows, cols, dstStride, srcStride)
 	}

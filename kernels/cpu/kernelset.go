@@ -18,6 +18,8 @@ type kernelSet struct {
 	// they are loaded (widening is exact: the outputs equal rows4's on the
 	// widened rows, bit for bit).
 	rows4BF16 func(out []float32, outStride int, x []float32, m, k int, w []uint16)
+	// tileFP8 runs one tile of four FP8 weight rows (see fp8Tile).
+	tileFP8 fp8Tile
 	// widen converts BF16 or F16 weights to float32.
 	widen func(dst []float32, src []uint16, dt kernels.DType)
 	// swiglu sets out[i] = silu(gate[i])·up[i]; out may alias gate or up.
@@ -47,6 +49,7 @@ var portableKernels = kernelSet{
 	name:       "portable",
 	rows4:      rows4Portable,
 	rows4BF16:  rows4BF16Portable,
+	tileFP8:    tileFP8Portable,
 	widen:      widenInto,
 	swiglu:     swigluPortable,
 	silu:       siluPortable,

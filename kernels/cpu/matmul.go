@@ -16,10 +16,15 @@ const matmulTile = 4
 // scratchPool recycles the float32 buffers that hold widened weight tiles.
 var scratchPool = sync.Pool{New: func() any { return new([]float32) }}
 
-// MatMul computes out[m,n] = x[m,k]·w[n,k]ᵀ; w is F32, BF16 or F16.
+// MatMul computes out[m,n] = x[m,k]·w[n,k]ᵀ; w is F32, BF16, F16 or
+// *kernels.BlockScaled (fp8.go).
 func (be *Backend) MatMul(out, x, w kernels.Buffer, m, n, k int) {
 	o := f32s("MatMul out", out, m*n)
 	xv := f32s("MatMul x", x, m*k)
+	if fp8, ok := w.(*kernels.BlockScaled); ok {
+		be.matmulFP8(o, xv, fp8, m, n, k)
+		return
+	}
 	wb := asBuffer(w)
 	checkLen("MatMul w", wb, n*k)
 	if wb.dt == kernels.I32 {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"ddflash/kernels"
 )
@@ -59,6 +60,56 @@ func benchWeights(b *testing.B, be kernels.Backend, dt kernels.DType, n int, rng
 		}
 	}
 	if err := be.Upload(w, 0, raw); err != nil {
+		b.Fatal(err)
+	}
+	return w
+}
+
+// BenchmarkMatMulFP8 times MatMul with bf16 weights and with the same
+// weights block-scaled to FP8, interleaved in one run, on decode (m=1) and
+// verify (m=16) shapes, and reports bf16 time / FP8 time.
+func BenchmarkMatMulFP8(b *testing.B) {
+	be := New(0)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, kn := range [][2]int{{1024, 4096}, {4096, 1024}, {5120, 17408}} {
+		k, n := kn[0], kn[1]
+		bf16 := benchWeights(b, be, kernels.BF16, n*k, rng)
+		fp8 := benchFP8Weights(b, be, n, k, rng)
+		for _, m := range []int{1, 16} {
+			b.Run(fmt.Sprintf("m=%d/k=%d/n=%d", m, k, n), func(b *testing.B) {
+				x, _ := be.Alloc(kernels.F32, m*k)
+				out, _ := be.Alloc(kernels.F32, m*n)
+				var spent [2]time.Duration
+				for b.Loop() {
+					for i, w := range []kernels.Buffer{bf16, fp8} {
+						t0 := time.Now()
+						be.MatMul(out, x, w, m, n, k)
+						spent[i] += time.Since(t0)
+					}
+				}
+				b.ReportMetric(spent[0].Seconds()/spent[1].Seconds(), "fp8-speedup")
+			})
+		}
+		be.Free(bf16)
+		be.Free(fp8)
+	}
+}
+
+// benchFP8Weights returns a random FP8 weight [n,k] with unit block scales.
+func benchFP8Weights(b *testing.B, be kernels.Backend, n, k int, rng *rand.Rand) kernels.Buffer {
+	q, _ := be.Alloc(kernels.F8E4M3, n*k)
+	raw := make([]byte, n*k)
+	for i := range raw {
+		raw[i] = uint8(rng.IntN(256)) &^ 0x40 // exponents up to 2^0: no NaNs
+	}
+	br, bc := kernels.ScaleBlocks(n, k)
+	s, _ := be.Alloc(kernels.F32, br*bc)
+	be.Fill(s, 1)
+	if err := be.Upload(q, 0, raw); err != nil {
+		b.Fatal(err)
+	}
+	w, err := kernels.NewBlockScaled(q, s, n, k)
+	if err != nil {
 		b.Fatal(err)
 	}
 	return w

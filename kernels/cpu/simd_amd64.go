@@ -18,6 +18,7 @@ func simdKernels() (kernelSet, bool) {
 		name:       "avx512",
 		rows4:      rows4AVX512,
 		rows4BF16:  rows4BF16AVX512,
+		tileFP8:    tileFP8AVX512,
 		widen:      widenAVX512,
 		swiglu:     swigluAVX512,
 		silu:       siluAVX512,
@@ -60,7 +61,7 @@ func widenBF16(h archsimd.Uint16x16) archsimd.Float32x16 {
 }
 
 // rowPtr returns the address of a row of k elements, checking its length.
-func rowPtr[T float32 | uint16](s []T, k int) unsafe.Pointer {
+func rowPtr[T float32 | uint16 | uint8](s []T, k int) unsafe.Pointer {
 	return unsafe.Pointer(unsafe.SliceData(s[:k]))
 }
 

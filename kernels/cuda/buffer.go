@@ -39,7 +39,7 @@ func (b *buffer) addr() devPtr {
 
 // Alloc returns a zeroed buffer of n elements.
 func (be *Backend) Alloc(dt kernels.DType, n int) (kernels.Buffer, error) {
-	if n < 0 || dt > kernels.I32 {
+	if n < 0 || dt > kernels.F8E4M3 {
 		return nil, fmt.Errorf("cuda: alloc of %d %v elements: need n >= 0 and a known dtype", n, dt)
 	}
 	b := &buffer{n: n, dt: dt}
@@ -68,8 +68,14 @@ func (be *Backend) Alloc(dt kernels.DType, n int) (kernels.Buffer, error) {
 // Free releases a buffer made by Alloc once the ops queued so far are done
 // with it: its memory goes back at the next Sync or download, which wait
 // for them anyway, so Free never stalls the stream. The buffer and its views
-// are invalid from now on; freeing a view does nothing.
+// are invalid from now on; freeing a view does nothing. Freeing a
+// BlockScaled weight frees its values and scales.
 func (be *Backend) Free(b kernels.Buffer) {
+	if w, ok := b.(*kernels.BlockScaled); ok {
+		be.Free(w.Q)
+		be.Free(w.Scale)
+		return
+	}
 	buf := asBuffer(b)
 	if buf.mem == nil || buf.view {
 		return
@@ -133,7 +139,7 @@ func (be *Backend) upload(buf *buffer, off, n int, src unsafe.Pointer) error {
 }
 
 // DownloadF32 waits for the queued ops, then copies len(dst) elements of b
-// from off, converting BF16, F16 and I32 elements to float32.
+// from off, converting BF16, F16, F8E4M3 and I32 elements to float32.
 func (be *Backend) DownloadF32(b kernels.Buffer, off int, dst []float32) error {
 	buf := asBuffer(b)
 	if err := checkRange("download", buf, off, len(dst)); err != nil || len(dst) == 0 {
@@ -167,6 +173,8 @@ func (be *Backend) DownloadF32(b kernels.Buffer, off int, dst []float32) error {
 			dst[i] = half.BF16ToFloat32(binary.LittleEndian.Uint16(raw[2*i:]))
 		case kernels.F16:
 			dst[i] = half.F16ToFloat32(binary.LittleEndian.Uint16(raw[2*i:]))
+		case kernels.F8E4M3:
+			dst[i] = half.E4M3ToFloat32(raw[i])
 		default:
 			dst[i] = float32(int32(binary.LittleEndian.Uint32(raw[4*i:])))
 		}
@@ -185,9 +193,9 @@ func (be *Backend) Copy(dst, src kernels.Buffer, rows, cols, dstStride, srcStrid
 	}
 	checkLen("Copy dst", d, (rows-1)*dstStride+cols)
 	checkLen("Copy src", s, (rows-1)*srcStride+cols)
-	name := "copy_rows_b32"
-	if d.dt.Size() == 2 {
-		name = "copy_rows_b16"
+	name := map[int]string{4: "copy_rows_b32", 2: "copy_rows_b16"}[d.dt.Size()]
+	if name == "" {
+		panic(fmt.Sprintf("cuda: Copy of %v buffers: no kernel for that element size", d.dt))
 	}
 	be.mu.Lock()
 	defer be.mu.Unlock()

@@ -23,6 +23,10 @@ const (
 // MatMul computes out[m,n] = x[m,k]·w[n,k]ᵀ with F32 accuracy (see the package doc).
 func (be *Backend) MatMul(out, x, w kernels.Buffer, m, n, k int) {
 	o, xv := f32s("MatMul out", out, m*n), f32s("MatMul x", x, m*k)
+	if fp8, ok := w.(*kernels.BlockScaled); ok {
+		be.matmulFP8(o, xv, fp8, m, n, k)
+		return
+	}
 	wv, variant := weights("MatMul w", w, n*k)
 	if m == 0 || n == 0 {
 		return
@@ -77,4 +81,33 @@ func (be *Backend) matmulSplitBF16(out, x, w *buffer, m, n, k int) bool {
 	}
 	be.launch("sum_parts", be.gridFor(m*n, 256), d1(256), 0, out, parts, int64(m*n), i32(terms))
 	return true
+}
+
+// matmulFP8 runs MatMul on block-scaled FP8 weights (matmul_fp8.cu): the
+// warp-per-row kernel for decode-sized m, the shared-memory tiled kernel
+// for verify blocks and prefill.
+func (be *Backend) matmulFP8(out, x *buffer, w *kernels.BlockScaled, m, n, k int) {
+	if w.Rows != n || w.Cols != k {
+		panic(fmt.Sprintf("cuda: MatMul n=%d k=%d on an FP8 weight [%d, %d]", n, k, w.Rows, w.Cols))
+	}
+	q := typed("MatMul fp8 values", w.Q, n*k, kernels.F8E4M3)
+	br, bc := kernels.ScaleBlocks(n, k)
+	scale := f32s("MatMul fp8 scales", w.Scale, br*bc)
+	if m == 0 || n == 0 {
+		return
+	}
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	if m > gemvMaxRows {
+		const tile = 32 // FP8_TILE in matmul_fp8.cu
+		grid := dim3{(n + tile - 1) / tile, (m + tile - 1) / tile, 1}
+		be.launch("matmul_fp8_tiled", grid, d1(256), 0, out, x, q, scale, i32(m), i32(n), i32(k))
+		return
+	}
+	vec := int32(0)
+	if k%16 == 0 && q.addr()%16 == 0 && x.addr()%16 == 0 {
+		vec = 1
+	}
+	grid := dim3{(n + matmulWarps - 1) / matmulWarps, 1, 1}
+	be.launch("matmul_fp8", grid, d1(32*matmulWarps), 0, out, x, q, scale, i32(m), i32(n), i32(k), vec)
 }

@@ -25,11 +25,13 @@ func gpu(t *testing.T) kernels.Backend {
 	return gpuBackend
 }
 
-// TestModelLogits compares whole-model logits of the tiny and small presets
-// with the CPU backend's, on the GPU.
+// TestModelLogits compares whole-model logits of the tiny and small presets,
+// in bf16 and FP8, with the CPU backend's, on the GPU.
 func TestModelLogits(t *testing.T) {
 	for _, preset := range []string{"tiny", "small"} {
-		t.Run(preset, func(t *testing.T) { checkModelLogits(t, gpu(t), preset) })
+		for _, dtype := range []string{"bf16", "fp8"} {
+			t.Run(preset+"-"+dtype, func(t *testing.T) { checkModelLogits(t, gpu(t), preset, dtype) })
+		}
 	}
 }
 

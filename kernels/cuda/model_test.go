@@ -34,7 +34,8 @@ func TestEmulatedModel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Run("Logits", func(t *testing.T) { checkModelLogits(t, be, "tiny") })
+	t.Run("Logits", func(t *testing.T) { checkModelLogits(t, be, "tiny", "bf16") })
+	t.Run("LogitsFP8", func(t *testing.T) { checkModelLogits(t, be, "tiny", "fp8") })
 	t.Run("Spec", func(t *testing.T) { checkSpecGeneration(t, be) })
 	t.Run("Close", func(t *testing.T) { checkCloseReleases(t, be) })
 	t.Run("PlannedAllocation", func(t *testing.T) { checkPlannedAllocation(t, be) })
@@ -117,14 +118,14 @@ func checkCloseReleases(t *testing.T, be kernels.Backend) {
 	}
 }
 
-// checkModelLogits runs a random bf16 model of the preset on be and on the
-// CPU backend: a prefill of the prompt, then decode steps, comparing every
-// logit row.
-func checkModelLogits(t *testing.T, be kernels.Backend, preset string) {
+// checkModelLogits runs a random model of the preset and dtype (bf16, or
+// fp8: FP8 linear layers) on be and on the CPU backend: a prefill of the
+// prompt, then decode steps, comparing every logit row.
+func checkModelLogits(t *testing.T, be kernels.Backend, preset, dtype string) {
 	p, err := testmodel.PresetByName(preset)
 	must(t, err)
 	dir := t.TempDir()
-	must(t, testmodel.Write(dir, testmodel.Options{Preset: p, Seed: 1, DType: "bf16"}))
+	must(t, testmodel.Write(dir, testmodel.Options{Preset: p, Seed: 1, DType: dtype}))
 	rng := rand.New(rand.NewPCG(11, 12))
 	prompt := make([]int32, 37)
 	for i := range prompt {
@@ -134,10 +135,10 @@ func checkModelLogits(t *testing.T, be kernels.Backend, preset string) {
 	want := modelLogits(t, cpu.New(0), dir, prompt, steps)
 	got := modelLogits(t, be, dir, prompt, steps)
 	for i := range want {
-		// F32 activations and exactly widened weights on both: the
-		// difference is accumulation order through every layer.
+		// F32 activations and exactly widened (FP8: exactly dequantised)
+		// weights on both: the difference is accumulation order.
 		if d := cuda.RelNorm(got[i], want[i]); d > 1e-4 {
-			t.Errorf("%s forward %d: ‖got−cpu‖/‖cpu‖ = %.2g", preset, i, d)
+			t.Errorf("%s %s forward %d: ‖got−cpu‖/‖cpu‖ = %.2g", preset, dtype, i, d)
 		}
 	}
 }

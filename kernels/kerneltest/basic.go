@@ -148,21 +148,26 @@ func testMatMul(h *harness) {
 			w, wv := h.weights(dt, h.normal(n*k, 1))
 			outBuf := h.alloc(kernels.F32, m*n+5)
 			h.be.MatMul(h.be.Slice(outBuf, 5, m*n), h.be.Slice(h.f32(x), 3, m*k), w, m, n, k)
-			x = x[3:]
-			want, scale := make([]float64, m*n), make([]float64, m*n)
-			for i := range m {
-				for j := range n {
-					for l := range k {
-						p := float64(x[i*k+l]) * wv[j*k+l]
-						want[i*n+j] += p
-						scale[i*n+j] += math.Abs(p)
-					}
-				}
-			}
+			want, scale := matmulReference(x[3:], wv, m, n, k)
 			got := h.read(outBuf, m*n+5)[5:]
 			h.expectClose(fmt.Sprintf("MatMul %v m=%d n=%d k=%d", dt, m, n, k), got, want, scale, tolerance{1e-30, 2 * float64(k) * f32Unit})
 		}
 	}
+}
+
+// matmulReference returns x·wᵀ in float64 and, per output, Σ|x·w|.
+func matmulReference(x []float32, w []float64, m, n, k int) (want, scale []float64) {
+	want, scale = make([]float64, m*n), make([]float64, m*n)
+	for i := range m {
+		for j := range n {
+			for l := range k {
+				p := float64(x[i*k+l]) * w[j*k+l]
+				want[i*n+j] += p
+				scale[i*n+j] += math.Abs(p)
+			}
+		}
+	}
+	return want, scale
 }
 
 // testAdd adds in place (out aliases a): exact up to one rounding.

@@ -37,6 +37,7 @@ var suite = []struct {
 	{"Fill", testFill},
 	{"Embedding", testEmbedding},
 	{"MatMul", testMatMul},
+	{"MatMulFP8", testMatMulFP8},
 	{"Add", testAdd},
 	{"RMSNorm", testRMSNorm},
 	{"GatedRMSNorm", testGatedRMSNorm},

@@ -12,7 +12,18 @@ import numpy as np
 import torch
 
 # Element sizes of the dtypes this project reads and writes.
-_ITEM_SIZE = {"F32": 4, "F16": 2, "BF16": 2}
+_ITEM_SIZE = {"F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1}
+
+
+def _e4m3_values() -> np.ndarray:
+    """Every float8 E4M3 byte's value from the definition: sign, 4 exponent bits with bias 7
+    (0: subnormal), 3 mantissa bits; 0x7f and 0xff are NaN. Exact in float32."""
+    values = np.empty(256, dtype=np.float32)
+    for b in range(256):
+        exp, mant = (b >> 3) & 0xF, b & 7
+        v = mant / 8 * 2.0**-6 if exp == 0 else (1 + mant / 8) * 2.0 ** (exp - 7)
+        values[b] = float("nan") if b & 0x7F == 0x7F else (-v if b & 0x80 else v)
+    return values
 
 
 def _bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
@@ -35,7 +46,8 @@ def read_header(path):
 
 
 def read_safetensors(path, names=None):
-    """Loads tensors as float32 (exact for BF16 and F16). names limits what is read."""
+    """Loads tensors as float32 (exact for BF16, F16 and F8_E4M3, whose block scales the
+    caller applies). names limits what is read."""
     header, data_start = read_header(path)
     tensors = {}
     with open(path, "rb") as f:
@@ -52,6 +64,8 @@ def read_safetensors(path, names=None):
                 values = np.frombuffer(raw, dtype="<f2").astype(np.float32)
             elif dtype == "F32":
                 values = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+            elif dtype == "F8_E4M3":
+                values = _e4m3_values()[np.frombuffer(raw, dtype=np.uint8)]
             else:
                 raise ValueError(f"{path}: tensor {name}: unsupported dtype {dtype}")
             tensors[name] = torch.from_numpy(values.reshape(info["shape"]).copy())

@@ -29,6 +29,7 @@
 #include "../kernels/elementwise.cu"
 #include "../kernels/gdn.cu"
 #include "../kernels/matmul.cu"
+#include "../kernels/matmul_fp8.cu"
 #include "../kernels/norms.cu"
 #include "../kernels/rope.cu"
 #include "../kernels/sampling.cu"
