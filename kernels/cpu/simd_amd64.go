@@ -23,6 +23,7 @@ func simdKernels() (kernelSet, bool) {
 		silu:       siluAVX512,
 		mulSigmoid: mulSigmoidAVX512,
 		deltaStep:  deltaStepAVX512,
+		accumRows:  accumRowsAVX512,
 		conv:       convAVX512,
 		softmax:    softmaxAVX512,
 		mixValues:  mixValuesAVX512,
