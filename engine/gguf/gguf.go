@@ -177,4 +177,3 @@ func boolByte(b bool) byte {
 	}
 	return 0
 }
-
