@@ -13,6 +13,12 @@ import (
 // once per pair of rows), and one horizontal reduction yields four outputs.
 const matmulTile = 4
 
+// matmulXBlock is the most bytes of x rows that columns runs against its
+// weight tiles at a time: a prefill's x (hundreds of rows) would otherwise
+// stream from memory once per tile of four weight rows, where a block stays
+// in the core's L2 cache while the tiles pass over it.
+const matmulXBlock = 1 << 20
+
 // scratchPool recycles the float32 buffers that hold widened weight tiles.
 var scratchPool = sync.Pool{New: func() any { return new([]float32) }}
 
@@ -39,13 +45,20 @@ func (be *Backend) MatMul(out, x, w kernels.Buffer, m, n, k int) {
 // row equals the same row decoded alone.
 func (kern *kernelSet) columns(out, x []float32, w *buffer, m, n, k, nLo, nHi int) {
 	full := nLo + (nHi-nLo)&^(matmulTile-1) // whole tiles end here
-	switch w.dt {
-	case kernels.BF16:
-		kern.rows4BF16(out[nLo:], n, x, m, k, w.u16[nLo*k:full*k])
-	case kernels.F32:
-		kern.rows4(out[nLo:], n, x, m, k, w.f32[nLo*k:full*k])
-	default:
+	if w.dt == kernels.F16 {
 		full = nLo // F16 weights take the widening path below
+	}
+	// Blocks of a multiple of four rows keep rows4's grouping of x rows, so
+	// every output is computed exactly as without blocks.
+	block := max(4, matmulXBlock/(4*k)) &^ 3
+	for i := 0; i < m && full > nLo; i += block {
+		rows := min(block, m-i)
+		o, xb := out[i*n+nLo:], x[i*k:(i+rows)*k]
+		if w.dt == kernels.BF16 {
+			kern.rows4BF16(o, n, xb, rows, k, w.u16[nLo*k:full*k])
+		} else {
+			kern.rows4(o, n, xb, rows, k, w.f32[nLo*k:full*k])
+		}
 	}
 	if full == nHi {
 		return
