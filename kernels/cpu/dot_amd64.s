@@ -41,6 +41,50 @@ GLOBL rowMajor<>(SB), RODATA|NOPTR, $64
 	VPXORD Z14, Z14, Z14; \
 	VPXORD Z15, Z15, Z15
 
+// LOAD_ARGS loads the arguments of dot4x4BF16 and dot4x4F32 (weight rows
+// R8-R11, x rows SI, R12-R14, k CX, out DI, its row stride in bytes BX),
+// clears the accumulators and AX (the element index) and tests k.
+#define LOAD_ARGS \
+	MOVQ p0+0(FP), R8; \
+	MOVQ p1+8(FP), R9; \
+	MOVQ p2+16(FP), R10; \
+	MOVQ p3+24(FP), R11; \
+	MOVQ x+32(FP), SI; \
+	MOVQ k+40(FP), CX; \
+	MOVQ out+48(FP), DI; \
+	MOVQ outStride+56(FP), BX; \
+	SHLQ $2, BX; \
+	LEAQ (SI)(CX*4), R12; \
+	LEAQ (R12)(CX*4), R13; \
+	LEAQ (R13)(CX*4), R14; \
+	ZERO_ACCUMULATORS; \
+	XORQ AX, AX; \
+	TESTQ CX, CX
+
+// FMA_4X4 multiplies the 16 elements at AX of the four x rows by the four
+// weight vectors in Z16-Z19 into accumulator Z(4s+r) for x row s, weight row r.
+#define FMA_4X4 \
+	VMOVUPS (SI)(AX*4), Z20; \
+	VFMADD231PS Z20, Z16, Z0; \
+	VFMADD231PS Z20, Z17, Z1; \
+	VFMADD231PS Z20, Z18, Z2; \
+	VFMADD231PS Z20, Z19, Z3; \
+	VMOVUPS (R12)(AX*4), Z21; \
+	VFMADD231PS Z21, Z16, Z4; \
+	VFMADD231PS Z21, Z17, Z5; \
+	VFMADD231PS Z21, Z18, Z6; \
+	VFMADD231PS Z21, Z19, Z7; \
+	VMOVUPS (R13)(AX*4), Z22; \
+	VFMADD231PS Z22, Z16, Z8; \
+	VFMADD231PS Z22, Z17, Z9; \
+	VFMADD231PS Z22, Z18, Z10; \
+	VFMADD231PS Z22, Z19, Z11; \
+	VMOVUPS (R14)(AX*4), Z23; \
+	VFMADD231PS Z23, Z16, Z12; \
+	VFMADD231PS Z23, Z17, Z13; \
+	VFMADD231PS Z23, Z18, Z14; \
+	VFMADD231PS Z23, Z19, Z15
+
 // REDUCE_STORE adds each accumulator Z(4s+r)'s lanes by sum4's tree and
 // stores x row s's four sums to DI + s·BX (BX the row stride in bytes):
 // 256-bit halves (Z16+i = [acc 2i | acc 2i+1]), then 128-bit halves (Zq =
@@ -111,21 +155,7 @@ GLOBL rowMajor<>(SB), RODATA|NOPTR, $64
 // 128 bits, then adjacent pairs twice. That is exactly what the single-row
 // kernel computes, so every row stays bit-identical to the row alone.
 TEXT ·dot4x4BF16(SB), NOSPLIT, $0-64
-	MOVQ p0+0(FP), R8
-	MOVQ p1+8(FP), R9
-	MOVQ p2+16(FP), R10
-	MOVQ p3+24(FP), R11
-	MOVQ x+32(FP), SI
-	MOVQ k+40(FP), CX
-	MOVQ out+48(FP), DI
-	MOVQ outStride+56(FP), BX
-	SHLQ $2, BX
-	LEAQ (SI)(CX*4), R12
-	LEAQ (R12)(CX*4), R13
-	LEAQ (R13)(CX*4), R14
-	ZERO_ACCUMULATORS
-	XORQ AX, AX
-	TESTQ CX, CX
+	LOAD_ARGS
 	JZ reduce
 
 loop:
@@ -137,26 +167,7 @@ loop:
 	VPSLLD $16, Z18, Z18
 	VPMOVZXWD (R11)(AX*2), Z19
 	VPSLLD $16, Z19, Z19
-	VMOVUPS (SI)(AX*4), Z20
-	VFMADD231PS Z20, Z16, Z0
-	VFMADD231PS Z20, Z17, Z1
-	VFMADD231PS Z20, Z18, Z2
-	VFMADD231PS Z20, Z19, Z3
-	VMOVUPS (R12)(AX*4), Z21
-	VFMADD231PS Z21, Z16, Z4
-	VFMADD231PS Z21, Z17, Z5
-	VFMADD231PS Z21, Z18, Z6
-	VFMADD231PS Z21, Z19, Z7
-	VMOVUPS (R13)(AX*4), Z22
-	VFMADD231PS Z22, Z16, Z8
-	VFMADD231PS Z22, Z17, Z9
-	VFMADD231PS Z22, Z18, Z10
-	VFMADD231PS Z22, Z19, Z11
-	VMOVUPS (R14)(AX*4), Z23
-	VFMADD231PS Z23, Z16, Z12
-	VFMADD231PS Z23, Z17, Z13
-	VFMADD231PS Z23, Z18, Z14
-	VFMADD231PS Z23, Z19, Z15
+	FMA_4X4
 	ADDQ $16, AX
 	CMPQ AX, CX
 	JLT loop
@@ -172,21 +183,7 @@ reduce:
 // the same FMA chains and the same tree, with 8 loads and no widening per
 // 16 FMAs.
 TEXT ·dot4x4F32(SB), NOSPLIT, $0-64
-	MOVQ p0+0(FP), R8
-	MOVQ p1+8(FP), R9
-	MOVQ p2+16(FP), R10
-	MOVQ p3+24(FP), R11
-	MOVQ x+32(FP), SI
-	MOVQ k+40(FP), CX
-	MOVQ out+48(FP), DI
-	MOVQ outStride+56(FP), BX
-	SHLQ $2, BX
-	LEAQ (SI)(CX*4), R12
-	LEAQ (R12)(CX*4), R13
-	LEAQ (R13)(CX*4), R14
-	ZERO_ACCUMULATORS
-	XORQ AX, AX
-	TESTQ CX, CX
+	LOAD_ARGS
 	JZ reduceF32
 
 loopF32:
@@ -194,26 +191,7 @@ loopF32:
 	VMOVUPS (R9)(AX*4), Z17
 	VMOVUPS (R10)(AX*4), Z18
 	VMOVUPS (R11)(AX*4), Z19
-	VMOVUPS (SI)(AX*4), Z20
-	VFMADD231PS Z20, Z16, Z0
-	VFMADD231PS Z20, Z17, Z1
-	VFMADD231PS Z20, Z18, Z2
-	VFMADD231PS Z20, Z19, Z3
-	VMOVUPS (R12)(AX*4), Z21
-	VFMADD231PS Z21, Z16, Z4
-	VFMADD231PS Z21, Z17, Z5
-	VFMADD231PS Z21, Z18, Z6
-	VFMADD231PS Z21, Z19, Z7
-	VMOVUPS (R13)(AX*4), Z22
-	VFMADD231PS Z22, Z16, Z8
-	VFMADD231PS Z22, Z17, Z9
-	VFMADD231PS Z22, Z18, Z10
-	VFMADD231PS Z22, Z19, Z11
-	VMOVUPS (R14)(AX*4), Z23
-	VFMADD231PS Z23, Z16, Z12
-	VFMADD231PS Z23, Z17, Z13
-	VFMADD231PS Z23, Z18, Z14
-	VFMADD231PS Z23, Z19, Z15
+	FMA_4X4
 	ADDQ $16, AX
 	CMPQ AX, CX
 	JLT loopF32
