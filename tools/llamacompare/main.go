@@ -225,8 +225,17 @@ func llamaDecode(w *worker, prompt []int32, n int) (float64, error) {
 	return g.DecodeMs, err
 }
 
+// nearTie is the largest gap, in nats, between ddflash's top two tokens at
+// which llama.cpp may pick the second: llama.cpp rounds activations to
+// bfloat16 before BF16 matmuls, which moves logits by a few hundredths.
+const nearTie = 0.05
+
+// checkAgreement decodes n greedy tokens with both engines. They must agree
+// up to the end or up to a step where ddflash's two best tokens are within
+// nearTie and llama.cpp took the other one (then the texts diverge legitimately).
 func checkAgreement(e *engine.Engine, w *worker, prompt []int32, n int) error {
-	res, err := e.Generate(context.Background(), engine.Request{Prompt: prompt, MaxTokens: n, IgnoreEOS: true})
+	res, err := e.Generate(context.Background(), engine.Request{Prompt: prompt, MaxTokens: n, IgnoreEOS: true,
+		Sampling: engine.SamplingParams{Logprobs: 2}})
 	if err != nil {
 		return err
 	}
@@ -234,11 +243,24 @@ func checkAgreement(e *engine.Engine, w *worker, prompt []int32, n int) error {
 	if err := w.call(map[string]any{"cmd": "generate", "tokens": prompt, "n": n}, &g); err != nil {
 		return err
 	}
-	if !slices.Equal(res.Tokens, g.Tokens) {
-		return fmt.Errorf("%w: ddflash %v, llama.cpp %v", errDisagree, res.Tokens, g.Tokens)
+	same := 0
+	for same < min(len(res.Tokens), len(g.Tokens)) && res.Tokens[same] == g.Tokens[same] {
+		same++
 	}
-	fmt.Fprintf(os.Stderr, "greedy agreement: %d tokens identical\n", n)
-	return nil
+	if same == n {
+		fmt.Fprintf(os.Stderr, "greedy agreement: %d tokens identical\n", n)
+		return nil
+	}
+	if same < len(g.Tokens) {
+		step := res.Logprobs[same]
+		for _, alt := range step.Top {
+			if alt.ID == g.Tokens[same] && step.Logprob-alt.Logprob <= nearTie {
+				fmt.Fprintf(os.Stderr, "greedy agreement: %d tokens identical, then a near tie (ddflash's top two %.3f nats apart)\n", same, step.Logprob-alt.Logprob)
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("%w at step %d: ddflash %v, llama.cpp %v", errDisagree, same, res.Tokens, g.Tokens)
 }
 
 // worker is the node process that runs llama.cpp.

@@ -38,14 +38,15 @@ async function prefill({tokens}) {
     return {ms};
 }
 
-// generate decodes n tokens greedily; prefillMs runs to the first token,
+// generate decodes n tokens greedily, end-of-generation tokens included (as
+// ddflash with IgnoreEOS); prefillMs runs to the first token,
 // decodeMs from there to the last (n-1 decode steps).
 async function generate({tokens, n}) {
     const seq = await freshSequence();
     const out = [];
     const t0 = performance.now();
     let t1 = t0;
-    for await (const tok of seq.evaluate(tokens, {temperature: 0})) {
+    for await (const tok of seq.evaluate(tokens, {temperature: 0, yieldEogToken: true})) {
         if (out.length === 0) t1 = performance.now();
         out.push(tok);
         if (out.length === n) break;
