@@ -194,3 +194,28 @@ func interleaved(b *testing.B, a, c func()) [2]time.Duration {
 	}
 	return spent
 }
+
+// BenchmarkPrefillScaling prefills prompts of 64 to 4,096 tokens (in the
+// engine's 512-token forwards) on the small preset and reports ms per
+// prompt token: apart from attention's term, which grows linearly with the
+// position, the figure should stay flat as the prompt grows.
+func BenchmarkPrefillScaling(b *testing.B) {
+	e := smallEngine(b, Options{Context: 4096 + 64})
+	rng := rand.New(rand.NewPCG(5, 5))
+	for _, n := range []int{64, 256, 1024, 4096} {
+		prompt := randomTokens(rng, n, 300)
+		b.Run(fmt.Sprintf("tokens%d", n), func(b *testing.B) {
+			for range b.N {
+				s, err := e.newSequence()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, _, err := e.prefill(s, prompt, nil); err != nil {
+					b.Fatal(err)
+				}
+				e.release(s)
+			}
+			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N*n), "ms/token")
+		})
+	}
+}

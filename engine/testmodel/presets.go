@@ -32,6 +32,8 @@ type Preset struct {
 
 // Presets are the built-in model sizes. tiny runs in milliseconds in tests;
 // small (~115M parameters) is large enough that a decode step is memory-bound;
+// mid (~0.65B, GDN value heads twice the key heads) is the bigger model of
+// the llama.cpp comparison (scripts/llamacpp-compare.sh);
 // tp8 is as tiny, with head counts that split over 2, 4 and 8
 // tensor-parallel ranks and only 2 KV heads (replicated beyond TP 2).
 var Presets = []Preset{
@@ -45,7 +47,13 @@ var Presets = []Preset{
 		Name: "small", Hidden: 1024, Layers: 8, FullEvery: 4, Intermediate: 3072,
 		Heads: 8, KVHeads: 2, HeadDim: 128, PartialRotary: 0.25,
 		LinearKeyHeads: 4, LinearValueHeads: 8, LinearHeadDim: 128, ConvKernel: 4,
-		MaxPositions: 4096, MaxMerges: 100, VocabSize: 4096,
+		MaxPositions: 8192, MaxMerges: 100, VocabSize: 4096, // room for 4,096-token prefill benchmarks
+	},
+	{
+		Name: "mid", Hidden: 1536, Layers: 16, FullEvery: 4, Intermediate: 6144,
+		Heads: 12, KVHeads: 2, HeadDim: 128, PartialRotary: 0.25,
+		LinearKeyHeads: 8, LinearValueHeads: 16, LinearHeadDim: 128, ConvKernel: 4,
+		MaxPositions: 8192, MaxMerges: 100, VocabSize: 4096,
 	},
 	{
 		Name: "tp8", Hidden: 64, Layers: 4, FullEvery: 4, Intermediate: 128,

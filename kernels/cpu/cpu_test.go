@@ -43,16 +43,17 @@ func kernelVariants() []kernelSet {
 // equals the same row computed alone, bit for bit, with every kernel set:
 // a speculative verify block then reproduces plain decoding exactly. The
 // row counts cross the kernels' pairs of x rows, and n and k include
-// partial tiles and vector tails.
+// partial tiles and vector tails; with k = 4112, m = 123 spans two of
+// MatMul's blocks of x rows (matmulXBlock).
 func TestMatMulBatchInvariant(t *testing.T) {
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 3))
-	for _, nk := range [][2]int{{12, 53}, {13, 64}, {7, 16}, {36, 48}, {20, 192}} {
+	for _, nk := range [][2]int{{12, 53}, {13, 64}, {7, 16}, {36, 48}, {20, 192}, {12, 4112}} {
 		n, k := nk[0], nk[1]
 		raw := make([]byte, 0, 4*n*k)
 		for range n * k {
 			raw = binary.LittleEndian.AppendUint32(raw, math.Float32bits(float32(rng.NormFloat64())))
 		}
-		for _, m := range []int{2, 3, 4, 5, 7, 8, 9, 16, 17, 33} {
+		for _, m := range []int{2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 123} {
 			xs := make([]float32, m*k)
 			for i := range xs {
 				xs[i] = float32(rng.NormFloat64())

@@ -60,6 +60,13 @@ func (a *gdnArgs) token(t, h int) (q, k, v []float32, g, beta float32) {
 	return a.q[qk : qk+kd], a.k[qk : qk+kd], a.v[vo : vo+vd], a.g[t*a.shape.ValueHeads+h], a.beta[t*a.shape.ValueHeads+h]
 }
 
+// tail returns the keys and values of value head h from token t to the end
+// (token t+j's rows at offsets j·qkDim and j·vDim), for accumRows.
+func (a *gdnArgs) tail(t, h int) (k, v []float32) {
+	kh := h / (a.shape.ValueHeads / a.shape.KeyHeads)
+	return a.k[t*a.qkDim+kh*a.shape.KeyDim:], a.v[t*a.vDim+h*a.shape.ValueDim:]
+}
+
 // outRow returns token t's output for value head h, or nil.
 func (a *gdnArgs) outRow(t, h int) []float32 {
 	if a.out == nil {

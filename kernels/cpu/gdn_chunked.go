@@ -19,7 +19,7 @@ func (be *Backend) GDNChunked(out, q, k, v, g, beta, state, stateOut kernels.Buf
 	st, final := f32s("GDNChunked state", state, sl), f32s("GDNChunked stateOut", stateOut, sl)
 	headLen := shape.KeyDim * shape.ValueDim
 	be.pool.parallelFor(shape.ValueHeads, T*headLen, func(lo, hi int) {
-		w := newChunkScratch(min(chunk, max(T, 1)), shape.KeyDim, shape.ValueDim)
+		w := newChunkScratch(be.kern, min(chunk, max(T, 1)), shape.KeyDim, shape.ValueDim)
 		for h := lo; h < hi; h++ {
 			S := final[h*headLen : (h+1)*headLen]
 			copy(S, st[h*headLen:(h+1)*headLen]) // a no-op when stateOut is state
@@ -32,43 +32,65 @@ func (be *Backend) GDNChunked(out, q, k, v, g, beta, state, stateOut kernels.Buf
 
 // chunkScratch holds one worker's per-chunk matrices (C = chunk length).
 type chunkScratch struct {
+	kern   *kernelSet
 	kd, vd int
 	gc     []float32 // [C] cumulative log-decay inside the chunk
+	kt     []float32 // [kd, C16] the chunk's keys, transposed, rows zero-padded to C16 = C rounded up to 16
+	dots   []float32 // [C16] one row of k_i·k_j or q_i·k_j
 	tri    []float32 // [C, C] strictly lower part of the UT transform
+	coef   []float32 // [max(C, kd)] the coefficients of one accumRows
 	u      []float32 // [C, vd] transformed beta·v, then the new values
-	wk     []float32 // [C, kd] transformed beta·k·exp(gc)
-	row    []float32 // [C] one row during forward substitution
+	wk     []float32 // [kd] -(transformed beta·k·exp(gc)) of one token
 }
 
-func newChunkScratch(c, kd, vd int) *chunkScratch {
+// pad16 rounds n up to a whole number of 16-lane vectors.
+func pad16(n int) int { return (n + 15) &^ 15 }
+
+func newChunkScratch(kern *kernelSet, c, kd, vd int) *chunkScratch {
 	return &chunkScratch{
-		kd: kd, vd: vd,
-		gc: make([]float32, c), tri: make([]float32, c*c),
-		u: make([]float32, c*vd), wk: make([]float32, c*kd), row: make([]float32, c),
+		kern: kern, kd: kd, vd: vd,
+		gc: make([]float32, c), kt: make([]float32, kd*pad16(c)), dots: make([]float32, pad16(c)),
+		tri: make([]float32, c*c), coef: make([]float32, max(c, kd)),
+		u: make([]float32, c*vd), wk: make([]float32, kd),
 	}
 }
 
-// run applies tokens [start, start+n) of value head h to the state S.
+// expDiff is exp(x-y), from the difference so that neither factor can
+// overflow or underflow alone.
+func expDiff(x, y float32) float32 { return float32(math.Exp(float64(x - y))) }
+
+// run applies tokens [start, start+n) of value head h to the state S. Every
+// product over the chunk is an accumRows (rows of keys, values, the state
+// or u, read in place), so the SIMD kernel does the O(n·kd·vd) work.
 func (w *chunkScratch) run(a *gdnArgs, S []float32, h, start, n int) {
-	kd, vd := w.kd, w.vd
-	gc, tri, u, wk := w.gc[:n], w.tri[:n*n], w.u[:n*vd], w.wk[:n*kd]
-	var acc float32
-	for i := range n {
-		_, _, _, gi, _ := a.token(start+i, h)
-		acc += gi
-		gc[i] = acc
+	kd, vd, acc := w.kd, w.vd, w.kern.accumRows
+	// Key dot products run over whole rows of kt (np columns, the padding
+	// zero), so that accumRows never takes its partial-vector path.
+	np := pad16(n)
+	gc, kt, dots, tri, u := w.gc[:n], w.kt[:kd*np], w.dots[:np], w.tri[:n*n], w.u[:n*vd]
+	clear(kt)
+	k0, v0 := a.tail(start, h) // token start+j's rows are at offset j·stride
+	var cum float32
+	for j := range n {
+		_, kj, _, gj, _ := a.token(start+j, h)
+		cum += gj
+		gc[j] = cum
+		for r, x := range kj {
+			kt[r*np+j] = x
+		}
 	}
 	// With A[i,j] = beta_i·(k_i·k_j)·exp(gc_i-gc_j) for j < i, forward
 	// substitution on tri = -A turns I + tri into (I + A)⁻¹.
 	for i := range n {
 		_, ki, _, _, bi := a.token(start+i, h)
+		clear(dots)
+		acc(dots, ki, kt, np)
 		for j := range i {
-			_, kj, _, _, _ := a.token(start+j, h)
-			tri[i*n+j] = -bi * dot(ki, kj) * float32(math.Exp(float64(gc[i]-gc[j])))
+			tri[i*n+j] = -bi * dots[j] * expDiff(gc[i], gc[j])
 		}
 	}
 	for i := 1; i < n; i++ {
-		row := w.row[:i]
+		row := w.coef[:i]
 		copy(row, tri[i*n:i*n+i])
 		for j := range i {
 			sum := row[j]
@@ -78,55 +100,67 @@ func (w *chunkScratch) run(a *gdnArgs, S []float32, h, start, n int) {
 			tri[i*n+j] = sum
 		}
 	}
-	// u = (I+tri)·(beta·v), wk = (I+tri)·(beta·k·exp(gc)).
+	// u_i = Σ_j (I+tri)[i,j]·beta_j·v_j, then u_i -= wk_i·S with
+	// wk_i = Σ_j (I+tri)[i,j]·beta_j·exp(gc_j)·k_j, using the state before
+	// this chunk.
 	for i := range n {
-		ui, wi := u[i*vd:(i+1)*vd], wk[i*kd:(i+1)*kd]
-		clear(ui)
-		clear(wi)
-		for j := 0; j <= i; j++ {
-			coef := float32(1)
+		ui, c := u[i*vd:(i+1)*vd], w.coef[:i+1]
+		for j := range c {
+			_, _, _, _, bj := a.token(start+j, h)
+			c[j] = bj
 			if j < i {
-				coef = tri[i*n+j]
+				c[j] *= tri[i*n+j]
 			}
-			_, kj, vj, _, bj := a.token(start+j, h)
-			axpy(ui, vj, coef*bj)
-			axpy(wi, kj, coef*bj*float32(math.Exp(float64(gc[j]))))
 		}
-	}
-	// New values: u -= wk·S, using the state before this chunk.
-	for i := range n {
-		ui, wi := u[i*vd:(i+1)*vd], wk[i*kd:(i+1)*kd]
-		for r, c := range wi {
-			axpy(ui, S[r*vd:(r+1)*vd], -c)
+		clear(ui)
+		acc(ui, c, v0, a.vDim)
+		for j := range c {
+			c[j] *= -float32(math.Exp(float64(gc[j])))
 		}
+		clear(w.wk)
+		acc(w.wk, c, k0, a.qkDim)
+		acc(ui, w.wk, S, vd)
 	}
 	if a.out != nil {
+		// out_i = exp(gc_i)·q_i·S + Σ_{j≤i} (q_i·k_j)·exp(gc_i-gc_j)·u_j.
 		for i := range n {
 			qi, _, _, _, _ := a.token(start+i, h)
-			oi := a.outRow(start+i, h)
-			clear(oi)
+			oi, c := a.outRow(start+i, h), w.coef[:kd]
 			decay := float32(math.Exp(float64(gc[i])))
-			for r, c := range qi {
-				axpy(oi, S[r*vd:(r+1)*vd], c*decay)
+			for r, x := range qi {
+				c[r] = x * decay
 			}
-			for j := 0; j <= i; j++ {
-				_, kj, _, _, _ := a.token(start+j, h)
-				axpy(oi, u[j*vd:(j+1)*vd], dot(qi, kj)*float32(math.Exp(float64(gc[i]-gc[j]))))
+			clear(oi)
+			acc(oi, c, S, vd)
+			clear(dots)
+			acc(dots, qi, kt, np)
+			for j := range i + 1 {
+				dots[j] *= expDiff(gc[i], gc[j])
 			}
+			acc(oi, dots[:i+1], u, vd)
 		}
 	}
-	// S = exp(gc_last)·S + Σ_j exp(gc_last-gc_j)·k_j ⊗ u_j.
+	// S = exp(gc_last)·S + Σ_j exp(gc_last-gc_j)·k_j ⊗ u_j, one key row r of
+	// S at a time.
 	last := gc[n-1]
 	decay := float32(math.Exp(float64(last)))
 	for i := range S {
 		S[i] *= decay
 	}
 	for j := range n {
-		_, kj, _, _, _ := a.token(start+j, h)
-		f := float32(math.Exp(float64(last - gc[j])))
-		uj := u[j*vd : (j+1)*vd]
-		for r, c := range kj {
-			axpy(S[r*vd:(r+1)*vd], uj, c*f)
+		dots[j] = expDiff(last, gc[j])
+	}
+	c := w.coef[:n]
+	for r := range kd {
+		for j := range n {
+			c[j] = dots[j] * kt[r*np+j]
 		}
+		acc(S[r*vd:(r+1)*vd], c, u, vd)
+	}
+}
+
+func accumRowsPortable(out, c, b []float32, stride int) {
+	for r, cr := range c {
+		axpy(out, b[r*stride:], cr)
 	}
 }

@@ -30,6 +30,9 @@ type kernelSet struct {
 	mulSigmoid func(x, gate []float32)
 	// deltaStep applies one token to one head's GDN state (see deltaStepPortable).
 	deltaStep func(S, q, k, v []float32, g, beta float32, out, delta []float32)
+	// accumRows adds Σ_r c[r]·b[r·stride : r·stride+len(out)] to out, over
+	// r in order: the chunked GDN's products are all of this form.
+	accumRows func(out, c, b []float32, stride int)
 	// conv sets out[c] = Σ_j wT[j·len(out)+c]·window[j][c], summing over the
 	// taps j in order.
 	conv func(out []float32, window [][]float32, wT []float32)
@@ -55,6 +58,7 @@ var portableKernels = kernelSet{
 	silu:       siluPortable,
 	mulSigmoid: mulSigmoidPortable,
 	deltaStep:  deltaStepPortable,
+	accumRows:  accumRowsPortable,
 	conv:       convPortable,
 	exp:        expPortable,
 	mixValues:  mixValuesPortable,

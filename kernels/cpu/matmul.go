@@ -13,6 +13,16 @@ import (
 // once per pair of rows), and one horizontal reduction yields four outputs.
 const matmulTile = 4
 
+// matmulXBlock is the most bytes of x rows that columns runs against its
+// weight tiles at a time: a prefill's x (hundreds of rows) would otherwise
+// stream from memory once per tile of four weight rows, where a block stays
+// in the core's L2 cache while the tiles pass over it.
+const matmulXBlock = 1 << 20
+
+// matmulWidenRows is the least number of x rows for which BF16 weight tiles
+// are widened into scratch first (decode and verify blocks widen in registers).
+const matmulWidenRows = 64
+
 // scratchPool recycles the float32 buffers that hold widened weight tiles.
 var scratchPool = sync.Pool{New: func() any { return new([]float32) }}
 
@@ -44,37 +54,48 @@ func (be *Backend) MatMul(out, x, w kernels.Buffer, m, n, k int) {
 // row equals the same row decoded alone.
 func (kern *kernelSet) columns(out, x []float32, w *buffer, m, n, k, nLo, nHi int) {
 	full := nLo + (nHi-nLo)&^(matmulTile-1) // whole tiles end here
-	switch w.dt {
-	case kernels.BF16:
-		kern.rows4BF16(out[nLo:], n, x, m, k, w.u16[nLo*k:full*k])
-	case kernels.F32:
-		kern.rows4(out[nLo:], n, x, m, k, w.f32[nLo*k:full*k])
-	default:
-		full = nLo // F16 weights take the widening path below
-	}
-	if full == nHi {
-		return
-	}
-	scratch := scratchPool.Get().(*[]float32)
-	defer scratchPool.Put(scratch)
-	if cap(*scratch) < matmulTile*k {
-		*scratch = make([]float32, matmulTile*k)
-	}
-	for j := full; j < nHi; j += matmulTile {
-		rows := min(matmulTile, nHi-j)
-		tile := (*scratch)[:rows*k]
-		if w.dt == kernels.F32 {
-			copy(tile, w.f32[j*k:])
-		} else {
-			kern.widen(tile, w.u16[j*k:(j+rows)*k], w.dt)
+	// F16 tiles, and BF16 tiles under many x rows, are widened to float32
+	// once per block of x rows (widening is exact, so the sums are the
+	// same): a prefill's FMAs then read plain floats.
+	widenTiles := w.dt == kernels.F16 || (w.dt == kernels.BF16 && m >= matmulWidenRows)
+	var tile []float32
+	if widenTiles || full < nHi {
+		scratch := scratchPool.Get().(*[]float32)
+		defer scratchPool.Put(scratch)
+		if cap(*scratch) < matmulTile*k {
+			*scratch = make([]float32, matmulTile*k)
 		}
-		if rows == matmulTile {
-			kern.rows4(out[j:], n, x, m, k, tile)
-			continue
+		tile = (*scratch)[:matmulTile*k]
+	}
+	// Blocks of a multiple of four rows keep rows4's grouping of x rows, so
+	// every output is computed exactly as without blocks.
+	block := max(4, matmulXBlock/(4*k)) &^ 3
+	for i := 0; i < m; i += block {
+		rows := min(block, m-i)
+		o, xb := out[i*n:], x[i*k:(i+rows)*k]
+		switch {
+		case full == nLo:
+		case widenTiles:
+			for j := nLo; j < full; j += matmulTile {
+				kern.widen(tile, w.u16[j*k:(j+matmulTile)*k], w.dt)
+				kern.rows4(o[j:], n, xb, rows, k, tile)
+			}
+		case w.dt == kernels.BF16:
+			kern.rows4BF16(o[nLo:], n, xb, rows, k, w.u16[nLo*k:full*k])
+		default:
+			kern.rows4(o[nLo:], n, xb, rows, k, w.f32[nLo*k:full*k])
 		}
-		for r := range rows { // the last, partial tile
-			for i := range m {
-				out[i*n+j+r] = dot(x[i*k:(i+1)*k], tile[r*k:(r+1)*k])
+		if full < nHi { // the last, partial tile
+			last := tile[:(nHi-full)*k]
+			if w.dt == kernels.F32 {
+				copy(last, w.f32[full*k:nHi*k])
+			} else {
+				kern.widen(last, w.u16[full*k:nHi*k], w.dt)
+			}
+			for r := range nHi - full {
+				for i := range rows {
+					o[i*n+full+r] = dot(xb[i*k:(i+1)*k], last[r*k:(r+1)*k])
+				}
 			}
 		}
 	}

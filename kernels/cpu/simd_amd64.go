@@ -24,6 +24,7 @@ func simdKernels() (kernelSet, bool) {
 		silu:       siluAVX512,
 		mulSigmoid: mulSigmoidAVX512,
 		deltaStep:  deltaStepAVX512,
+		accumRows:  accumRowsAVX512,
 		conv:       convAVX512,
 		exp:        expAVX512,
 		mixValues:  mixValuesAVX512,
@@ -79,7 +80,7 @@ func rows4BF16AVX512(out []float32, outStride int, x []float32, m, k int, w []ui
 }
 
 // rows4Tiles runs the tiles of four weight rows of wf (float32) or wh
-// (bfloat16): rowsQuad over fours of x rows (bfloat16 without k%16 tails),
+// (bfloat16): rowsQuad over fours of x rows (without k%16 tails),
 // dot4x2 or dot4x2BF16 over pairs of the rest, dot4x1 or dot4x1BF16 over a
 // last odd one, then the k%16 tails, then the sums.
 func rows4Tiles(out []float32, outStride int, x []float32, m, k int, wf []float32, wh []uint16) {
@@ -93,8 +94,8 @@ func rows4Tiles(out []float32, outStride int, x []float32, m, k int, wf []float3
 			p0, p1, p2, p3 = rowPtr(wf[j*k:], k), rowPtr(wf[(j+1)*k:], k), rowPtr(wf[(j+2)*k:], k), rowPtr(wf[(j+3)*k:], k)
 		}
 		i := 0
-		for ; bf16 && k16 == k && i+4 <= m; i += 4 {
-			rowsQuad(out[i*outStride+j:], outStride, x[i*k:(i+4)*k], k, p0, p1, p2, p3)
+		for ; k16 == k && i+4 <= m; i += 4 {
+			rowsQuad(out[i*outStride+j:], outStride, x[i*k:(i+4)*k], k, bf16, p0, p1, p2, p3)
 		}
 		for ; i+2 <= m; i += 2 {
 			x0, x1 := x[i*k:(i+1)*k], x[(i+1)*k:(i+2)*k]
@@ -130,12 +131,16 @@ func rows4Tiles(out []float32, outStride int, x []float32, m, k int, wf []float3
 }
 
 // rowsQuad stores x_i·w_r for four x rows (x [4,k], k a multiple of 16) and
-// the four bfloat16 weight rows at p0…p3 to out[i*outStride+r]. Widening a
-// weight vector costs as much as two FMAs; dot4x4BF16 feeds each to four x
-// rows, with the registers this needs.
-func rowsQuad(out []float32, outStride int, x []float32, k int, p0, p1, p2, p3 unsafe.Pointer) {
+// the four weight rows at p0…p3 (bfloat16 when bf16, else float32) to
+// out[i*outStride+r]. Widening a weight vector costs as much as two FMAs;
+// dot4x4BF16 feeds each to four x rows, with the registers this needs.
+func rowsQuad(out []float32, outStride int, x []float32, k int, bf16 bool, p0, p1, p2, p3 unsafe.Pointer) {
 	_ = out[3*outStride+3] // the assembly writes rows 0…3, columns 0…3
-	dot4x4BF16(p0, p1, p2, p3, rowPtr(x, 4*k), k, unsafe.Pointer(&out[0]), outStride)
+	if bf16 {
+		dot4x4BF16(p0, p1, p2, p3, rowPtr(x, 4*k), k, unsafe.Pointer(&out[0]), outStride)
+	} else {
+		dot4x4F32(p0, p1, p2, p3, rowPtr(x, 4*k), k, unsafe.Pointer(&out[0]), outStride)
+	}
 }
 
 // dot4x4BF16 computes, in assembly (dot_amd64.s), the sixteen dot products
@@ -146,6 +151,11 @@ func rowsQuad(out []float32, outStride int, x []float32, k int, p0, p1, p2, p3 u
 //
 //go:noescape
 func dot4x4BF16(p0, p1, p2, p3, x unsafe.Pointer, k int, out unsafe.Pointer, outStride int)
+
+// dot4x4F32 is dot4x4BF16 with float32 weight rows.
+//
+//go:noescape
+func dot4x4F32(p0, p1, p2, p3, x unsafe.Pointer, k int, out unsafe.Pointer, outStride int)
 
 // addTail adds the last k%16 elements of an x row (xTail) times those of
 // weight rows j…j+3 (zero-padded) to the four accumulators.
