@@ -1,0 +1,55 @@
+package adaptive
+
+// Policy is an engine's adaptive speculation: the measured cost model and
+// the acceptance calibration that every request's allotment uses.
+type Policy struct {
+	Cost        CostModel
+	Calibration Calibration
+	// Autoregressive lets the policy give a request no nodes, and let it
+	// stop drafting for a while, when speculation does not pay (--spec
+	// adaptive). Without it every drafted request gets at least one node
+	// (--spec ddtree --budget auto).
+	Autoregressive bool
+}
+
+// Name is the policy's mode name in stats and reports.
+func (p *Policy) Name() string {
+	if p.Autoregressive {
+		return "adaptive"
+	}
+	return "ddtree-auto"
+}
+
+// MinNodes is the fewest nodes a drafted request gets.
+func (p *Policy) MinNodes() int {
+	if p.Autoregressive {
+		return 0
+	}
+	return 1
+}
+
+// Snapshot is the policy's printable state.
+type Snapshot struct {
+	Mode        string            `json:"mode"`
+	StepMs      []Point           `json:"step_ms"` // the target's step time by rows
+	DraftMs     float64           `json:"draft_ms"`
+	Calibration CalibrationReport `json:"calibration"`
+}
+
+// Snapshot returns the current cost curve and calibration.
+func (p *Policy) Snapshot() Snapshot {
+	points, draft := p.Cost.Curve()
+	return Snapshot{Mode: p.Name(), StepMs: points, DraftMs: draft, Calibration: p.Calibration.Report()}
+}
+
+// Allot chooses the node counts of a step's drafted requests, whose raw
+// (drafter) path probabilities and depths are given in tree order, with the
+// rest of the batch as given.
+func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest) []int {
+	points, draft := p.Cost.Curve()
+	reqs := make([]Request, len(probs))
+	for i := range probs {
+		reqs[i] = Request{Probs: p.Calibration.Calibrate(probs[i], depths[i]), Min: p.MinNodes()}
+	}
+	return Allot(reqs, rest, func(rows int) float64 { return StepMs(points, rows) }, draft)
+}
