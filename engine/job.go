@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"ddflash/adaptive"
 	"ddflash/ddtree"
 	"ddflash/mamba"
 )
@@ -32,6 +33,10 @@ type job struct {
 	verify *mamba.Verify
 	tree   *ddtree.Tree // the proposal in flight
 	stats  *SpecStats
+	// drafted says the proposal in flight comes from a draft; under an
+	// adaptive policy a step may skip the drafter (backoff says when).
+	drafted bool
+	backoff adaptive.Backoff
 
 	started, decodeStart, verifyStart time.Time
 	finished                          bool
@@ -50,6 +55,11 @@ func (e *Engine) newJob(r Request) (*job, error) {
 			return nil, fmt.Errorf("engine sized for %d verify tokens, spec mode %s needs %d", e.opts.VerifyTokens, e.Spec.Mode, need)
 		}
 	}
+	if p := e.Spec.Policy; p != nil {
+		if err := e.measureCost(p); err != nil {
+			return nil, fmt.Errorf("measuring the verify cost: %w", err)
+		}
+	}
 	var err error
 	if j.seq, err = e.newSequence(); err != nil {
 		return nil, err
@@ -60,6 +70,9 @@ func (e *Engine) newJob(r Request) (*job, error) {
 	j.stats = &SpecStats{Mode: e.Spec.Mode.String()}
 	if e.Spec.Mode == SpecTree {
 		j.stats.Budget = e.Spec.Budget
+	}
+	if p := e.Spec.Policy; p != nil {
+		j.stats.Mode = p.Name()
 	}
 	j.out.res.Stats.SpecStats = j.stats
 	if j.sess, err = e.Drafter.NewSession(r.Prompt); err != nil {
@@ -117,14 +130,23 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 		in.Tokens, in.Logits = []int32{j.last}, LastRow
 	default:
 		td := time.Now()
-		draft, err := j.sess.Draft(j.features, j.last)
-		if err != nil {
-			return in, err
+		if j.drafted = j.backoff.Draft(); j.drafted {
+			draft, err := j.sess.Draft(j.features, j.last)
+			if err != nil {
+				return in, err
+			}
+			j.features = nil
+			// Positions start..start+depth must stay inside the context.
+			j.tree = e.propose(j.last, draft, min(e.Drafter.BlockSize()-1, e.Context-1-j.seq.len))
+		} else {
+			// An autoregressive step: the drafter sees its features with the next draft.
+			j.tree = ddtree.Chain(j.last, nil)
 		}
-		// Positions start..start+depth must stay inside the context.
-		j.tree = e.propose(j.last, draft, min(e.Drafter.BlockSize()-1, e.Context-1-j.seq.len))
 		j.verifyStart = time.Now()
 		j.stats.DraftMs += ms(j.verifyStart.Sub(td))
+		if p := e.Spec.Policy; p != nil && j.drafted {
+			p.Cost.ObserveDraft(j.verifyStart.Sub(td))
+		}
 		in.Tokens, in.Logits, in.Spec = j.tree.Tokens, AllRows, j.verify
 		if e.Spec.Mode == SpecTree {
 			in.Parents = j.tree.Parents
@@ -177,6 +199,9 @@ func (j *job) completeVerify(out *SeqOutput) error {
 	}
 	j.stats.VerifyMs += ms(time.Since(j.verifyStart))
 	j.stats.record(path, tree.Len()-1)
+	if j.drafted {
+		e.observeVerify(tree, len(path)-1)
+	}
 	for i := 1; i <= len(path) && !j.finished; i++ {
 		tok := bonus
 		if i < len(path) {
@@ -184,7 +209,7 @@ func (j *job) completeVerify(out *SeqOutput) error {
 		}
 		j.finished = j.out.emit(tok, row(path[i-1]))
 	}
-	j.features = e.features(out, j.taps(), path, 0)
+	j.features = append(j.features, e.features(out, j.taps(), path, 0)...)
 	j.last = bonus
 	if j.finished {
 		j.finish()
@@ -195,6 +220,10 @@ func (j *job) completeVerify(out *SeqOutput) error {
 func (j *job) finish() {
 	if j.stats != nil {
 		j.stats.finish(j.e.Drafter.BlockSize())
+		if p := j.e.Spec.Policy; p != nil {
+			s := p.Snapshot()
+			j.stats.Policy = &s
+		}
 	}
 	j.out.finish(time.Since(j.decodeStart))
 }
