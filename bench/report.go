@@ -85,13 +85,15 @@ func LoadResults(dirs []string) (*Results, error) {
 	return res, nil
 }
 
-// modeRank orders modes: the baseline, the chain, then trees by budget.
+// modeRank orders modes: the baseline, the chain, trees by budget, then adaptive.
 func modeRank(k Knobs) (int, int) {
 	switch k.Spec {
 	case "auto":
 		return 0, 0
 	case "linear":
 		return 1, 0
+	case "adaptive":
+		return 3, 0
 	}
 	return 2, k.Budget
 }
