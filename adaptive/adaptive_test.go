@@ -35,6 +35,28 @@ func TestStepMs(t *testing.T) {
 	}
 }
 
+func TestMonotone(t *testing.T) {
+	for _, c := range []struct{ in, want []float64 }{
+		{nil, nil},
+		{[]float64{1, 2, 3}, []float64{1, 2, 3}},
+		{[]float64{1, 3, 2}, []float64{1, 2.5, 2.5}},
+		{[]float64{5, 1, 3, 2}, []float64{2.75, 2.75, 2.75, 2.75}},
+		{[]float64{1, 4, 2, 3, 6}, []float64{1, 3, 3, 3, 6}},
+	} {
+		var in []Point
+		for i, ms := range c.in {
+			in = append(in, Point{Rows: 1 + 4*i, Ms: ms})
+		}
+		got := Monotone(in)
+		for i := range got {
+			if got[i].Rows != in[i].Rows || !near(got[i].Ms, c.want[i]) {
+				t.Errorf("Monotone(%v) = %v, want ms %v", c.in, got, c.want)
+				break
+			}
+		}
+	}
+}
+
 func TestCostModelAveragesMeasurements(t *testing.T) {
 	var c CostModel
 	c.ObserveStep(4, 10*time.Millisecond)

@@ -95,6 +95,34 @@ func StepMs(points []Point, rows int) float64 {
 	return lo.Ms + slope*float64(rows-lo.Rows)
 }
 
+// Monotone is the non-decreasing curve nearest the points (least squares,
+// by pooling adjacent violators): a step never gets faster with more rows,
+// so a point below a smaller one is measurement noise (a loaded machine).
+func Monotone(points []Point) []Point {
+	type block struct {
+		sum float64
+		n   int
+	}
+	var blocks []block
+	for _, p := range points {
+		blocks = append(blocks, block{p.Ms, 1})
+		for k := len(blocks) - 1; k > 0 && blocks[k-1].sum/float64(blocks[k-1].n) > blocks[k].sum/float64(blocks[k].n); k-- {
+			blocks[k-1].sum += blocks[k].sum
+			blocks[k-1].n += blocks[k].n
+			blocks = blocks[:k]
+		}
+	}
+	out := slices.Clone(points)
+	i := 0
+	for _, b := range blocks {
+		for range b.n {
+			out[i].Ms = b.sum / float64(b.n)
+			i++
+		}
+	}
+	return out
+}
+
 // String prints the curve's points, as `generate --json` and /metrics show them.
 func (c *CostModel) String() string {
 	points, draft := c.Curve()

@@ -47,6 +47,7 @@ func (p *Policy) Snapshot() Snapshot {
 // rest of the batch as given.
 func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest) []int {
 	points, draft := p.Cost.Curve()
+	points = Monotone(points)
 	reqs := make([]Request, len(probs))
 	for i := range probs {
 		reqs[i] = Request{Probs: p.Calibration.Calibrate(probs[i], depths[i]), Min: p.MinNodes()}
