@@ -141,6 +141,27 @@ func TestAllotMatchesExhaustiveSearch(t *testing.T) {
 	}
 }
 
+func TestPaysToDraft(t *testing.T) {
+	strong, weak := []float64{0.9, 0.8, 0.7}, []float64{0.3}
+	reqs := []Request{{Probs: strong}, {Probs: weak}, {Probs: strong}}
+	n := []int{3, 1, 0}
+	cost := linearCost(10, 1)
+	// With the drafter at 2 ms: the strong request's 2.4 tokens pay for it,
+	// the weak one's 0.3 do not; the third got no nodes.
+	got := PaysToDraft(reqs, Rest{}, n, cost, 2)
+	if want := []bool{true, false, false}; !slices.Equal(got, want) {
+		t.Errorf("PaysToDraft = %v, want %v", got, want)
+	}
+	rate := func(n []int) float64 { return rateOf(reqs, Rest{}, n, cost, 2) }
+	for i := range reqs {
+		without := slices.Clone(n)
+		without[i] = 0
+		if n[i] > 0 && got[i] != (rate(n) > rate(without)) {
+			t.Errorf("request %d: pays %v, rate with %v, without %v", i, got[i], rate(n), rate(without))
+		}
+	}
+}
+
 // rateOf is the expected tokens per ms of an allotment, computed directly.
 func rateOf(reqs []Request, rest Rest, n []int, stepMs func(int) float64, draftMs float64) float64 {
 	tokens, rows, spec := rest.Tokens, rest.Rows, 0
@@ -246,12 +267,17 @@ func TestPolicyModes(t *testing.T) {
 	p.Cost.ObserveStep(16, 20*time.Millisecond)
 	weak := [][]float64{{0.01, 0.001}}
 	depths := [][]int32{{1, 2}}
-	if got := p.Allot(weak, depths, Rest{}); !slices.Equal(got, []int{1}) || p.Name() != "ddtree-auto" {
-		t.Errorf("%s: %v, want one node", p.Name(), got)
+	if got, keep := p.Allot(weak, depths, Rest{}); !slices.Equal(got, []int{1}) || keep[0] || p.Name() != "ddtree-auto" {
+		t.Errorf("%s: %v %v, want one node and to stop drafting", p.Name(), got, keep)
 	}
 	p.Autoregressive = true
-	if got := p.Allot(weak, depths, Rest{}); !slices.Equal(got, []int{0}) || p.Name() != "adaptive" {
-		t.Errorf("%s: %v, want none", p.Name(), got)
+	if got, keep := p.Allot(weak, depths, Rest{}); !slices.Equal(got, []int{0}) || keep[0] || p.Name() != "adaptive" {
+		t.Errorf("%s: %v %v, want none", p.Name(), got, keep)
+	}
+	p.Cost.ObserveDraft(time.Millisecond)
+	strong := [][]float64{{0.9, 0.8, 0.7}}
+	if got, keep := p.Allot(strong, [][]int32{{1, 2, 3}}, Rest{}); !slices.Equal(got, []int{3}) || !keep[0] {
+		t.Errorf("confident drafts: %v %v, want all three nodes and to keep drafting", got, keep)
 	}
 	s := p.Snapshot()
 	if s.Mode != "adaptive" || len(s.StepMs) != 2 || s.Calibration.Steps != 0 {

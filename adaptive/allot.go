@@ -34,18 +34,14 @@ func Rate(tokens float64, rows, speculating int, stepMs func(rows int) float64, 
 // predicted acceptance among the requests' next nodes (the largest marginal
 // gain), and keeps the best allotment along the way, the smallest on ties.
 // A request that gets no node is expected to decode autoregressively
-// without drafting, so it does not pay the drafter's time.
+// without drafting, so it does not pay the drafter's time. (For drafts
+// already made, pass draftMs 0: their time is spent whatever is verified.)
 func Allot(reqs []Request, rest Rest, stepMs func(rows int) float64, draftMs float64) []int {
 	n := make([]int, len(reqs))
-	rows, tokens, speculating := rest.Rows, rest.Tokens, 0
 	for i, r := range reqs {
 		n[i] = min(r.Min, len(r.Probs))
-		rows += 1 + n[i]
-		tokens += 1 + sum(r.Probs[:n[i]])
-		if n[i] > 0 {
-			speculating++
-		}
 	}
+	tokens, rows, speculating := outcome(reqs, rest, n)
 	best := append([]int(nil), n...)
 	bestRate := Rate(tokens, rows, speculating, stepMs, draftMs)
 	for {
@@ -69,6 +65,35 @@ func Allot(reqs []Request, rest Rest, stepMs func(rows int) float64, draftMs flo
 			copy(best, n)
 		}
 	}
+}
+
+// outcome is an allotment's expected tokens, rows and speculating requests.
+func outcome(reqs []Request, rest Rest, n []int) (tokens float64, rows, speculating int) {
+	tokens, rows = rest.Tokens, rest.Rows
+	for i, r := range reqs {
+		tokens += 1 + sum(r.Probs[:n[i]])
+		rows += 1 + n[i]
+		if n[i] > 0 {
+			speculating++
+		}
+	}
+	return tokens, rows, speculating
+}
+
+// PaysToDraft says, for each request, whether drafting for it pays: the
+// batch's Rate with its nodes of allotment n and its drafter time exceeds
+// the Rate with it decoding autoregressively instead.
+func PaysToDraft(reqs []Request, rest Rest, n []int, stepMs func(rows int) float64, draftMs float64) []bool {
+	pays := make([]bool, len(reqs))
+	tokens, rows, spec := outcome(reqs, rest, n)
+	with := Rate(tokens, rows, spec, stepMs, draftMs)
+	for i, r := range reqs {
+		if n[i] > 0 {
+			without := Rate(tokens-sum(r.Probs[:n[i]]), rows-n[i], spec-1, stepMs, draftMs)
+			pays[i] = with > without
+		}
+	}
+	return pays
 }
 
 func sum(xs []float64) float64 {

@@ -44,13 +44,17 @@ func (p *Policy) Snapshot() Snapshot {
 
 // Allot chooses the node counts of a step's drafted requests, whose raw
 // (drafter) path probabilities and depths are given in tree order, with the
-// rest of the batch as given.
-func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest) []int {
+// rest of the batch as given. The drafts are made, so their time does not
+// count against verifying them; it does count in keepDrafting, which says
+// for each request whether the next step should draft too.
+func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest) (nodes []int, keepDrafting []bool) {
 	points, draft := p.Cost.Curve()
 	points = Monotone(points)
+	stepMs := func(rows int) float64 { return StepMs(points, rows) }
 	reqs := make([]Request, len(probs))
 	for i := range probs {
 		reqs[i] = Request{Probs: p.Calibration.Calibrate(probs[i], depths[i]), Min: p.MinNodes()}
 	}
-	return Allot(reqs, rest, func(rows int) float64 { return StepMs(points, rows) }, draft)
+	nodes = Allot(reqs, rest, stepMs, 0)
+	return nodes, PaysToDraft(reqs, rest, nodes, stepMs, draft)
 }
