@@ -77,29 +77,11 @@ func TestAdaptiveGreedyIsLossless(t *testing.T) {
 func TestAdaptiveSchedulerIsLossless(t *testing.T) {
 	const seed, ctxLen = 8, 128
 	rng := rand.New(rand.NewPCG(13, 14))
-	var reqs []Request
-	var answers [][]int32
-	ar := newTestEngine(t, "tiny", seed, Options{Context: ctxLen})
-	for range 12 {
-		r := Request{Prompt: randomTokens(rng, 1+rng.IntN(40), 290), MaxTokens: 1 + rng.IntN(50)}
-		res, err := ar.Generate(context.Background(), r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		reqs = append(reqs, r)
-		answers = append(answers, concat(r.Prompt, res.Tokens))
-	}
+	reqs, answers := randomRequests(t, newTestEngine(t, "tiny", seed, Options{Context: ctxLen}), rng, 12, 40, 50)
 	for _, autoregressive := range []bool{false, true} {
 		e, p := adaptiveEngine(t, seed, autoregressive, mamba.Replay, pathOracle(answers...), 0.4, ctxLen, Options{MaxSeqs: 4, PrefillChunk: 16})
 		s := runScheduler(t, e, SchedulerOptions{StepPrefill: 24})
-		streams := make([]*Stream, len(reqs))
-		for i, r := range reqs {
-			var err error
-			if streams[i], err = s.Submit(context.Background(), r); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for i, st := range streams {
+		for i, st := range submitAll(t, s, reqs) {
 			res, err := st.Wait()
 			if err != nil {
 				t.Fatalf("%s request %d: %v", p.Name(), i, err)
