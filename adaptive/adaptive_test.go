@@ -57,21 +57,29 @@ func TestMonotone(t *testing.T) {
 	}
 }
 
-func TestCostModelAveragesMeasurements(t *testing.T) {
+func TestCostModelTracksTheUncontendedCost(t *testing.T) {
 	var c CostModel
 	c.ObserveStep(4, 10*time.Millisecond)
-	c.ObserveStep(1, 5*time.Millisecond)
-	c.ObserveStep(4, 20*time.Millisecond)
-	c.ObserveStep(0, time.Second) // no rows: ignored
+	c.ObserveStep(1, 6*time.Millisecond)
+	c.ObserveStep(4, 30*time.Millisecond) // a burst of load: moves it a little
+	c.ObserveStep(1, 5*time.Millisecond)  // faster: replaces it
+	c.ObserveStep(0, time.Second)         // no rows: ignored
 	c.ObserveDraft(3 * time.Millisecond)
-	c.ObserveDraft(8 * time.Millisecond)
+	c.ObserveDraft(23 * time.Millisecond)
 	points, draft := c.Curve()
-	want := []Point{{1, 5}, {4, 10 + smoothing*(20-10)}}
-	if !slices.Equal(points, want) || math.Abs(draft-(3+smoothing*5)) > 1e-12 {
-		t.Errorf("curve %v draft %v, want %v and %v", points, draft, want, 3+smoothing*5)
+	want := []Point{{1, 5}, {4, 10 + slowdown*(30-10)}}
+	if !slices.EqualFunc(points, want, func(a, b Point) bool { return a.Rows == b.Rows && near(a.Ms, b.Ms) }) || !near(draft, 3+slowdown*20) {
+		t.Errorf("curve %v draft %v, want %v and %v", points, draft, want, 3+slowdown*20)
 	}
-	if s := c.String(); s != "step [1:5ms 4:12ms] draft 4ms" {
+	if s := c.String(); s != "step [1:5ms 4:11ms] draft 4ms" {
 		t.Errorf("String() = %q", s)
+	}
+	// A lasting slowdown is followed.
+	for range 200 {
+		c.ObserveStep(1, 50*time.Millisecond)
+	}
+	if points, _ := c.Curve(); !(points[0].Ms > 49) {
+		t.Errorf("after a lasting slowdown to 50 ms the estimate is %v", points[0].Ms)
 	}
 }
 

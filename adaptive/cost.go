@@ -15,10 +15,20 @@ import (
 	"time"
 )
 
-// smoothing is the weight of the newest measurement in the running
-// averages: recent enough to follow load changes, smooth enough to ignore
-// one slow step.
-const smoothing = 0.2
+// A measurement below the estimate replaces it; one above moves it by
+// slowdown of the difference. Other programs' load only ever adds time, and
+// in bursts, so the estimates track the uncontended cost and drift up only
+// under a lasting slowdown; since every point of the curve is estimated
+// alike, their ratios, which decide the allotment, stay consistent.
+const slowdown = 0.05
+
+// update moves an estimate by a new measurement.
+func update(estimate, ms float64) float64 {
+	if ms < estimate {
+		return ms
+	}
+	return estimate + slowdown*(ms-estimate)
+}
 
 // Point is one point of the step-time curve.
 type Point struct {
@@ -31,8 +41,8 @@ type Point struct {
 // batch), and the drafter's time per draft. Safe for concurrent use.
 type CostModel struct {
 	mu      sync.Mutex
-	points  []Point // sorted by rows; Ms is a running average
-	draftMs float64 // running average; 0 until measured
+	points  []Point // sorted by rows; Ms is the estimate (see update)
+	draftMs float64 // estimate; 0 until measured
 }
 
 // ObserveStep records a forward over rows rows that took d.
@@ -45,7 +55,7 @@ func (c *CostModel) ObserveStep(rows int, d time.Duration) {
 	defer c.mu.Unlock()
 	i, found := slices.BinarySearchFunc(c.points, rows, func(p Point, r int) int { return p.Rows - r })
 	if found {
-		c.points[i].Ms += smoothing * (ms - c.points[i].Ms)
+		c.points[i].Ms = update(c.points[i].Ms, ms)
 		return
 	}
 	c.points = slices.Insert(c.points, i, Point{Rows: rows, Ms: ms})
@@ -60,7 +70,7 @@ func (c *CostModel) ObserveDraft(d time.Duration) {
 		c.draftMs = ms
 		return
 	}
-	c.draftMs += smoothing * (ms - c.draftMs)
+	c.draftMs = update(c.draftMs, ms)
 }
 
 // Curve returns a copy of the measured points and the drafter's time.
