@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"ddflash/adaptive"
@@ -94,5 +95,13 @@ func TestAdaptiveSchedulerIsLossless(t *testing.T) {
 		if c := p.Calibration.Report(); c.Steps == 0 || len(c.Depths) == 0 {
 			t.Errorf("%s: no calibration after serving: %+v", p.Name(), c)
 		}
+	}
+}
+
+func TestAdaptiveNeedsATree(t *testing.T) {
+	e, _ := adaptiveEngine(t, 1, true, mamba.Replay, pathOracle(), 0, 32, Options{})
+	e.Spec.Mode = SpecLinear
+	if _, err := e.Generate(context.Background(), Request{Prompt: []int32{1, 2}, MaxTokens: 4}); err == nil || !strings.Contains(err.Error(), "needs spec mode ddtree") {
+		t.Errorf("an adaptive policy on the linear chain: %v", err)
 	}
 }

@@ -56,6 +56,9 @@ func (e *Engine) newJob(r Request) (*job, error) {
 		}
 	}
 	if p := e.Spec.Policy; p != nil {
+		if e.Spec.Mode != SpecTree {
+			return nil, fmt.Errorf("an adaptive budget needs spec mode ddtree, not %s", e.Spec.Mode)
+		}
 		if err := e.measureCost(p); err != nil {
 			return nil, fmt.Errorf("measuring the verify cost: %w", err)
 		}
