@@ -71,7 +71,7 @@ func (e *Engine) allot(p *adaptive.Policy, jobs []*job, inputs []SeqInput) (deco
 	for k, i := range drafted {
 		j := jobs[i]
 		j.tree = j.tree.Prefix(nodes[k])
-		inputs[i].Tokens, inputs[i].Parents = j.tree.Tokens, j.tree.Parents
+		j.setProposal(&inputs[i])
 		if p.Autoregressive {
 			j.backoff.Drafted(keepDrafting[k])
 		}

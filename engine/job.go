@@ -150,15 +150,25 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 		if p := e.Spec.Policy; p != nil && j.drafted {
 			p.Cost.ObserveDraft(j.verifyStart.Sub(td))
 		}
-		in.Tokens, in.Logits, in.Spec = j.tree.Tokens, AllRows, j.verify
-		if e.Spec.Mode == SpecTree {
-			in.Parents = j.tree.Parents
-		}
+		j.setProposal(&in)
 	}
 	if err := e.Model.KV.Reserve(&j.seq.kv, j.seq.len+len(in.Tokens)); err != nil {
 		return in, err
 	}
 	return in, nil
+}
+
+// setProposal makes the input verify the proposal in flight. A proposal of
+// the root alone is a plain decoding step, which the forward commits itself:
+// the autoregressive computation, without a verify to commit.
+func (j *job) setProposal(in *SeqInput) {
+	in.Tokens, in.Logits, in.Spec, in.Parents = j.tree.Tokens, AllRows, j.verify, nil
+	switch {
+	case j.tree.Len() == 1:
+		in.Spec = nil
+	case j.e.Spec.Mode == SpecTree:
+		in.Parents = j.tree.Parents
+	}
 }
 
 // complete consumes the target's output for the input prepare returned.
@@ -197,7 +207,10 @@ func (j *job) completeVerify(out *SeqOutput) error {
 	V := e.Model.Cfg.VocabSize
 	row := func(node int32) []float32 { return out.Logits[int(node)*V : int(node+1)*V] }
 	path, bonus := tree.Walk(func(node int32) int32 { return j.out.sampler.Sample(row(node)) })
-	if err := e.commit(j.seq, j.verify, path); err != nil {
+	if tree.Len() == 1 { // a plain step (setProposal): the forward committed the root
+		j.seq.len++
+		e.Model.KV.Truncate(&j.seq.kv, j.seq.len)
+	} else if err := e.commit(j.seq, j.verify, path); err != nil {
 		return err
 	}
 	j.stats.VerifyMs += ms(time.Since(j.verifyStart))
