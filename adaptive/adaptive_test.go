@@ -57,29 +57,29 @@ func TestMonotone(t *testing.T) {
 	}
 }
 
-func TestCostModelTracksTheUncontendedCost(t *testing.T) {
+func TestCostModelMedians(t *testing.T) {
 	var c CostModel
-	c.ObserveStep(4, 10*time.Millisecond)
-	c.ObserveStep(1, 6*time.Millisecond)
-	c.ObserveStep(4, 30*time.Millisecond) // a burst of load: moves it a little
-	c.ObserveStep(1, 5*time.Millisecond)  // faster: replaces it
-	c.ObserveStep(0, time.Second)         // no rows: ignored
-	c.ObserveDraft(3 * time.Millisecond)
-	c.ObserveDraft(23 * time.Millisecond)
-	points, draft := c.Curve()
-	want := []Point{{1, 5}, {4, 10 + slowdown*(30-10)}}
-	if !slices.EqualFunc(points, want, func(a, b Point) bool { return a.Rows == b.Rows && near(a.Ms, b.Ms) }) || !near(draft, 3+slowdown*20) {
-		t.Errorf("curve %v draft %v, want %v and %v", points, draft, want, 3+slowdown*20)
+	for _, ms := range []time.Duration{10, 30, 11} { // a burst of load in between
+		c.ObserveStep(4, ms*time.Millisecond)
 	}
-	if s := c.String(); s != "step [1:5ms 4:11ms] draft 4ms" {
+	c.ObserveStep(1, 6*time.Millisecond)
+	c.ObserveStep(1, 5*time.Millisecond)
+	c.ObserveStep(0, time.Second) // no rows: ignored
+	c.ObserveDraft(3 * time.Millisecond)
+	points, draft := c.Curve()
+	want := []Point{{1, 5.5}, {4, 11}}
+	if !slices.EqualFunc(points, want, func(a, b Point) bool { return a.Rows == b.Rows && near(a.Ms, b.Ms) }) || !near(draft, 3) {
+		t.Errorf("curve %v draft %v, want %v and 3", points, draft, want)
+	}
+	if s := c.String(); s != "step [1:5.5ms 4:11ms] draft 3ms" {
 		t.Errorf("String() = %q", s)
 	}
-	// A lasting slowdown is followed.
-	for range 200 {
-		c.ObserveStep(1, 50*time.Millisecond)
+	// Only the last window measurements count: a lasting slowdown is followed.
+	for range window {
+		c.ObserveDraft(50 * time.Millisecond)
 	}
-	if points, _ := c.Curve(); !(points[0].Ms > 49) {
-		t.Errorf("after a lasting slowdown to 50 ms the estimate is %v", points[0].Ms)
+	if _, draft := c.Curve(); draft != 50 {
+		t.Errorf("after %d drafts of 50 ms the estimate is %v", window, draft)
 	}
 }
 

@@ -15,19 +15,36 @@ import (
 	"time"
 )
 
-// A measurement below the estimate replaces it; one above moves it by
-// slowdown of the difference. Other programs' load only ever adds time, and
-// in bursts, so the estimates track the uncontended cost and drift up only
-// under a lasting slowdown; since every point of the curve is estimated
-// alike, their ratios, which decide the allotment, stay consistent.
-const slowdown = 0.05
+// window is how many recent measurements each estimate keeps. An estimate
+// is their median: other programs' load comes in bursts, which a median
+// ignores, and unlike a minimum it does not fall the more often a point is
+// measured, so points measured every step (one row, the drafter) and points
+// measured rarely (large trees) stay comparable.
+const window = 16
 
-// update moves an estimate by a new measurement.
-func update(estimate, ms float64) float64 {
-	if ms < estimate {
-		return ms
+// samples is one estimate's recent measurements, a ring.
+type samples struct {
+	ms   []float64
+	next int
+}
+
+func (s *samples) add(ms float64) {
+	if len(s.ms) < window {
+		s.ms = append(s.ms, ms)
+		return
 	}
-	return estimate + slowdown*(ms-estimate)
+	s.ms[s.next] = ms
+	s.next = (s.next + 1) % window
+}
+
+// median is 0 without measurements.
+func (s *samples) median() float64 {
+	if len(s.ms) == 0 {
+		return 0
+	}
+	m := slices.Sorted(slices.Values(s.ms))
+	n := len(m)
+	return (m[(n-1)/2] + m[n/2]) / 2
 }
 
 // Point is one point of the step-time curve.
@@ -40,9 +57,10 @@ type Point struct {
 // time per number of rows it computes (verify rows of every request in the
 // batch), and the drafter's time per draft. Safe for concurrent use.
 type CostModel struct {
-	mu      sync.Mutex
-	points  []Point // sorted by rows; Ms is the estimate (see update)
-	draftMs float64 // estimate; 0 until measured
+	mu    sync.Mutex
+	rows  []int // measured row counts, ascending
+	steps []samples
+	draft samples
 }
 
 // ObserveStep records a forward over rows rows that took d.
@@ -50,34 +68,34 @@ func (c *CostModel) ObserveStep(rows int, d time.Duration) {
 	if rows < 1 {
 		return
 	}
-	ms := float64(d.Nanoseconds()) / 1e6
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	i, found := slices.BinarySearchFunc(c.points, rows, func(p Point, r int) int { return p.Rows - r })
-	if found {
-		c.points[i].Ms = update(c.points[i].Ms, ms)
-		return
+	i, found := slices.BinarySearch(c.rows, rows)
+	if !found {
+		c.rows = slices.Insert(c.rows, i, rows)
+		c.steps = slices.Insert(c.steps, i, samples{})
 	}
-	c.points = slices.Insert(c.points, i, Point{Rows: rows, Ms: ms})
+	c.steps[i].add(millis(d))
 }
 
 // ObserveDraft records one drafter call that took d.
 func (c *CostModel) ObserveDraft(d time.Duration) {
-	ms := float64(d.Nanoseconds()) / 1e6
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.draftMs == 0 {
-		c.draftMs = ms
-		return
-	}
-	c.draftMs = update(c.draftMs, ms)
+	c.draft.add(millis(d))
 }
 
-// Curve returns a copy of the measured points and the drafter's time.
+func millis(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
+
+// Curve returns the estimated step time per measured row count and the
+// drafter's time (0 until measured).
 func (c *CostModel) Curve() (points []Point, draftMs float64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return slices.Clone(c.points), c.draftMs
+	for i, r := range c.rows {
+		points = append(points, Point{Rows: r, Ms: c.steps[i].median()})
+	}
+	return points, c.draft.median()
 }
 
 // StepMs predicts a forward's time over rows rows from the measured points:

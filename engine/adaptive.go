@@ -98,7 +98,7 @@ func (e *Engine) observeVerify(tree *ddtree.Tree, accepted int) {
 
 // measureCost gives an empty cost model its first curve: verify forwards
 // of one row and of the largest tree (then points between while under
-// probeCap) on a scratch sequence, after an untimed warm-up.
+// probeCap), twice each, on a scratch sequence, after an untimed warm-up.
 // Without a free state slot it leaves the curve to the first steps.
 func (e *Engine) measureCost(p *adaptive.Policy) error {
 	if points, _ := p.Cost.Curve(); len(points) >= 2 {
@@ -135,16 +135,13 @@ func (e *Engine) measureCost(p *adaptive.Policy) error {
 		if i >= 2 && time.Since(start) > probeCap {
 			break
 		}
-		// The faster of two runs: a loaded machine only ever adds time.
-		best := time.Duration(math.MaxInt64)
 		for range 2 {
 			d, err := run(rows)
 			if err != nil {
 				return err
 			}
-			best = min(best, d)
+			p.Cost.ObserveStep(rows, d)
 		}
-		p.Cost.ObserveStep(rows, best)
 	}
 	return nil
 }
