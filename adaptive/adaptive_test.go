@@ -66,19 +66,20 @@ func TestCostModelMedians(t *testing.T) {
 	c.ObserveStep(1, 5*time.Millisecond)
 	c.ObserveStep(0, time.Second) // no rows: ignored
 	c.ObserveDraft(3 * time.Millisecond)
-	points, draft := c.Curve()
+	c.ObserveCommit(2 * time.Millisecond)
+	points, draft, commit := c.Curve()
 	want := []Point{{1, 5.5}, {4, 11}}
-	if !slices.EqualFunc(points, want, func(a, b Point) bool { return a.Rows == b.Rows && near(a.Ms, b.Ms) }) || !near(draft, 3) {
-		t.Errorf("curve %v draft %v, want %v and 3", points, draft, want)
+	if !slices.EqualFunc(points, want, func(a, b Point) bool { return a.Rows == b.Rows && near(a.Ms, b.Ms) }) || !near(draft, 3) || !near(commit, 2) {
+		t.Errorf("curve %v draft %v commit %v, want %v, 3 and 2", points, draft, commit, want)
 	}
-	if s := c.String(); s != "step [1:5.5ms 4:11ms] draft 3ms" {
+	if s := c.String(); s != "step [1:5.5ms 4:11ms] draft 3ms commit 2ms" {
 		t.Errorf("String() = %q", s)
 	}
 	// Only the last window measurements count: a lasting slowdown is followed.
 	for range window {
 		c.ObserveDraft(50 * time.Millisecond)
 	}
-	if _, draft := c.Curve(); draft != 50 {
+	if _, draft, _ := c.Curve(); draft != 50 {
 		t.Errorf("after %d drafts of 50 ms the estimate is %v", window, draft)
 	}
 }
@@ -91,12 +92,12 @@ func TestAllotPicksTheArgmax(t *testing.T) {
 	decreasing := []float64{0.9, 0.8, 0.6, 0.3, 0.1, 0.05}
 	flat := func(int) float64 { return 10 }
 	for _, c := range []struct {
-		name    string
-		reqs    []Request
-		rest    Rest
-		stepMs  func(int) float64
-		draftMs float64
-		want    []int
+		name       string
+		reqs       []Request
+		rest       Rest
+		stepMs     func(int) float64
+		overheadMs float64
+		want       []int
 	}{
 		// T = 10 + r: n nodes commit 1+Σp over 11+n+... ; the rate peaks
 		// where the next node's p falls below the current rate × 1 ms.
@@ -111,12 +112,12 @@ func TestAllotPicksTheArgmax(t *testing.T) {
 		{"no drafts", []Request{{}}, Rest{}, flat, 0, []int{0}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got := Allot(c.reqs, c.rest, c.stepMs, c.draftMs)
+			got := Allot(c.reqs, c.rest, c.stepMs, c.overheadMs)
 			if !slices.Equal(got, c.want) {
 				t.Errorf("Allot = %v, want %v", got, c.want)
 			}
-			if want := bruteForce(c.reqs, c.rest, c.stepMs, c.draftMs); !near(rateOf(c.reqs, c.rest, got, c.stepMs, c.draftMs), want) {
-				t.Errorf("allotment %v rates %v, the best allotment %v", got, rateOf(c.reqs, c.rest, got, c.stepMs, c.draftMs), want)
+			if want := bruteForce(c.reqs, c.rest, c.stepMs, c.overheadMs); !near(rateOf(c.reqs, c.rest, got, c.stepMs, c.overheadMs), want) {
+				t.Errorf("allotment %v rates %v, the best allotment %v", got, rateOf(c.reqs, c.rest, got, c.stepMs, c.overheadMs), want)
 			}
 		})
 	}
@@ -171,7 +172,7 @@ func TestPaysToDraft(t *testing.T) {
 }
 
 // rateOf is the expected tokens per ms of an allotment, computed directly.
-func rateOf(reqs []Request, rest Rest, n []int, stepMs func(int) float64, draftMs float64) float64 {
+func rateOf(reqs []Request, rest Rest, n []int, stepMs func(int) float64, overheadMs float64) float64 {
 	tokens, rows, spec := rest.Tokens, rest.Rows, 0
 	for i, r := range reqs {
 		tokens += 1
@@ -183,17 +184,17 @@ func rateOf(reqs []Request, rest Rest, n []int, stepMs func(int) float64, draftM
 			spec++
 		}
 	}
-	return tokens / (stepMs(rows) + float64(spec)*draftMs)
+	return tokens / (stepMs(rows) + float64(spec)*overheadMs)
 }
 
 // bruteForce is the best rate over every allotment within the bounds.
-func bruteForce(reqs []Request, rest Rest, stepMs func(int) float64, draftMs float64) float64 {
+func bruteForce(reqs []Request, rest Rest, stepMs func(int) float64, overheadMs float64) float64 {
 	n := make([]int, len(reqs))
 	best := math.Inf(-1)
 	var rec func(i int)
 	rec = func(i int) {
 		if i == len(reqs) {
-			best = math.Max(best, rateOf(reqs, rest, n, stepMs, draftMs))
+			best = math.Max(best, rateOf(reqs, rest, n, stepMs, overheadMs))
 			return
 		}
 		for k := min(reqs[i].Min, len(reqs[i].Probs)); k <= len(reqs[i].Probs); k++ {

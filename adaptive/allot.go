@@ -23,27 +23,26 @@ type Rest struct {
 }
 
 // Rate is the expected committed tokens per millisecond of a step: tokens
-// over the forward's time for rows, plus one drafter call per speculating
-// request.
-func Rate(tokens float64, rows, speculating int, stepMs func(rows int) float64, draftMs float64) float64 {
-	return tokens / math.Max(stepMs(rows)+float64(speculating)*draftMs, 1e-9)
+// over the forward's time for rows, plus overheadMs per speculating request
+// (its draft and commit).
+func Rate(tokens float64, rows, speculating int, stepMs func(rows int) float64, overheadMs float64) float64 {
+	return tokens / math.Max(stepMs(rows)+float64(speculating)*overheadMs, 1e-9)
 }
 
 // Allot returns each request's node count: the allotment that maximises
 // Rate. It adds nodes one at a time, always the one with the highest
 // predicted acceptance among the requests' next nodes (the largest marginal
 // gain), and keeps the best allotment along the way, the smallest on ties.
-// A request that gets no node is expected to decode autoregressively
-// without drafting, so it does not pay the drafter's time. (For drafts
-// already made, pass draftMs 0: their time is spent whatever is verified.)
-func Allot(reqs []Request, rest Rest, stepMs func(rows int) float64, draftMs float64) []int {
+// A request that gets no node decodes autoregressively, so it does not pay
+// the overhead of speculating.
+func Allot(reqs []Request, rest Rest, stepMs func(rows int) float64, overheadMs float64) []int {
 	n := make([]int, len(reqs))
 	for i, r := range reqs {
 		n[i] = min(r.Min, len(r.Probs))
 	}
 	tokens, rows, speculating := outcome(reqs, rest, n)
 	best := append([]int(nil), n...)
-	bestRate := Rate(tokens, rows, speculating, stepMs, draftMs)
+	bestRate := Rate(tokens, rows, speculating, stepMs, overheadMs)
 	for {
 		next := -1
 		for i, r := range reqs {
@@ -60,7 +59,7 @@ func Allot(reqs []Request, rest Rest, stepMs func(rows int) float64, draftMs flo
 		tokens += reqs[next].Probs[n[next]]
 		n[next]++
 		rows++
-		if rate := Rate(tokens, rows, speculating, stepMs, draftMs); rate > bestRate {
+		if rate := Rate(tokens, rows, speculating, stepMs, overheadMs); rate > bestRate {
 			bestRate = rate
 			copy(best, n)
 		}
@@ -80,16 +79,16 @@ func outcome(reqs []Request, rest Rest, n []int) (tokens float64, rows, speculat
 	return tokens, rows, speculating
 }
 
-// PaysToDraft says, for each request, whether drafting for it pays: the
-// batch's Rate with its nodes of allotment n and its drafter time exceeds
-// the Rate with it decoding autoregressively instead.
-func PaysToDraft(reqs []Request, rest Rest, n []int, stepMs func(rows int) float64, draftMs float64) []bool {
+// PaysToDraft says, for each request, whether speculating for it pays: the
+// batch's Rate with its nodes of allotment n and its overhead (draft and
+// commit) exceeds the Rate with it decoding autoregressively instead.
+func PaysToDraft(reqs []Request, rest Rest, n []int, stepMs func(rows int) float64, overheadMs float64) []bool {
 	pays := make([]bool, len(reqs))
 	tokens, rows, spec := outcome(reqs, rest, n)
-	with := Rate(tokens, rows, spec, stepMs, draftMs)
+	with := Rate(tokens, rows, spec, stepMs, overheadMs)
 	for i, r := range reqs {
 		if n[i] > 0 {
-			without := Rate(tokens-sum(r.Probs[:n[i]]), rows-n[i], spec-1, stepMs, draftMs)
+			without := Rate(tokens-sum(r.Probs[:n[i]]), rows-n[i], spec-1, stepMs, overheadMs)
 			pays[i] = with > without
 		}
 	}

@@ -55,12 +55,14 @@ type Point struct {
 
 // CostModel is the measured cost of a decode step: the target's forward
 // time per number of rows it computes (verify rows of every request in the
-// batch), and the drafter's time per draft. Safe for concurrent use.
+// batch), and what each speculating request adds: the drafter's time per
+// draft and the commit of its accepted path (GDN state and KV compaction).
+// Safe for concurrent use.
 type CostModel struct {
-	mu    sync.Mutex
-	rows  []int // measured row counts, ascending
-	steps []samples
-	draft samples
+	mu            sync.Mutex
+	rows          []int // measured row counts, ascending
+	steps         []samples
+	draft, commit samples
 }
 
 // ObserveStep records a forward over rows rows that took d.
@@ -85,17 +87,24 @@ func (c *CostModel) ObserveDraft(d time.Duration) {
 	c.draft.add(millis(d))
 }
 
+// ObserveCommit records one verify's commit that took d.
+func (c *CostModel) ObserveCommit(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.commit.add(millis(d))
+}
+
 func millis(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 
-// Curve returns the estimated step time per measured row count and the
-// drafter's time (0 until measured).
-func (c *CostModel) Curve() (points []Point, draftMs float64) {
+// Curve returns the estimated step time per measured row count, and the
+// drafter's and the commit's time (0 until measured).
+func (c *CostModel) Curve() (points []Point, draftMs, commitMs float64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, r := range c.rows {
 		points = append(points, Point{Rows: r, Ms: c.steps[i].median()})
 	}
-	return points, c.draft.median()
+	return points, c.draft.median(), c.commit.median()
 }
 
 // StepMs predicts a forward's time over rows rows from the measured points:
@@ -153,7 +162,7 @@ func Monotone(points []Point) []Point {
 
 // String prints the curve's points, as `generate --json` and /metrics show them.
 func (c *CostModel) String() string {
-	points, draft := c.Curve()
+	points, draft, commit := c.Curve()
 	var b strings.Builder
 	for i, p := range points {
 		if i > 0 {
@@ -161,5 +170,5 @@ func (c *CostModel) String() string {
 		}
 		fmt.Fprintf(&b, "%d:%.3gms", p.Rows, p.Ms)
 	}
-	return fmt.Sprintf("step [%s] draft %.3gms", b.String(), draft)
+	return fmt.Sprintf("step [%s] draft %.3gms commit %.3gms", b.String(), draft, commit)
 }

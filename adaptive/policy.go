@@ -33,28 +33,30 @@ type Snapshot struct {
 	Mode        string            `json:"mode"`
 	StepMs      []Point           `json:"step_ms"` // the target's step time by rows
 	DraftMs     float64           `json:"draft_ms"`
+	CommitMs    float64           `json:"commit_ms"`
 	Calibration CalibrationReport `json:"calibration"`
 }
 
 // Snapshot returns the current cost curve and calibration.
 func (p *Policy) Snapshot() Snapshot {
-	points, draft := p.Cost.Curve()
-	return Snapshot{Mode: p.Name(), StepMs: points, DraftMs: draft, Calibration: p.Calibration.Report()}
+	points, draft, commit := p.Cost.Curve()
+	return Snapshot{Mode: p.Name(), StepMs: points, DraftMs: draft, CommitMs: commit, Calibration: p.Calibration.Report()}
 }
 
 // Allot chooses the node counts of a step's drafted requests, whose raw
 // (drafter) path probabilities and depths are given in tree order, with the
 // rest of the batch as given. The drafts are made, so their time does not
-// count against verifying them; it does count in keepDrafting, which says
-// for each request whether the next step should draft too.
+// count against verifying them (a commit does: it follows any node); it does
+// count in keepDrafting, which says for each request whether the next step
+// should draft too.
 func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest) (nodes []int, keepDrafting []bool) {
-	points, draft := p.Cost.Curve()
+	points, draft, commit := p.Cost.Curve()
 	points = Monotone(points)
 	stepMs := func(rows int) float64 { return StepMs(points, rows) }
 	reqs := make([]Request, len(probs))
 	for i := range probs {
 		reqs[i] = Request{Probs: p.Calibration.Calibrate(probs[i], depths[i]), Min: p.MinNodes()}
 	}
-	nodes = Allot(reqs, rest, stepMs, 0)
-	return nodes, PaysToDraft(reqs, rest, nodes, stepMs, draft)
+	nodes = Allot(reqs, rest, stepMs, commit)
+	return nodes, PaysToDraft(reqs, rest, nodes, stepMs, draft+commit)
 }

@@ -89,10 +89,11 @@ func pathProbs(t *ddtree.Tree) []float64 {
 }
 
 // observeVerify calibrates the policy with a verified tree and the drafted
-// tokens the target accepted.
-func (e *Engine) observeVerify(tree *ddtree.Tree, accepted int) {
+// tokens the target accepted, and times the commit that followed.
+func (e *Engine) observeVerify(tree *ddtree.Tree, accepted int, commit time.Duration) {
 	if p := e.Spec.Policy; p != nil && tree.Len() > 1 {
 		p.Calibration.Observe(pathProbs(tree), tree.Depths[1:], accepted)
+		p.Cost.ObserveCommit(commit)
 	}
 }
 
@@ -101,7 +102,7 @@ func (e *Engine) observeVerify(tree *ddtree.Tree, accepted int) {
 // probeCap), twice each, on a scratch sequence, after an untimed warm-up.
 // Without a free state slot it leaves the curve to the first steps.
 func (e *Engine) measureCost(p *adaptive.Policy) error {
-	if points, _ := p.Cost.Curve(); len(points) >= 2 {
+	if points, _, _ := p.Cost.Curve(); len(points) >= 2 {
 		return nil
 	}
 	seq, err := e.newSequence()

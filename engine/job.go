@@ -207,6 +207,7 @@ func (j *job) completeVerify(out *SeqOutput) error {
 	V := e.Model.Cfg.VocabSize
 	row := func(node int32) []float32 { return out.Logits[int(node)*V : int(node+1)*V] }
 	path, bonus := tree.Walk(func(node int32) int32 { return j.out.sampler.Sample(row(node)) })
+	tc := time.Now()
 	if tree.Len() == 1 { // a plain step (setProposal): the forward committed the root
 		j.seq.len++
 		e.Model.KV.Truncate(&j.seq.kv, j.seq.len)
@@ -216,7 +217,7 @@ func (j *job) completeVerify(out *SeqOutput) error {
 	j.stats.VerifyMs += ms(time.Since(j.verifyStart))
 	j.stats.record(path, tree.Len()-1)
 	if j.drafted {
-		e.observeVerify(tree, len(path)-1)
+		e.observeVerify(tree, len(path)-1, time.Since(tc))
 	}
 	for i := 1; i <= len(path) && !j.finished; i++ {
 		tok := bonus

@@ -21,6 +21,8 @@ var (
 		"Measured target forward time by verify rows in the batch (the adaptive policy's cost curve).", []string{"rows"}, nil)
 	adaptiveDraftDesc = prometheus.NewDesc("ddflash:adaptive_draft_seconds",
 		"Measured drafter time per draft.", nil, nil)
+	adaptiveCommitDesc = prometheus.NewDesc("ddflash:adaptive_commit_seconds",
+		"Measured commit time per verify (accepted path's GDN state and KV).", nil, nil)
 	adaptivePredictedDesc = prometheus.NewDesc("ddflash:adaptive_predicted_accepted_total",
 		"Drafter path probabilities summed over verified nodes of this depth: the predicted verify steps accepting at least depth tokens.", []string{"depth"}, nil)
 	adaptiveObservedDesc = prometheus.NewDesc("ddflash:adaptive_observed_accepted_total",
@@ -41,6 +43,7 @@ func (c adaptiveCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(adaptiveStepDesc, prometheus.GaugeValue, p.Ms/1000, strconv.Itoa(p.Rows))
 	}
 	ch <- prometheus.MustNewConstMetric(adaptiveDraftDesc, prometheus.GaugeValue, s.DraftMs/1000)
+	ch <- prometheus.MustNewConstMetric(adaptiveCommitDesc, prometheus.GaugeValue, s.CommitMs/1000)
 	for _, d := range s.Calibration.Depths {
 		depth := strconv.Itoa(d.Depth)
 		ch <- prometheus.MustNewConstMetric(adaptivePredictedDesc, prometheus.CounterValue, d.Predicted, depth)

@@ -149,6 +149,7 @@ func TestAdaptiveMetricsShowThePolicy(t *testing.T) {
 	s := policy.Snapshot()
 	want := map[string]float64{
 		"ddflash:adaptive_draft_seconds":            s.DraftMs / 1000,
+		"ddflash:adaptive_commit_seconds":           s.CommitMs / 1000,
 		"ddflash:adaptive_calibration_error_tokens": s.Calibration.MeanAbsError,
 	}
 	for _, p := range s.StepMs {
@@ -158,7 +159,7 @@ func TestAdaptiveMetricsShowThePolicy(t *testing.T) {
 		want[fmt.Sprintf("ddflash:adaptive_predicted_accepted_total{depth=%q}", fmt.Sprint(d.Depth))] = d.Predicted
 		want[fmt.Sprintf("ddflash:adaptive_observed_accepted_total{depth=%q}", fmt.Sprint(d.Depth))] = d.Observed
 	}
-	if len(s.StepMs) < 2 || s.DraftMs <= 0 || s.Calibration.Steps == 0 {
+	if len(s.StepMs) < 2 || s.DraftMs <= 0 || s.CommitMs <= 0 || s.Calibration.Steps == 0 {
 		t.Fatalf("the policy measured nothing: %+v", s)
 	}
 	for key, v := range want {
