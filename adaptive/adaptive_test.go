@@ -84,6 +84,26 @@ func TestCostModelMedians(t *testing.T) {
 	}
 }
 
+func TestCostModelStepOverhead(t *testing.T) {
+	var c CostModel
+	t0 := time.Unix(0, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	c.ForwardStarts(at(0), false) // a prompt chunk
+	c.ForwardEnds(at(10), false)
+	c.ForwardStarts(at(15), true) // the first decode step: no decode step before it
+	c.ForwardEnds(at(20), true)
+	c.ObserveDraft(2 * time.Millisecond)
+	c.ObserveCommit(time.Millisecond)
+	c.ForwardStarts(at(24), true) // 4 ms since the last forward, 3 of them drafting and committing
+	c.ForwardEnds(at(30), true)
+	c.ForwardStarts(at(32), true)
+	c.ForwardEnds(at(40), false) // a batch with a prompt chunk: the next gap is not a step's
+	c.ForwardStarts(at(90), true)
+	if got := c.OverheadMs(); !near(got, 1.5) { // the median of 1 and 2
+		t.Errorf("step overhead %v ms, want 1.5", got)
+	}
+}
+
 func linearCost(fixed, perRow float64) func(int) float64 {
 	return func(rows int) float64 { return fixed + perRow*float64(rows) }
 }

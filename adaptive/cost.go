@@ -63,6 +63,13 @@ type CostModel struct {
 	rows          []int // measured row counts, ascending
 	steps         []samples
 	draft, commit samples
+	// overhead is a decode step's time outside the forward, its drafts and
+	// its commits (sampling, emitting, scheduling): from one decode
+	// forward's end (lastEnd; zero after other forwards) to the next one's
+	// start, less the drafts and commits timed in between (inside).
+	overhead samples
+	lastEnd  time.Time
+	inside   time.Duration
 }
 
 // ObserveStep records a forward over rows rows that took d.
@@ -85,6 +92,35 @@ func (c *CostModel) ObserveDraft(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.draft.add(millis(d))
+	c.inside += d
+}
+
+// ForwardStarts marks a forward's start at now: for a decode forward, the
+// end of the step overhead since the previous decode forward.
+func (c *CostModel) ForwardStarts(now time.Time, decoding bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if decoding && !c.lastEnd.IsZero() {
+		c.overhead.add(max(0, millis(now.Sub(c.lastEnd)-c.inside)))
+	}
+	c.lastEnd, c.inside = time.Time{}, 0
+}
+
+// ForwardEnds marks a forward's end at now; only a decode forward starts
+// a step overhead to time.
+func (c *CostModel) ForwardEnds(now time.Time, decoding bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if decoding {
+		c.lastEnd = now
+	}
+}
+
+// OverheadMs is the estimated step time outside the forward, drafts and commits.
+func (c *CostModel) OverheadMs() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.overhead.median()
 }
 
 // ObserveCommit records one verify's commit that took d.
@@ -92,6 +128,7 @@ func (c *CostModel) ObserveCommit(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.commit.add(millis(d))
+	c.inside += d
 }
 
 func millis(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }

@@ -34,13 +34,14 @@ type Snapshot struct {
 	StepMs      []Point           `json:"step_ms"` // the target's step time by rows
 	DraftMs     float64           `json:"draft_ms"`
 	CommitMs    float64           `json:"commit_ms"`
+	OverheadMs  float64           `json:"overhead_ms"` // per step, outside forward, drafts and commits
 	Calibration CalibrationReport `json:"calibration"`
 }
 
 // Snapshot returns the current cost curve and calibration.
 func (p *Policy) Snapshot() Snapshot {
 	points, draft, commit := p.Cost.Curve()
-	return Snapshot{Mode: p.Name(), StepMs: points, DraftMs: draft, CommitMs: commit, Calibration: p.Calibration.Report()}
+	return Snapshot{Mode: p.Name(), StepMs: points, DraftMs: draft, CommitMs: commit, OverheadMs: p.Cost.OverheadMs(), Calibration: p.Calibration.Report()}
 }
 
 // Allot chooses the node counts of a step's drafted requests, whose raw
@@ -51,8 +52,8 @@ func (p *Policy) Snapshot() Snapshot {
 // should draft too.
 func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest) (nodes []int, keepDrafting []bool) {
 	points, draft, commit := p.Cost.Curve()
-	points = Monotone(points)
-	stepMs := func(rows int) float64 { return StepMs(points, rows) }
+	points, overhead := Monotone(points), p.Cost.OverheadMs()
+	stepMs := func(rows int) float64 { return overhead + StepMs(points, rows) }
 	reqs := make([]Request, len(probs))
 	for i := range probs {
 		reqs[i] = Request{Probs: p.Calibration.Calibrate(probs[i], depths[i]), Min: p.MinNodes()}

@@ -21,8 +21,9 @@ import (
 // of the curve it stops adding points after this long.
 const probeCap = 300 * time.Millisecond
 
-// forwardBatch runs a batch, with the policy's allotment before it and the step
-// time recorded after it. jobs[i] prepared inputs[i].
+// forwardBatch runs a batch, with the policy's allotment before it and the
+// forward's time recorded after it (and the step's time around it, see
+// adaptive.CostModel). jobs[i] prepared inputs[i].
 func (e *Engine) forwardBatch(jobs []*job, inputs []SeqInput, taps []int) ([]SeqOutput, error) {
 	p := e.Spec.Policy
 	if p == nil {
@@ -30,13 +31,16 @@ func (e *Engine) forwardBatch(jobs []*job, inputs []SeqInput, taps []int) ([]Seq
 	}
 	decoding := e.allot(p, jobs, inputs)
 	start := time.Now()
+	p.Cost.ForwardStarts(start, decoding)
 	outs, err := e.Model.Forward(inputs, taps)
+	end := time.Now()
+	p.Cost.ForwardEnds(end, decoding && err == nil)
 	if err == nil && decoding {
 		rows := 0
 		for _, in := range inputs {
 			rows += len(in.Tokens)
 		}
-		p.Cost.ObserveStep(rows, time.Since(start))
+		p.Cost.ObserveStep(rows, end.Sub(start))
 	}
 	return outs, err
 }
