@@ -8,25 +8,32 @@ import (
 )
 
 // Mode is one decoding method of a sweep: auto (autoregressive, the
-// baseline), linear (the DFlash chain) or bN (a DDTree with N nodes).
+// baseline), linear (the DFlash chain), bN (a DDTree with N nodes) or
+// adaptive (each step's tree size, autoregressive included, chosen from
+// measured cost and predicted acceptance).
 type Mode struct {
-	Name   string // as on the command line and in file names: auto, linear, b15
-	Kind   string // auto, linear or ddtree
-	Budget int    // DDTree nodes per verify; 0 otherwise
+	Name   string // as on the command line and in file names: auto, linear, b15, adaptive
+	Kind   string // auto, linear, ddtree or adaptive
+	Budget int    // DDTree nodes per verify (adaptive: the most); 0 otherwise
 }
 
-// ParseMode reads auto, linear or bN (N ≥ 1).
+// AdaptiveBudget is the largest tree the adaptive mode may choose.
+const AdaptiveBudget = 32
+
+// ParseMode reads auto, linear, bN (N ≥ 1) or adaptive.
 func ParseMode(s string) (Mode, error) {
 	switch s {
 	case "auto", "linear":
 		return Mode{Name: s, Kind: s}, nil
+	case "adaptive":
+		return Mode{Name: s, Kind: s, Budget: AdaptiveBudget}, nil
 	}
 	if rest, ok := strings.CutPrefix(s, "b"); ok {
 		if n, err := strconv.Atoi(rest); err == nil && n >= 1 && rest == strconv.Itoa(n) {
 			return Mode{Name: s, Kind: "ddtree", Budget: n}, nil
 		}
 	}
-	return Mode{}, fmt.Errorf("mode %q: want auto, linear or bN for a DDTree of N nodes (b8, b15, ...)", s)
+	return Mode{}, fmt.Errorf("mode %q: want auto, linear, bN for a DDTree of N nodes (b8, b15, ...) or adaptive", s)
 }
 
 // ParseModes reads a comma-separated list of modes. The baseline (auto) is

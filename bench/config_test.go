@@ -9,7 +9,7 @@ import (
 )
 
 func TestParseModes(t *testing.T) {
-	modes, err := ParseModes("b15, linear,auto,b8")
+	modes, err := ParseModes("b15, linear,auto,b8,adaptive")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -17,11 +17,14 @@ func TestParseModes(t *testing.T) {
 	for _, m := range modes {
 		names = append(names, m.Name)
 	}
-	if want := []string{"auto", "b15", "linear", "b8"}; !slices.Equal(names, want) {
+	if want := []string{"auto", "b15", "linear", "b8", "adaptive"}; !slices.Equal(names, want) {
 		t.Errorf("order %v, want the baseline first then as given: %v", names, want)
 	}
 	if modes[1] != (Mode{Name: "b15", Kind: "ddtree", Budget: 15}) {
 		t.Errorf("b15 = %+v", modes[1])
+	}
+	if modes[4] != (Mode{Name: "adaptive", Kind: "adaptive", Budget: AdaptiveBudget}) {
+		t.Errorf("adaptive = %+v", modes[4])
 	}
 	for _, bad := range []string{"", "b0", "b", "b-3", "b08", "tree", "auto,auto"} {
 		if _, err := ParseModes(bad); err == nil {

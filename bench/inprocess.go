@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"ddflash/adaptive"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -98,9 +99,15 @@ func (p *InProcess) Validate(plan *Plan) error {
 	return nil
 }
 
+// spec is a mode's decoding. The adaptive mode gets a fresh policy, which
+// measures its cost curve at the configuration's first request.
 func (p *InProcess) spec(m Mode) engine.SpecOptions {
-	mode := map[string]engine.SpecMode{"auto": engine.SpecAuto, "linear": engine.SpecLinear, "ddtree": engine.SpecTree}[m.Kind]
-	return engine.SpecOptions{Mode: mode, Budget: m.Budget, Rollback: p.Rollback}
+	mode := map[string]engine.SpecMode{"auto": engine.SpecAuto, "linear": engine.SpecLinear, "ddtree": engine.SpecTree, "adaptive": engine.SpecTree}[m.Kind]
+	o := engine.SpecOptions{Mode: mode, Budget: m.Budget, Rollback: p.Rollback}
+	if m.Kind == "adaptive" {
+		o.Policy = &adaptive.Policy{Autoregressive: true}
+	}
+	return o
 }
 
 // Knobs implements Backend. It loads the degree's engine to read its sizes;

@@ -20,6 +20,9 @@ type Row struct {
 	// Speedup is over the same directory's autoregressive run with the same
 	// workload, length and concurrency; nil without one.
 	Speedup *float64
+	// Lossless says whether a greedy speculative run's outputs equal that
+	// baseline's; nil when not compared (sampling, no baseline, the baseline).
+	Lossless *bool
 }
 
 // Results is what report reads from one or more results directories.
@@ -41,6 +44,7 @@ func LoadResults(dirs []string) (*Results, error) {
 			return nil, err
 		}
 		var rows []Row
+		var records []*Record
 		for _, c := range results {
 			r, err := st.ReadRecord(c)
 			if err != nil {
@@ -51,6 +55,7 @@ func LoadResults(dirs []string) (*Results, error) {
 			if gpus := r.Setup.Host.GPUs; len(gpus) > 0 {
 				res.GPU = cmp.Or(res.GPU, gpus[0].Name)
 			}
+			records = append(records, r)
 			for _, run := range r.Runs {
 				rows = append(rows, Row{Source: dir, Config: c, Knobs: r.Setup.Knobs, Run: run})
 			}
@@ -66,6 +71,7 @@ func LoadResults(dirs []string) (*Results, error) {
 			}
 		}
 		for i := range rows {
+			rows[i].Lossless = lossless(records, rows[i].Knobs, &rows[i].Run)
 			rows[i].Speedup = rows[i].Run.Metrics.Speedup
 			for _, b := range rows {
 				if b.Knobs.Spec == "auto" && b.Knobs.TP == rows[i].Knobs.TP && b.Run.RunKey == rows[i].Run.RunKey {
@@ -79,13 +85,15 @@ func LoadResults(dirs []string) (*Results, error) {
 	return res, nil
 }
 
-// modeRank orders modes: the baseline, the chain, then trees by budget.
+// modeRank orders modes: the baseline, the chain, trees by budget, then adaptive.
 func modeRank(k Knobs) (int, int) {
 	switch k.Spec {
 	case "auto":
 		return 0, 0
 	case "linear":
 		return 1, 0
+	case "adaptive":
+		return 3, 0
 	}
 	return 2, k.Budget
 }
@@ -125,10 +133,20 @@ func (r *Results) Markdown(w io.Writer) {
 		if m.AcceptanceRate != nil {
 			rate = fmt.Sprintf("%.0f%%", 100**m.AcceptanceRate)
 		}
+		speed := optFloat(row.Speedup, "%.2fx")
+		if row.lossy() {
+			speed = "LOSSY"
+		}
 		fmt.Fprintf(w, "| %d | %s | %s | %d | %d | %.1f | %.1f | %s | %s | %s | %.1f | %.2f |\n",
 			row.Knobs.TP, row.Knobs.Mode, row.Run.Workload, row.Run.MaxTokens, row.Run.Concurrency,
 			m.OutputThroughput, m.PerUserTokS, optFloat(m.AcceptanceLength, "%.2f"), rate,
-			optFloat(row.Speedup, "%.2fx"), m.TTFT.Mean, m.TPOT.Mean)
+			speed, m.TTFT.Mean, m.TPOT.Mean)
+	}
+	if lossy := slices.DeleteFunc(slices.Clone(r.Rows), func(row Row) bool { return !row.lossy() }); len(lossy) > 0 {
+		fmt.Fprintln(w, "\n**Lossy runs (greedy outputs differ from autoregressive decoding's; their speed is not a result):**")
+		for _, row := range lossy {
+			fmt.Fprintf(w, "- %s/%s %s\n", row.Source, row.Config, row.Run.RunKey)
+		}
 	}
 	if len(r.Failures) > 0 {
 		fmt.Fprintln(w, "\n**Failed runs (not results):**")
@@ -143,6 +161,8 @@ func (r *Results) Markdown(w io.Writer) {
 		}
 	}
 }
+
+func (row *Row) lossy() bool { return row.Lossless != nil && !*row.Lossless }
 
 func (r *Results) multiSource() bool {
 	return slices.ContainsFunc(r.Rows, func(row Row) bool { return row.Source != r.Rows[0].Source })
@@ -161,17 +181,24 @@ func (r *Results) CSV(w io.Writer) error {
 	cw.Write([]string{"source", "config", "tp", "mode", "spec", "budget", "workload", "max_tokens", "concurrency",
 		"enable_thinking", "requests", "output_tokens", "output_throughput", "per_user_tok_s",
 		"ttft_ms_mean", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p99", "itl_chunk_ms_mean", "itl_token_ms_mean",
-		"acceptance_length", "acceptance_rate", "speedup"})
+		"acceptance_length", "acceptance_rate", "speedup", "lossless"})
 	for _, row := range r.Rows {
 		m, k := &row.Run.Metrics, row.Knobs
 		cw.Write([]string{row.Source, row.Config, strconv.Itoa(k.TP), k.Mode, k.Spec, strconv.Itoa(k.Budget),
 			row.Run.Workload, strconv.Itoa(row.Run.MaxTokens), strconv.Itoa(row.Run.Concurrency),
 			strconv.FormatBool(row.Run.EnableThinking), strconv.Itoa(row.Run.Completed), strconv.Itoa(row.Run.OutputTokens),
 			f(m.OutputThroughput), f(m.PerUserTokS), f(m.TTFT.Mean), f(m.TTFT.P99), f(m.TPOT.Mean), f(m.TPOT.P99),
-			f(m.ITLChunk.Mean), f(m.ITLToken.Mean), opt(m.AcceptanceLength), opt(m.AcceptanceRate), opt(row.Speedup)})
+			f(m.ITLChunk.Mean), f(m.ITLToken.Mean), opt(m.AcceptanceLength), opt(m.AcceptanceRate), opt(row.Speedup), optBool(row.Lossless)})
 	}
 	cw.Flush()
 	return cw.Error()
+}
+
+func optBool(v *bool) string {
+	if v == nil {
+		return ""
+	}
+	return strconv.FormatBool(*v)
 }
 
 // Benchstat writes every measured pass in the Go benchmark format, one

@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"encoding/xml"
 	"io"
+	"maps"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -165,5 +166,35 @@ func TestLoadResultsAcrossDirectories(t *testing.T) {
 	mustWrite(t, rec, mustRead(t, rec)[:50])
 	if res, err = LoadResults([]string{good}); err != nil || len(res.Rows) != 0 || len(res.Skipped) != 1 {
 		t.Errorf("a truncated record: rows %d, skipped %v, %v", len(res.Rows), res.Skipped, err)
+	}
+}
+
+func TestReportFlagsLossyRuns(t *testing.T) {
+	dir := lossySweep(t, 0)
+	res, err := LoadResults([]string{dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lossless := map[string]string{}
+	for _, row := range res.Rows {
+		lossless[row.Config+" "+row.Run.RunKey.String()] = optBool(row.Lossless)
+	}
+	want := map[string]string{
+		"tp1-auto chat-6tok-c1": "", "tp1-auto chat-6tok-c2": "",
+		"tp1-linear chat-6tok-c1": "true", "tp1-linear chat-6tok-c2": "true",
+		"tp1-b15 chat-6tok-c1": "true", "tp1-b15 chat-6tok-c2": "false",
+	}
+	if !maps.Equal(lossless, want) {
+		t.Errorf("lossless per run %v, want %v", lossless, want)
+	}
+	var md bytes.Buffer
+	res.Markdown(&md)
+	if strings.Count(md.String(), "LOSSY") != 1 || !strings.Contains(md.String(), "**Lossy runs") ||
+		!strings.Contains(md.String(), "/tp1-b15 chat-6tok-c2") {
+		t.Errorf("markdown does not flag exactly the lossy run:\n%s", md.String())
+	}
+	var c bytes.Buffer
+	if err := res.CSV(&c); err != nil || !strings.Contains(c.String(), ",lossless\n") || strings.Count(c.String(), ",false\n") != 1 {
+		t.Errorf("csv (%v):\n%s", err, c.String())
 	}
 }

@@ -25,6 +25,9 @@ func (r *Results) series() []series {
 	index := map[string]int{}
 	multi := r.multiSource()
 	for _, row := range r.Rows {
+		if row.Knobs.Spec == "adaptive" {
+			continue // no fixed budget to plot it at
+		}
 		label := fmt.Sprintf("tp%d %s", row.Knobs.TP, row.Run.RunKey)
 		if multi {
 			label = filepath.Base(row.Source) + " " + label

@@ -232,3 +232,35 @@ func TestChatPrompterRaw(t *testing.T) {
 		t.Errorf("chat prompt of %d tokens (%v): the template should wrap the turns", len(chat), err)
 	}
 }
+
+// TestInProcessAdaptiveSweepIsLossless sweeps the adaptive mode against the
+// baseline, alone and batched: its greedy outputs must be the baseline's
+// (verify checks it), and its record says what it is.
+func TestInProcessAdaptiveSweepIsLossless(t *testing.T) {
+	model, draft := tinyPair(t)
+	dir := t.TempDir()
+	_, err := Sweep(context.Background(), Options{Plan: tinyPlan(t, "auto,adaptive"), Backend: inProcess(t, model, draft, AdaptiveBudget, 2),
+		Store: Store{Dir: dir}, IgnoreEOS: true, GPUs: &fakeGPUs{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := Verify(dir); err != nil || !v.OK() || len(v.Findings) != 2 {
+		t.Fatalf("verify: %+v, %v", v, err)
+	}
+	rec, err := Store{Dir: dir}.ReadRecord("tp1-adaptive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := rec.Setup.Knobs; k.Spec != "adaptive" || k.Budget != AdaptiveBudget || len(rec.Runs) != 4 {
+		t.Fatalf("knobs %+v, %d runs", k, len(rec.Runs))
+	}
+	res, err := LoadResults([]string{dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range res.Rows {
+		if row.Config == "tp1-adaptive" && (row.Lossless == nil || !*row.Lossless) {
+			t.Errorf("%s: lossless %v, want compared and true", row.Run.RunKey, row.Lossless)
+		}
+	}
+}

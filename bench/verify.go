@@ -18,6 +18,9 @@ type Finding struct {
 	Planned int  // runs it should hold
 	OK      bool // complete and valid
 	Damaged bool // the result file is unreadable or fails its checks: delete it
+	// Lossy marks greedy speculative outputs that differ from the
+	// autoregressive baseline's: a bug to fix, not a run to repeat.
+	Lossy   bool
 	Problem string
 }
 
@@ -40,8 +43,9 @@ func (v *Verification) OK() bool {
 }
 
 // Verify re-checks every file of a results directory: schema, checksum,
-// completeness against the plan, validity of every run, and the trace files
-// the runs point at.
+// completeness against the plan, validity of every run, the trace files
+// the runs point at, and that greedy speculative outputs equal the
+// autoregressive baseline's.
 func Verify(dir string) (*Verification, error) {
 	st := Store{Dir: dir}
 	v := &Verification{Dir: dir}
@@ -70,12 +74,22 @@ func Verify(dir string) (*Verification, error) {
 			finding(c).Planned = len(man.Plan)
 		}
 	}
+	var valid []*Record
 	for _, c := range results {
 		f := finding(c)
-		n, planned, err := checkRecord(st, c)
-		f.Runs, f.Planned = n, max(f.Planned, planned)
+		r, planned, err := checkRecord(st, c)
+		f.Planned = max(f.Planned, planned)
 		if err != nil {
 			f.Damaged, f.Problem = true, err.Error()
+			continue
+		}
+		f.Runs = len(r.Runs)
+		valid = append(valid, r)
+	}
+	for _, r := range valid {
+		if lossy := lossyRuns(valid, r); len(lossy) > 0 {
+			f := finding(r.Config)
+			f.Lossy, f.Problem = true, lossyProblem(r.Setup.Knobs.TP, lossy)
 		}
 	}
 	for _, c := range failures {
@@ -118,31 +132,31 @@ func join(a, b string) string {
 	return a + "; " + b
 }
 
-// checkRecord validates a result file and returns its run count and plan size.
-func checkRecord(st Store, config string) (runs, planned int, err error) {
+// checkRecord validates a result file and returns it and its plan size.
+func checkRecord(st Store, config string) (rec *Record, planned int, err error) {
 	var r Record
 	if err := readSealed(st.resultPath(config), &r); err != nil {
-		return 0, 0, err
+		return nil, 0, err
 	}
 	planned = len(r.Setup.Plan)
 	if r.Config != config {
-		return 0, planned, fmt.Errorf("the file says it holds %q", r.Config)
+		return nil, planned, fmt.Errorf("the file says it holds %q", r.Config)
 	}
 	seen := map[RunKey]bool{}
 	for i := range r.Runs {
 		run := &r.Runs[i]
 		if !slices.Contains(r.Setup.Plan, run.RunKey) || seen[run.RunKey] {
-			return 0, planned, fmt.Errorf("run %s is not in the plan or appears twice", run.RunKey)
+			return nil, planned, fmt.Errorf("run %s is not in the plan or appears twice", run.RunKey)
 		}
 		seen[run.RunKey] = true
 		if err := checkRun(st, run, r.Setup.Knobs.Repeats); err != nil {
-			return 0, planned, fmt.Errorf("run %s: %w", run.RunKey, err)
+			return nil, planned, fmt.Errorf("run %s: %w", run.RunKey, err)
 		}
 	}
 	if r.Complete != (len(r.Runs) == planned) {
-		return 0, planned, fmt.Errorf("marked complete=%v with %d of %d runs", r.Complete, len(r.Runs), planned)
+		return nil, planned, fmt.Errorf("marked complete=%v with %d of %d runs", r.Complete, len(r.Runs), planned)
 	}
-	return len(r.Runs), planned, nil
+	return &r, planned, nil
 }
 
 // checkRun re-applies the validity rules a run passed when it was saved.
@@ -174,6 +188,10 @@ func (v *Verification) Print(w io.Writer) {
 	for _, f := range v.Findings {
 		if f.OK {
 			fmt.Fprintf(w, "ok     %-16s %d/%d runs\n", f.Config, f.Runs, f.Planned)
+			continue
+		}
+		if f.Lossy {
+			fmt.Fprintf(w, "LOSSY  %-16s %s\n", f.Config, f.Problem)
 			continue
 		}
 		fmt.Fprintf(w, "RERUN  %-16s %s\n", f.Config, f.Problem)

@@ -163,3 +163,67 @@ func TestShellQuote(t *testing.T) {
 		}
 	}
 }
+
+// sameServer runs every mode of a plan on one fake server, as an in-process
+// sweep would, so that one directory holds a baseline and speculative modes.
+type sameServer struct{ *OpenAI }
+
+func (sameServer) Validate(*Plan) error { return nil }
+
+// lossySweep returns a finished sweep of auto, b15 and linear whose b15
+// record reports outputs other than the baseline's on one run, as a lossy
+// engine would write it (a valid, sealed record).
+func lossySweep(t *testing.T, temperature float64) string {
+	t.Helper()
+	dir := t.TempDir()
+	backend, url := openFake(t, &fakeServer{tokenIDs: true})
+	_, err := Sweep(t.Context(), Options{Plan: testPlan(t, "auto,b15,linear", "chat", []int{6}, []int{1, 2}, 1),
+		Backend: sameServer{backend}, Store: Store{Dir: dir}, Argv: []string{"ddflash", "bench", "--url", url},
+		IgnoreEOS: true, Temperature: temperature, GPUs: &fakeGPUs{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := Store{Dir: dir}
+	rec, err := st.ReadRecord("tp1-b15")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Runs[1].OutputsSHA256 = strings.Repeat("0", 64)
+	if err := st.WriteRecord(rec); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestVerifyFailsOnLossySpeculation(t *testing.T) {
+	v, err := Verify(lossySweep(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	v.Print(&out)
+	if v.OK() {
+		t.Fatalf("verify passed a greedy mode whose outputs differ from autoregressive:\n%s", out.String())
+	}
+	for _, f := range v.Findings {
+		if lossy := f.Config == "tp1-b15"; f.Lossy != lossy || f.OK == lossy {
+			t.Errorf("finding %+v", f)
+		}
+	}
+	if !strings.Contains(out.String(), "LOSSY  tp1-b15") || !strings.Contains(out.String(), "chat-6tok-c2") ||
+		strings.Contains(out.String(), "chat-6tok-c1") || strings.Contains(out.String(), "to rerun") {
+		t.Errorf("verify output names the wrong runs or advises a rerun:\n%s", out.String())
+	}
+}
+
+func TestVerifyComparesOnlyGreedyOutputs(t *testing.T) {
+	v, err := Verify(lossySweep(t, 0.7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !v.OK() {
+		var out bytes.Buffer
+		v.Print(&out)
+		t.Errorf("sampled outputs differ by chance, yet verify failed:\n%s", out.String())
+	}
+}

@@ -20,6 +20,11 @@ type Tree struct {
 	Tokens  []int32
 	Parents []int32 // Parents[0] = -1
 	Depths  []int32 // Depths[0] = 0
+	// Scores are Build's path log-probabilities under the drafter (the sum
+	// of the per-depth log-probs along the path; 0 at the root): the
+	// predicted log-probability that the target accepts the node. Nil for
+	// a Chain.
+	Scores []float64
 }
 
 // Len is the number of nodes, root included.
@@ -94,8 +99,10 @@ func Build(root int32, levels [][]Candidate, budget int, chainSeed bool) *Tree {
 			heap.Push(h, s)
 		}
 	}
+	t.Scores = []float64{0}
 	// insert adds a popped (or seeded) entry as a node and returns it.
 	insert := func(e entry) int32 {
+		t.Scores = append(t.Scores, e.score)
 		return t.add(levels[e.depth-1][e.rank].Token, e.parent, e.depth)
 	}
 	nodes := 0
@@ -122,6 +129,18 @@ func Build(root int32, levels [][]Candidate, budget int, chainSeed bool) *Tree {
 		}
 	}
 	return t
+}
+
+// Prefix is the tree of its first nodes non-root nodes (all when it has
+// fewer). Build adds nodes in order, so Build's tree for a smaller budget is
+// its prefix, and parents precede children, so a prefix is a tree.
+func (t *Tree) Prefix(nodes int) *Tree {
+	n := min(nodes+1, t.Len())
+	p := &Tree{Tokens: t.Tokens[:n:n], Parents: t.Parents[:n:n], Depths: t.Depths[:n:n]}
+	if t.Scores != nil {
+		p.Scores = t.Scores[:n:n]
+	}
+	return p
 }
 
 // entry is a frontier candidate: the rank-th token at depth under parent.

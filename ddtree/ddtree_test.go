@@ -237,3 +237,31 @@ func TestTopK(t *testing.T) {
 		t.Fatalf("logprob %g, want %g", got[0].Logprob, 3-lse)
 	}
 }
+
+// TestPrefixIsTheSmallerBudgetsTree checks what adaptive budgets rely on:
+// the tree of budget b is the first b nodes of any larger budget's tree,
+// and each node's score is its path's summed draft log-probability.
+func TestPrefixIsTheSmallerBudgetsTree(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	for trial := 0; trial < 200; trial++ {
+		levels := randomLevels(rng, 1+rng.IntN(6), 1+rng.IntN(4), trial%2 == 0)
+		seed := trial%3 != 0
+		full := Build(3, levels, 40, seed)
+		for i, ranks := range rankPaths(full, levels) {
+			want := 0.0
+			for d, r := range ranks {
+				want += levels[d][r].Logprob
+			}
+			if math.Abs(full.Scores[i+1]-want) > 1e-12 {
+				t.Fatalf("trial %d: node %d scores %v, its path %v", trial, i+1, full.Scores[i+1], want)
+			}
+		}
+		for b := 0; b <= 40; b++ {
+			small, prefix := Build(3, levels, b, seed), full.Prefix(b)
+			if !slices.Equal(small.Tokens, prefix.Tokens) || !slices.Equal(small.Parents, prefix.Parents) ||
+				!slices.Equal(small.Depths, prefix.Depths) || !slices.Equal(small.Scores, prefix.Scores) {
+				t.Fatalf("trial %d (chain seed %v): budget %d tree %+v, prefix of the budget-40 tree %+v", trial, seed, b, small, prefix)
+			}
+		}
+	}
+}

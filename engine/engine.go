@@ -273,7 +273,7 @@ func (e *Engine) Generate(ctx context.Context, r Request) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		out, err := e.Model.Forward([]SeqInput{in}, j.taps())
+		out, err := e.forwardBatch([]*job{j}, []SeqInput{in}, j.taps())
 		if err != nil {
 			return nil, err
 		}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"ddflash/adaptive"
 	"ddflash/ddtree"
 	"ddflash/mamba"
 )
@@ -33,6 +34,10 @@ type job struct {
 	verify *mamba.Verify
 	tree   *ddtree.Tree // the proposal in flight
 	stats  *SpecStats
+	// drafted says the proposal in flight comes from a draft; under an
+	// adaptive policy a step may skip the drafter (backoff says when).
+	drafted bool
+	backoff adaptive.Backoff
 
 	started, decodeStart, verifyStart time.Time
 	finished                          bool
@@ -51,6 +56,14 @@ func (e *Engine) newJob(r Request) (*job, error) {
 			return nil, fmt.Errorf("engine sized for %d verify tokens, spec mode %s needs %d", e.opts.VerifyTokens, e.Spec.Mode, need)
 		}
 	}
+	if p := e.Spec.Policy; p != nil {
+		if e.Spec.Mode != SpecTree {
+			return nil, fmt.Errorf("an adaptive budget needs spec mode ddtree, not %s", e.Spec.Mode)
+		}
+		if err := e.measureCost(p); err != nil {
+			return nil, fmt.Errorf("measuring the verify cost: %w", err)
+		}
+	}
 	var err error
 	if j.seq, err = e.newSequence(); err != nil {
 		return nil, err
@@ -61,6 +74,9 @@ func (e *Engine) newJob(r Request) (*job, error) {
 	j.stats = &SpecStats{Mode: e.Spec.Mode.String()}
 	if e.Spec.Mode == SpecTree {
 		j.stats.Budget = e.Spec.Budget
+	}
+	if p := e.Spec.Policy; p != nil {
+		j.stats.Mode = p.Name()
 	}
 	j.out.res.Stats.SpecStats = j.stats
 	if j.sess, err = e.Drafter.NewSession(r.Prompt); err != nil {
@@ -118,24 +134,43 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 		in.Tokens, in.Logits = []int32{j.last}, LastRow
 	default:
 		td := time.Now()
-		draft, err := j.sess.Draft(j.features, j.last)
-		if err != nil {
-			return in, err
+		if j.drafted = j.backoff.Draft(); j.drafted {
+			draft, err := j.sess.Draft(j.features, j.last)
+			if err != nil {
+				return in, err
+			}
+			j.features = nil
+			// Positions start..start+depth must stay inside the context.
+			j.tree = e.propose(j.last, draft, min(e.Drafter.BlockSize()-1, e.Context-1-j.seq.len))
+		} else {
+			// An autoregressive step: the drafter sees its features with the next draft.
+			j.tree = ddtree.Chain(j.last, nil)
 		}
-		// Positions start..start+depth must stay inside the context.
-		j.tree = e.propose(j.last, draft, min(e.Drafter.BlockSize()-1, e.Context-1-j.seq.len))
 		j.verifyStart = time.Now()
 		j.stats.DraftMs += ms(j.verifyStart.Sub(td))
-		in.Tokens, in.Logits, in.Spec = j.tree.Tokens, AllRows, j.verify
-		if e.Spec.Mode == SpecTree {
-			in.Parents = j.tree.Parents
+		if p := e.Spec.Policy; p != nil && j.drafted {
+			p.Cost.ObserveDraft(j.verifyStart.Sub(td))
 		}
+		j.setProposal(&in)
 	}
 	in.Argmax = in.Logits != NoRows && j.out.deviceArgmax()
 	if err := e.Model.KV.Reserve(&j.seq.kv, j.seq.len+len(in.Tokens)); err != nil {
 		return in, err
 	}
 	return in, nil
+}
+
+// setProposal makes the input verify the proposal in flight. A proposal of
+// the root alone is a plain decoding step, which the forward commits itself:
+// the autoregressive computation, without a verify to commit.
+func (j *job) setProposal(in *SeqInput) {
+	in.Tokens, in.Logits, in.Spec, in.Parents = j.tree.Tokens, AllRows, j.verify, nil
+	switch {
+	case j.tree.Len() == 1:
+		in.Spec = nil
+	case j.e.Spec.Mode == SpecTree:
+		in.Parents = j.tree.Parents
+	}
 }
 
 // complete consumes the target's output for the input prepare returned.
@@ -197,11 +232,18 @@ func (j *job) completeVerify(out *SeqOutput) error {
 	if walkErr != nil {
 		return walkErr
 	}
-	if err := e.commit(j.seq, j.verify, path); err != nil {
+	tc := time.Now()
+	if tree.Len() == 1 { // a plain step (setProposal): the forward committed the root
+		j.seq.len++
+		e.Model.KV.Truncate(&j.seq.kv, j.seq.len)
+	} else if err := e.commit(j.seq, j.verify, path); err != nil {
 		return err
 	}
 	j.stats.VerifyMs += ms(time.Since(j.verifyStart))
 	j.stats.record(path, tree.Len()-1)
+	if j.drafted {
+		e.observeVerify(tree, len(path)-1, time.Since(tc))
+	}
 	for i := 1; i <= len(path) && !j.finished; i++ {
 		tok := bonus
 		if i < len(path) {
@@ -209,7 +251,7 @@ func (j *job) completeVerify(out *SeqOutput) error {
 		}
 		j.finished = j.out.emit(tok, j.out.rowLogits(out, int(path[i-1])))
 	}
-	j.features = e.features(out, j.taps(), path, 0)
+	j.features = append(j.features, e.features(out, j.taps(), path, 0)...)
 	j.last = bonus
 	if j.finished {
 		j.finish()
@@ -220,6 +262,10 @@ func (j *job) completeVerify(out *SeqOutput) error {
 func (j *job) finish() {
 	if j.stats != nil {
 		j.stats.finish(j.e.Drafter.BlockSize())
+		if p := j.e.Spec.Policy; p != nil {
+			s := p.Snapshot()
+			j.stats.Policy = &s
+		}
 	}
 	j.out.finish(time.Since(j.decodeStart))
 }

@@ -318,7 +318,11 @@ func (s *Scheduler) step(running []*pending, reserved int) ([]*pending, int) {
 	if len(batch) == 0 {
 		return running, reserved
 	}
-	outs, err := s.e.Model.Forward(inputs, taps)
+	jobs := make([]*job, len(batch))
+	for i, p := range batch {
+		jobs[i] = p.job
+	}
+	outs, err := s.e.forwardBatch(jobs, inputs, taps)
 	failed := map[*pending]error{}
 	for i, p := range batch {
 		if err == nil {

@@ -30,29 +30,11 @@ func runScheduler(t *testing.T, e *Engine, opts SchedulerOptions) *Scheduler {
 func TestSchedulerBatchesLosslessly(t *testing.T) {
 	const seed, ctxLen = 6, 128
 	rng := rand.New(rand.NewPCG(11, 12))
-	var reqs []Request
-	var answers [][]int32
-	ar := newTestEngine(t, "tiny", seed, Options{Context: ctxLen})
-	for i := 0; i < 32; i++ {
-		r := Request{Prompt: randomTokens(rng, 1+rng.IntN(60), 290), MaxTokens: 1 + rng.IntN(40)}
-		res, err := ar.Generate(context.Background(), r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		reqs = append(reqs, r)
-		answers = append(answers, concat(r.Prompt, res.Tokens))
-	}
+	reqs, answers := randomRequests(t, newTestEngine(t, "tiny", seed, Options{Context: ctxLen}), rng, 32, 60, 40)
 	for _, c := range []specCase{{SpecAuto, 0, mamba.Replay}, {SpecLinear, 0, mamba.Replay}, {SpecTree, 8, mamba.Snapshot}, {SpecTree, 32, mamba.Replay}} {
 		e := specEngineBlock(t, seed, c, pathOracle(answers...), 0.2, ctxLen, 16, Options{MaxSeqs: 8, PrefillChunk: 16})
 		s := runScheduler(t, e, SchedulerOptions{StepPrefill: 24})
-		streams := make([]*Stream, len(reqs))
-		for i, r := range reqs {
-			var err error
-			if streams[i], err = s.Submit(context.Background(), r); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for i, st := range streams {
+		for i, st := range submitAll(t, s, reqs) {
 			var streamed []int32
 			for ev := range st.Events() {
 				streamed = append(streamed, ev.Tokens...)
@@ -68,6 +50,35 @@ func TestSchedulerBatchesLosslessly(t *testing.T) {
 		}
 		waitIdle(t, s)
 	}
+}
+
+// randomRequests makes n greedy requests of random prompts and lengths and
+// their answers (prompt and output) from autoregressive decoding on ar.
+func randomRequests(t *testing.T, ar *Engine, rng *rand.Rand, n, maxPrompt, maxTokens int) (reqs []Request, answers [][]int32) {
+	t.Helper()
+	for range n {
+		r := Request{Prompt: randomTokens(rng, 1+rng.IntN(maxPrompt), 290), MaxTokens: 1 + rng.IntN(maxTokens)}
+		res, err := ar.Generate(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqs = append(reqs, r)
+		answers = append(answers, concat(r.Prompt, res.Tokens))
+	}
+	return reqs, answers
+}
+
+// submitAll submits every request at once.
+func submitAll(t *testing.T, s *Scheduler, reqs []Request) []*Stream {
+	t.Helper()
+	streams := make([]*Stream, len(reqs))
+	for i, r := range reqs {
+		var err error
+		if streams[i], err = s.Submit(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return streams
 }
 
 // waitIdle waits until the scheduler reports every page and slot free.

@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 
+	"ddflash/adaptive"
 	"ddflash/ddtree"
 	"ddflash/mamba"
 )
@@ -61,6 +62,9 @@ type SpecOptions struct {
 	// NoChainSeed builds the tree purely best-first; by default the drafter's
 	// greedy chain is inserted first so the tree contains the linear proposal.
 	NoChainSeed bool
+	// Policy, with Mode SpecTree, chooses each step's tree size up to
+	// Budget (see adaptive.go); nil verifies Budget nodes every step.
+	Policy *adaptive.Policy
 }
 
 // VerifyTokens is the most tokens one verify step feeds the target.
@@ -94,6 +98,9 @@ type SpecStats struct {
 	AcceptedPerPosition []int `json:"accepted_per_position"`
 	// AcceptanceLengths lists each verify step's accepted drafts + 1, in order.
 	AcceptanceLengths []int `json:"acceptance_lengths"`
+	// Policy is the adaptive policy's cost curve and calibration when the
+	// generation ended.
+	Policy *adaptive.Snapshot `json:"policy,omitempty"`
 }
 
 func (st *SpecStats) record(path []int32, treeNodes int) {

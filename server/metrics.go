@@ -81,6 +81,7 @@ func newMetrics(modelName string, state func() (engine.SchedulerState, engine.Sp
 		}
 		return float64(spec.Budget)
 	})
+	r.MustRegister(adaptiveCollector{state})
 	return m
 }
 

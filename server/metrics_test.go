@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"ddflash/adaptive"
 	"ddflash/engine"
 )
 
@@ -124,6 +125,46 @@ func TestSpecMetricsMatchTheEngine(t *testing.T) {
 	for _, g := range []string{"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "ddflash:state_slot_usage_perc"} {
 		if v, ok := after[g]; !ok || v != 0 {
 			t.Errorf("idle gauge %s = %v (present %v), want 0", g, v, ok)
+		}
+	}
+}
+
+// TestAdaptiveMetricsShowThePolicy serves with --budget auto (which always
+// speculates, so calibration has steps to count) and checks
+// that /metrics shows the policy's cost curve and calibration as the policy
+// itself reports them.
+func TestAdaptiveMetricsShowThePolicy(t *testing.T) {
+	policy := &adaptive.Policy{}
+	h := serveTiny(t, harnessOptions{spec: engine.SpecOptions{Mode: engine.SpecTree, Budget: 6, Policy: policy}})
+	if got := scrape(t, h); len(got) == 0 || got["ddflash:adaptive_draft_seconds"] != 0 {
+		t.Fatalf("before any request: draft time %v", got["ddflash:adaptive_draft_seconds"])
+	}
+	rng := rand.New(rand.NewPCG(33, 34))
+	for range 3 {
+		if _, err := h.client.Completions.New(context.Background(), completionParams(randomPrompt(rng, 1, 15), 20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := scrape(t, h)
+	s := policy.Snapshot()
+	want := map[string]float64{
+		"ddflash:adaptive_draft_seconds":            s.DraftMs / 1000,
+		"ddflash:adaptive_commit_seconds":           s.CommitMs / 1000,
+		"ddflash:adaptive_calibration_error_tokens": s.Calibration.MeanAbsError,
+	}
+	for _, p := range s.StepMs {
+		want[fmt.Sprintf("ddflash:adaptive_step_seconds{rows=%q}", fmt.Sprint(p.Rows))] = p.Ms / 1000
+	}
+	for _, d := range s.Calibration.Depths {
+		want[fmt.Sprintf("ddflash:adaptive_predicted_accepted_total{depth=%q}", fmt.Sprint(d.Depth))] = d.Predicted
+		want[fmt.Sprintf("ddflash:adaptive_observed_accepted_total{depth=%q}", fmt.Sprint(d.Depth))] = d.Observed
+	}
+	if len(s.StepMs) < 2 || s.DraftMs <= 0 || s.CommitMs <= 0 || s.Calibration.Steps == 0 {
+		t.Fatalf("the policy measured nothing: %+v", s)
+	}
+	for key, v := range want {
+		if g, ok := got[key]; !ok || g != v {
+			t.Errorf("%s = %v (present %v), the policy says %v", key, g, ok, v)
 		}
 	}
 }

@@ -49,17 +49,17 @@ OpenAI-compatible server with --url. Each finished run is saved at once
 (DIR/tp1-b15.json); failed runs go to DIR/tp1-b15.failure.json.`)
 		fs.PrintDefaults()
 	}
-	// The model flags, less --spec, --budget and --tp: a sweep's modes and
-	// degrees set those.
+	// The model flags, less --spec, --budget, --max-budget and --tp: a
+	// sweep's modes and degrees set those.
 	var mf modelFlags
 	all := flag.NewFlagSet("", flag.ContinueOnError)
 	mf.register(all)
 	all.VisitAll(func(f *flag.Flag) {
-		if f.Name != "spec" && f.Name != "budget" && f.Name != "tp" {
+		if !slices.Contains([]string{"spec", "budget", "max-budget", "tp"}, f.Name) {
 			fs.Var(f.Value, f.Name, f.Usage)
 		}
 	})
-	modes := fs.String("modes", "auto,linear,b8,b12,b15,b16,b32,b64", "decoding modes: auto (the baseline), linear (DFlash chain), bN (DDTree, N nodes)")
+	modes := fs.String("modes", "auto,linear,b8,b12,b15,b16,b32,b64", "decoding modes: auto (the baseline), linear (DFlash chain), bN (DDTree, N nodes), adaptive (tree size chosen every step, up to 32 nodes)")
 	tps := fs.String("tp", "1", "tensor-parallel degrees (in-process: each loads the target split over that many ranks; with --url, a label)")
 	maxTokens := fs.String("max-tokens", "256,1024", "output lengths")
 	workloads := fs.String("workloads", "fibonacci,math,prose,chat", "built-in workloads and/or z-lab .jsonl files of {\"turns\": [...]}")

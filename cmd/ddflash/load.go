@@ -4,7 +4,9 @@ import (
 	"flag"
 	"fmt"
 	"runtime"
+	"strconv"
 
+	"ddflash/adaptive"
 	"ddflash/dflash"
 	"ddflash/engine"
 	"ddflash/kernels"
@@ -21,13 +23,40 @@ type modelFlags struct {
 
 	// wrapBackend, when set, wraps each rank's backend (tests count allocations).
 	wrapBackend func(kernels.Backend) kernels.Backend
+	// autoBudget (--budget auto) lets a policy choose each step's tree, up to maxBudget nodes.
+	autoBudget bool
+	maxBudget  int
+}
+
+// budgetFlag parses --budget: a node count or auto.
+type budgetFlag struct{ m *modelFlags }
+
+func (b budgetFlag) String() string {
+	if b.m == nil || b.m.autoBudget {
+		return "auto"
+	}
+	return strconv.Itoa(b.m.budget)
+}
+
+func (b budgetFlag) Set(s string) error {
+	if b.m.autoBudget = s == "auto"; b.m.autoBudget {
+		return nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return fmt.Errorf("want a node count or auto")
+	}
+	b.m.budget = n
+	return nil
 }
 
 func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.model, "model", "", "target model directory (Hugging Face layout; default: the embedded default model)")
-	fs.StringVar(&m.draft, "draft", "", "DFlash drafter directory (z-lab layout), for --spec linear|ddtree (default with the default model: its drafter)")
-	fs.StringVar(&m.spec, "spec", "auto", "decoding: auto (autoregressive), linear (DFlash chain) or ddtree")
-	fs.IntVar(&m.budget, "budget", 15, "DDTree node budget B (non-root nodes per verify)")
+	fs.StringVar(&m.draft, "draft", "", "DFlash drafter directory (z-lab layout), for --spec linear|ddtree|adaptive (default with the default model: its drafter)")
+	fs.StringVar(&m.spec, "spec", "auto", "decoding: auto (autoregressive), linear (DFlash chain), ddtree, or adaptive (a DDTree whose size, autoregressive included, is chosen every step from measured cost and predicted acceptance)")
+	m.budget = 15
+	fs.Var(budgetFlag{m}, "budget", "DDTree node budget B (non-root nodes per verify), or auto: chosen every step up to --max-budget")
+	fs.IntVar(&m.maxBudget, "max-budget", 32, "the largest tree --budget auto and --spec adaptive choose")
 	fs.StringVar(&m.rollback, "rollback", "replay", "GDN state rollback after partial acceptance: replay or snapshot")
 	fs.IntVar(&m.context, "context", 0, "context length (default: the model's)")
 	fs.IntVar(&m.threads, "threads", 0, "CPU threads, divided among --tp ranks (default: all cores)")
@@ -54,21 +83,35 @@ func (m *modelFlags) resolveDefault() error {
 
 // specOptions parses the speculative-decoding flags.
 func (m *modelFlags) specOptions() (engine.SpecOptions, error) {
-	mode, err := engine.ParseSpecMode(m.spec)
+	var policy *adaptive.Policy
+	spec := m.spec
+	switch {
+	case spec == "adaptive":
+		spec, policy = "ddtree", &adaptive.Policy{Autoregressive: true}
+	case m.autoBudget && spec == "ddtree":
+		policy = &adaptive.Policy{}
+	case m.autoBudget:
+		return engine.SpecOptions{}, fmt.Errorf("--budget auto applies to --spec ddtree, not %s", spec)
+	}
+	mode, err := engine.ParseSpecMode(spec)
 	if err != nil {
-		return engine.SpecOptions{}, err
+		return engine.SpecOptions{}, fmt.Errorf("%w, or adaptive", err)
 	}
 	rollback, err := mamba.ParseStrategy(m.rollback)
 	if err != nil {
 		return engine.SpecOptions{}, err
 	}
-	if mode == engine.SpecTree && m.budget < 1 {
-		return engine.SpecOptions{}, fmt.Errorf("--budget %d: a tree needs at least one node", m.budget)
+	budget, flag := m.budget, "--budget"
+	if policy != nil {
+		budget, flag = m.maxBudget, "--max-budget"
+	}
+	if mode == engine.SpecTree && budget < 1 {
+		return engine.SpecOptions{}, fmt.Errorf("%s %d: a tree needs at least one node", flag, budget)
 	}
 	if mode != engine.SpecAuto && m.draft == "" {
-		return engine.SpecOptions{}, fmt.Errorf("--spec %s needs a drafter: give --draft DIR", mode)
+		return engine.SpecOptions{}, fmt.Errorf("--spec %s needs a drafter: give --draft DIR", m.spec)
 	}
-	return engine.SpecOptions{Mode: mode, Budget: m.budget, Rollback: rollback}, nil
+	return engine.SpecOptions{Mode: mode, Budget: budget, Rollback: rollback, Policy: policy}, nil
 }
 
 // backends makes one backend per tensor-parallel rank: CPU ranks share the

@@ -1,0 +1,211 @@
+// Package adaptive chooses, before each verify, how many draft-tree nodes
+// every speculating request gets: the allotment that maximises expected
+// committed tokens per second, given a measured cost model (the target's
+// step time as a function of verify rows, and the drafter's time) and the
+// drafter's predicted acceptance, calibrated online against what the target
+// accepted. It only changes which proposal is verified, so speculation
+// stays lossless.
+package adaptive
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// window is how many recent measurements each estimate keeps. An estimate
+// is their median: other programs' load comes in bursts, which a median
+// ignores, and unlike a minimum it does not fall the more often a point is
+// measured, so points measured every step (one row, the drafter) and points
+// measured rarely (large trees) stay comparable.
+const window = 16
+
+// samples is one estimate's recent measurements, a ring.
+type samples struct {
+	ms   []float64
+	next int
+}
+
+func (s *samples) add(ms float64) {
+	if len(s.ms) < window {
+		s.ms = append(s.ms, ms)
+		return
+	}
+	s.ms[s.next] = ms
+	s.next = (s.next + 1) % window
+}
+
+// median is 0 without measurements.
+func (s *samples) median() float64 {
+	if len(s.ms) == 0 {
+		return 0
+	}
+	m := slices.Sorted(slices.Values(s.ms))
+	n := len(m)
+	return (m[(n-1)/2] + m[n/2]) / 2
+}
+
+// Point is one point of the step-time curve.
+type Point struct {
+	Rows int     `json:"rows"`
+	Ms   float64 `json:"ms"`
+}
+
+// CostModel is the measured cost of a decode step: the target's forward
+// time per number of rows it computes (verify rows of every request in the
+// batch), and what each speculating request adds: the drafter's time per
+// draft and the commit of its accepted path (GDN state and KV compaction).
+// Safe for concurrent use.
+type CostModel struct {
+	mu            sync.Mutex
+	rows          []int // measured row counts, ascending
+	steps         []samples
+	draft, commit samples
+	// overhead is a decode step's time outside the forward, its drafts and
+	// its commits (sampling, emitting, scheduling): from one decode
+	// forward's end (lastEnd; zero after other forwards) to the next one's
+	// start, less the drafts and commits timed in between (inside).
+	overhead samples
+	lastEnd  time.Time
+	inside   time.Duration
+}
+
+// ObserveStep records a forward over rows rows that took d.
+func (c *CostModel) ObserveStep(rows int, d time.Duration) {
+	if rows < 1 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i, found := slices.BinarySearch(c.rows, rows)
+	if !found {
+		c.rows = slices.Insert(c.rows, i, rows)
+		c.steps = slices.Insert(c.steps, i, samples{})
+	}
+	c.steps[i].add(millis(d))
+}
+
+// ObserveDraft records one drafter call that took d.
+func (c *CostModel) ObserveDraft(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.draft.add(millis(d))
+	c.inside += d
+}
+
+// ForwardStarts marks a forward's start at now: for a decode forward, the
+// end of the step overhead since the previous decode forward.
+func (c *CostModel) ForwardStarts(now time.Time, decoding bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if decoding && !c.lastEnd.IsZero() {
+		c.overhead.add(max(0, millis(now.Sub(c.lastEnd)-c.inside)))
+	}
+	c.lastEnd, c.inside = time.Time{}, 0
+}
+
+// ForwardEnds marks a forward's end at now; only a decode forward starts
+// a step overhead to time.
+func (c *CostModel) ForwardEnds(now time.Time, decoding bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if decoding {
+		c.lastEnd = now
+	}
+}
+
+// OverheadMs is the estimated step time outside the forward, drafts and commits.
+func (c *CostModel) OverheadMs() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.overhead.median()
+}
+
+// ObserveCommit records one verify's commit that took d.
+func (c *CostModel) ObserveCommit(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.commit.add(millis(d))
+	c.inside += d
+}
+
+func millis(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
+
+// Curve returns the estimated step time per measured row count, and the
+// drafter's and the commit's time (0 until measured).
+func (c *CostModel) Curve() (points []Point, draftMs, commitMs float64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, r := range c.rows {
+		points = append(points, Point{Rows: r, Ms: c.steps[i].median()})
+	}
+	return points, c.draft.median(), c.commit.median()
+}
+
+// StepMs predicts a forward's time over rows rows from the measured points:
+// linear between them, along the last two beyond them (never decreasing),
+// flat with one point, 0 with none.
+func StepMs(points []Point, rows int) float64 {
+	switch len(points) {
+	case 0:
+		return 0
+	case 1:
+		return points[0].Ms
+	}
+	i, found := slices.BinarySearchFunc(points, rows, func(p Point, r int) int { return p.Rows - r })
+	if found {
+		return points[i].Ms
+	}
+	lo, hi := points[max(0, min(i-1, len(points)-2))], points[max(1, min(i, len(points)-1))]
+	slope := (hi.Ms - lo.Ms) / float64(hi.Rows-lo.Rows)
+	switch i {
+	case 0: // below the measured rows
+		return max(0, lo.Ms-max(slope, 0)*float64(lo.Rows-rows))
+	case len(points): // beyond them: never predict a faster step for more rows
+		return hi.Ms + max(slope, 0)*float64(rows-hi.Rows)
+	}
+	return lo.Ms + slope*float64(rows-lo.Rows)
+}
+
+// Monotone is the non-decreasing curve nearest the points (least squares,
+// by pooling adjacent violators): a step never gets faster with more rows,
+// so a point below a smaller one is measurement noise (a loaded machine).
+func Monotone(points []Point) []Point {
+	type block struct {
+		sum float64
+		n   int
+	}
+	var blocks []block
+	for _, p := range points {
+		blocks = append(blocks, block{p.Ms, 1})
+		for k := len(blocks) - 1; k > 0 && blocks[k-1].sum/float64(blocks[k-1].n) > blocks[k].sum/float64(blocks[k].n); k-- {
+			blocks[k-1].sum += blocks[k].sum
+			blocks[k-1].n += blocks[k].n
+			blocks = blocks[:k]
+		}
+	}
+	out := slices.Clone(points)
+	i := 0
+	for _, b := range blocks {
+		for range b.n {
+			out[i].Ms = b.sum / float64(b.n)
+			i++
+		}
+	}
+	return out
+}
+
+// String prints the curve's points, as `generate --json` and /metrics show them.
+func (c *CostModel) String() string {
+	points, draft, commit := c.Curve()
+	var b strings.Builder
+	for i, p := range points {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		fmt.Fprintf(&b, "%d:%.3gms", p.Rows, p.Ms)
+	}
+	return fmt.Sprintf("step [%s] draft %.3gms commit %.3gms", b.String(), draft, commit)
+}

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"flag"
+	"io"
+	"strings"
+	"testing"
+)
+
+func TestSpecFlags(t *testing.T) {
+	for _, c := range []struct {
+		args   string
+		budget int
+		policy string // the policy's name, "" for none
+		err    string
+	}{
+		{"--spec ddtree", 15, "", ""},
+		{"--spec ddtree --budget 8", 8, "", ""},
+		{"--spec ddtree --budget auto", 32, "ddtree-auto", ""},
+		{"--spec ddtree --budget auto --max-budget 16", 16, "ddtree-auto", ""},
+		{"--spec adaptive", 32, "adaptive", ""},
+		{"--spec adaptive --max-budget 64", 64, "adaptive", ""},
+		{"--spec linear --budget auto", 0, "", "--budget auto applies to --spec ddtree"},
+		{"--spec adaptive --max-budget 0", 0, "", "--max-budget 0"},
+		{"--spec ddtree --budget 0", 0, "", "--budget 0"},
+		{"--spec tree", 0, "", "or adaptive"},
+		{"--budget many", 0, "", "want a node count or auto"},
+	} {
+		var m modelFlags
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		m.register(fs)
+		err := fs.Parse(append(strings.Fields(c.args), "--draft", "d"))
+		if err == nil {
+			spec, serr := m.specOptions()
+			err = serr
+			if err == nil {
+				name := ""
+				if spec.Policy != nil {
+					name = spec.Policy.Name()
+				}
+				if spec.Budget != c.budget || name != c.policy {
+					t.Errorf("%s: budget %d policy %q, want %d %q", c.args, spec.Budget, name, c.budget, c.policy)
+				}
+			}
+		}
+		if (err == nil) != (c.err == "") || err != nil && !strings.Contains(err.Error(), c.err) {
+			t.Errorf("%s: error %v, want %q", c.args, err, c.err)
+		}
+	}
+}

@@ -1,0 +1,152 @@
+package engine
+
+import (
+	"math"
+	"time"
+
+	"ddflash/adaptive"
+	"ddflash/ddtree"
+	"ddflash/mamba"
+)
+
+// The adaptive budget (SpecOptions.Policy): each drafting job builds the
+// tree of the largest budget, and before the forward the policy cuts every
+// job's tree to the prefix that maximises the batch's expected committed
+// tokens per second (Build's tree of a smaller budget is that prefix). A
+// job cut to the root takes an autoregressive step and, under --spec
+// adaptive, stops drafting for a while. Only the proposal changes, never
+// how the target's tokens are chosen, so decoding stays lossless.
+
+// probeCap bounds the start-up cost measurement: once it has the two ends
+// of the curve it stops adding points after this long.
+const probeCap = 300 * time.Millisecond
+
+// forwardBatch runs a batch, with the policy's allotment before it and the
+// forward's time recorded after it (and the step's time around it, see
+// adaptive.CostModel). jobs[i] prepared inputs[i].
+func (e *Engine) forwardBatch(jobs []*job, inputs []SeqInput, taps []int) ([]SeqOutput, error) {
+	p := e.Spec.Policy
+	if p == nil {
+		return e.Model.Forward(inputs, taps)
+	}
+	decoding := e.allot(p, jobs, inputs)
+	start := time.Now()
+	p.Cost.ForwardStarts(start, decoding)
+	outs, err := e.Model.Forward(inputs, taps)
+	end := time.Now()
+	p.Cost.ForwardEnds(end, decoding && err == nil)
+	if err == nil && decoding {
+		rows := 0
+		for _, in := range inputs {
+			rows += len(in.Tokens)
+		}
+		p.Cost.ObserveStep(rows, end.Sub(start))
+	}
+	return outs, err
+}
+
+// allot cuts the drafted jobs' trees to the policy's node counts and
+// reports whether the batch is a pure decode step (no prompt chunk), whose
+// time measures the verify cost.
+func (e *Engine) allot(p *adaptive.Policy, jobs []*job, inputs []SeqInput) (decoding bool) {
+	var drafted []int
+	var probs [][]float64
+	var depths [][]int32
+	var rest adaptive.Rest
+	decoding = true
+	for i, j := range jobs {
+		switch {
+		case j.drafted:
+			drafted = append(drafted, i)
+			probs = append(probs, pathProbs(j.tree))
+			depths = append(depths, j.tree.Depths[1:])
+		case j.prefilling(): // a prompt chunk: rows that commit no output yet
+			decoding = false
+			rest.Rows += len(inputs[i].Tokens)
+		default:
+			rest.Rows += len(inputs[i].Tokens)
+			rest.Tokens++
+		}
+	}
+	if len(drafted) == 0 {
+		return decoding
+	}
+	nodes, keepDrafting := p.Allot(probs, depths, rest)
+	for k, i := range drafted {
+		j := jobs[i]
+		j.tree = j.tree.Prefix(nodes[k])
+		j.setProposal(&inputs[i])
+		if p.Autoregressive {
+			j.backoff.Drafted(keepDrafting[k])
+		}
+	}
+	return decoding
+}
+
+// pathProbs are the tree's non-root nodes' path probabilities under the drafter.
+func pathProbs(t *ddtree.Tree) []float64 {
+	probs := make([]float64, t.Len()-1)
+	for i := range probs {
+		probs[i] = math.Exp(t.Scores[i+1])
+	}
+	return probs
+}
+
+// observeVerify calibrates the policy with a verified tree and the drafted
+// tokens the target accepted, and times the commit that followed.
+func (e *Engine) observeVerify(tree *ddtree.Tree, accepted int, commit time.Duration) {
+	if p := e.Spec.Policy; p != nil && tree.Len() > 1 {
+		p.Calibration.Observe(pathProbs(tree), tree.Depths[1:], accepted)
+		p.Cost.ObserveCommit(commit)
+	}
+}
+
+// measureCost gives an empty cost model its first curve: verify forwards
+// of one row and of the largest tree (then points between while under
+// probeCap), twice each, on a scratch sequence, after an untimed warm-up.
+// Without a free state slot it leaves the curve to the first steps.
+func (e *Engine) measureCost(p *adaptive.Policy) error {
+	if points, _, _ := p.Cost.Curve(); len(points) >= 2 {
+		return nil
+	}
+	seq, err := e.newSequence()
+	if err != nil {
+		return nil
+	}
+	defer e.release(seq)
+	maxRows := e.Spec.VerifyTokens(e.Drafter.BlockSize())
+	v, err := mamba.NewVerify(e.Model.States, e.Spec.Rollback, maxRows)
+	if err != nil {
+		return err
+	}
+	defer v.Close()
+	if err := e.Model.KV.Reserve(&seq.kv, maxRows); err != nil {
+		return err
+	}
+	run := func(rows int) (time.Duration, error) {
+		in := SeqInput{KV: &seq.kv, Slot: seq.slot, Tokens: make([]int32, rows), Parents: make([]int32, rows), Logits: AllRows, Spec: v}
+		for i := range in.Parents {
+			in.Parents[i] = int32(i - 1)
+		}
+		start := time.Now()
+		_, err := e.Model.Forward([]SeqInput{in}, e.Drafter.TapLayers())
+		return time.Since(start), err
+	}
+	if _, err := run(1); err != nil {
+		return err
+	}
+	start := time.Now()
+	for i, rows := range []int{1, maxRows, (maxRows + 1) / 2, (maxRows + 3) / 4} {
+		if i >= 2 && time.Since(start) > probeCap {
+			break
+		}
+		for range 2 {
+			d, err := run(rows)
+			if err != nil {
+				return err
+			}
+			p.Cost.ObserveStep(rows, d)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,53 @@
+package server
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"ddflash/engine"
+)
+
+// adaptiveCollector exports the adaptive policy's cost curve and acceptance
+// calibration (--spec adaptive, --budget auto) as they are at each scrape.
+// It is unchecked (describes nothing up front): the series exist only under
+// a policy, one per measured row count and per depth.
+type adaptiveCollector struct {
+	state func() (engine.SchedulerState, engine.SpecOptions, bool)
+}
+
+var (
+	adaptiveStepDesc = prometheus.NewDesc("ddflash:adaptive_step_seconds",
+		"Measured target forward time by verify rows in the batch (the adaptive policy's cost curve).", []string{"rows"}, nil)
+	adaptiveDraftDesc = prometheus.NewDesc("ddflash:adaptive_draft_seconds",
+		"Measured drafter time per draft.", nil, nil)
+	adaptiveCommitDesc = prometheus.NewDesc("ddflash:adaptive_commit_seconds",
+		"Measured commit time per verify (accepted path's GDN state and KV).", nil, nil)
+	adaptivePredictedDesc = prometheus.NewDesc("ddflash:adaptive_predicted_accepted_total",
+		"Drafter path probabilities summed over verified nodes of this depth: the predicted verify steps accepting at least depth tokens.", []string{"depth"}, nil)
+	adaptiveObservedDesc = prometheus.NewDesc("ddflash:adaptive_observed_accepted_total",
+		"Verify steps that accepted at least depth drafted tokens.", []string{"depth"}, nil)
+	adaptiveErrorDesc = prometheus.NewDesc("ddflash:adaptive_calibration_error_tokens",
+		"Mean absolute error of the calibrated prediction of accepted tokens per verify step, each made before its step.", nil, nil)
+)
+
+func (adaptiveCollector) Describe(chan<- *prometheus.Desc) {}
+
+func (c adaptiveCollector) Collect(ch chan<- prometheus.Metric) {
+	_, spec, ok := c.state()
+	if !ok || spec.Policy == nil {
+		return
+	}
+	s := spec.Policy.Snapshot()
+	for _, p := range s.StepMs {
+		ch <- prometheus.MustNewConstMetric(adaptiveStepDesc, prometheus.GaugeValue, p.Ms/1000, strconv.Itoa(p.Rows))
+	}
+	ch <- prometheus.MustNewConstMetric(adaptiveDraftDesc, prometheus.GaugeValue, s.DraftMs/1000)
+	ch <- prometheus.MustNewConstMetric(adaptiveCommitDesc, prometheus.GaugeValue, s.CommitMs/1000)
+	for _, d := range s.Calibration.Depths {
+		depth := strconv.Itoa(d.Depth)
+		ch <- prometheus.MustNewConstMetric(adaptivePredictedDesc, prometheus.CounterValue, d.Predicted, depth)
+		ch <- prometheus.MustNewConstMetric(adaptiveObservedDesc, prometheus.CounterValue, d.Observed, depth)
+	}
+	ch <- prometheus.MustNewConstMetric(adaptiveErrorDesc, prometheus.GaugeValue, s.Calibration.MeanAbsError)
+}
