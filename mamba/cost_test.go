@@ -8,7 +8,7 @@ import (
 	"ddflash/kernels"
 )
 
-// qwen36Shape is Qwen3.6-27B's GDN geometry (qwen36-model.md §1): 48 GDN
+// qwen36Shape is Qwen3.6-27B's GDN geometry (docs/qwen36-model.md §1): 48 GDN
 // layers, 16 key heads and 48 value heads of 128, conv kernel 4.
 func qwen36Shape() Shape {
 	return Shape{
@@ -23,7 +23,7 @@ const mib = 1 << 20
 const gib = 1 << 30
 
 func TestSlotBytesQwen36(t *testing.T) {
-	// qwen36-model.md §9 and cache-sizing.md §1.
+	// docs/qwen36-model.md §9 and docs/cache-sizing.md §1.
 	cases := []struct {
 		ssm, conv int
 		want      int64
@@ -48,7 +48,7 @@ func TestSlotBytesQwen36(t *testing.T) {
 }
 
 func TestSnapshotBytesMatchesDocTable(t *testing.T) {
-	// dflash-ddtree.md §4.4: GiB per request for D draft tokens, fp32 and bf16 ssm
+	// docs/dflash-ddtree.md §4.4: GiB per request for D draft tokens, fp32 and bf16 ssm
 	// (bf16 conv), rounded to two decimals.
 	table := []struct {
 		draftTokens int

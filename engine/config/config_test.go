@@ -7,7 +7,7 @@ import (
 )
 
 // TestQwen36Preset parses the Qwen3.6-27B config.json (the planner's
-// embedded copy, written from qwen36-model.md §1) and checks every field and
+// embedded copy, written from docs/qwen36-model.md §1) and checks every field and
 // derived size against the numbers in that document.
 func TestQwen36Preset(t *testing.T) {
 	data, err := os.ReadFile("../planner/presets/qwen3.6-27b.json")

@@ -114,7 +114,7 @@ func Write(dir string, opt Options) error {
 }
 
 // configJSON is config.json in the multimodal wrapper layout of Qwen3.6-27B
-// (qwen36-model.md §1), without a vision tower.
+// (docs/qwen36-model.md §1), without a vision tower.
 func configJSON(p Preset, dtype string, eos []int) map[string]any {
 	layerTypes := make([]string, p.Layers)
 	for i := range layerTypes {
