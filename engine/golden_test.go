@@ -2,10 +2,10 @@ package engine
 
 import (
 	"encoding/json"
-	"math"
 	"os"
 	"testing"
 
+	"ddflash/internal/closeness"
 	"ddflash/kernels/cpu"
 )
 
@@ -85,15 +85,8 @@ func TestGoldenLogits(t *testing.T) {
 	}
 }
 
-// relDiff returns the largest absolute difference and max(1, largest |want|).
+// relDiff returns the largest absolute difference (+Inf on NaN or Inf) and
+// max(1, largest |want|).
 func relDiff(got []float32, want []float64) (float64, float64) {
-	if len(got) != len(want) {
-		return math.Inf(1), 1
-	}
-	d, scale := 0.0, 1.0
-	for i, w := range want {
-		d = math.Max(d, math.Abs(float64(got[i])-w))
-		scale = math.Max(scale, math.Abs(w))
-	}
-	return d, scale
+	return closeness.MaxAbsDiff(got, want), closeness.Scale(want)
 }

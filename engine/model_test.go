@@ -1,11 +1,11 @@
 package engine
 
 import (
-	"math"
 	"math/rand/v2"
 	"testing"
 
 	"ddflash/engine/testmodel"
+	"ddflash/internal/closeness"
 	"ddflash/kernels/cpu"
 )
 
@@ -35,16 +35,8 @@ func randomTokens(rng *rand.Rand, n, vocab int) []int32 {
 	return out
 }
 
-func maxAbsDiff(a, b []float32) float64 {
-	if len(a) != len(b) {
-		return math.Inf(1)
-	}
-	d := 0.0
-	for i := range a {
-		d = math.Max(d, math.Abs(float64(a[i])-float64(b[i])))
-	}
-	return d
-}
+// maxAbsDiff is the largest element difference, +Inf on NaN or Inf.
+func maxAbsDiff(a, b []float32) float64 { return closeness.MaxAbsDiff(a, b) }
 
 // stateOf downloads every GDN layer's conv and recurrent state of a slot,
 // rank by rank.

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"ddflash/internal/closeness"
 	"math"
 	"testing"
 )
@@ -89,7 +90,7 @@ func TestSamplerDistributionMatchesReference(t *testing.T) {
 				if g.ID >= int32(valid) {
 					t.Fatalf("padding id %d kept", g.ID)
 				}
-				if d := math.Abs(math.Exp(g.Logprob) - want[int(g.ID)]); d > 1e-12 {
+				if !closeness.Near(math.Exp(g.Logprob), want[int(g.ID)], 1e-12) {
 					t.Errorf("p(%d) = %.15f, want %.15f", g.ID, math.Exp(g.Logprob), want[int(g.ID)])
 				}
 			}
@@ -157,7 +158,7 @@ func TestLogprobs(t *testing.T) {
 	s := NewSampler(SamplingParams{}, 3)
 	lp := s.Logprobs(logits, 1, 2)
 	z := math.Log(math.Exp(1) + math.Exp(2) + math.Exp(3))
-	if math.Abs(lp.Logprob-(2-z)) > 1e-9 {
+	if !closeness.Near(lp.Logprob, 2-z, 1e-9) {
 		t.Fatalf("chosen logprob %g, want %g", lp.Logprob, 2-z)
 	}
 	if len(lp.Top) != 2 || lp.Top[0].ID != 2 || lp.Top[1].ID != 1 {

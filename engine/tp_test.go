@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -12,6 +11,7 @@ import (
 
 	"ddflash/engine/config"
 	"ddflash/engine/testmodel"
+	"ddflash/internal/closeness"
 	"ddflash/kernels"
 	"ddflash/kernels/cpu"
 	"ddflash/mamba"
@@ -88,24 +88,16 @@ func TestTensorParallelLogits(t *testing.T) {
 			}
 			want, wantHidden := run(loadTP(t, dir, 1, Options{Context: 64}))
 			got, gotHidden := run(loadTP(t, dir, c.tp, Options{Context: 64}))
-			if d, scale := maxAbsDiff(got, want), maxAbs(want); d > 2e-5*max(1, scale) {
+			if d, scale := maxAbsDiff(got, want), closeness.Scale(want); d > 2e-5*scale {
 				t.Errorf("logits differ from one rank by %.3g (scale %.3g)", d, scale)
 			}
 			for _, l := range taps {
-				if d, scale := maxAbsDiff(gotHidden[l], wantHidden[l]), maxAbs(wantHidden[l]); d > 2e-5*max(1, scale) {
+				if d, scale := maxAbsDiff(gotHidden[l], wantHidden[l]), closeness.Scale(wantHidden[l]); d > 2e-5*scale {
 					t.Errorf("layer %d hidden states differ from one rank by %.3g (scale %.3g)", l, d, scale)
 				}
 			}
 		})
 	}
-}
-
-func maxAbs(v []float32) float64 {
-	m := 0.0
-	for _, x := range v {
-		m = math.Max(m, math.Abs(float64(x)))
-	}
-	return m
 }
 
 // TestTensorParallelGreedyEveryMode: greedy output under tensor parallelism

@@ -5,6 +5,7 @@ import (
 	"math"
 	"testing"
 
+	"ddflash/internal/closeness"
 	"ddflash/kernels"
 )
 
@@ -38,7 +39,7 @@ func TestSlotBytesQwen36(t *testing.T) {
 			t.Errorf("SlotBytes(ssm %d B, conv %d B) = %d, want %d", c.ssm, c.conv, got, c.want)
 		}
 	}
-	if got := float64(SlotBytes(qwen36Shape(), 4, 2)) / mib; math.Abs(got-146.81) > 0.005 {
+	if got := float64(SlotBytes(qwen36Shape(), 4, 2)) / mib; !closeness.Near(got, 146.81, 0.005) {
 		t.Errorf("slot = %.3f MiB, the docs say 146.81 MiB", got)
 	}
 	// One slot costs exactly as much as 2,349 bf16 KV tokens (64 KiB each).
