@@ -65,10 +65,16 @@ func stateOf(t testing.TB, e *Engine, slot int) []float32 {
 // form and multi-row attention) equals feeding the tokens one at a time with
 // carried KV, conv and recurrent state.
 func TestPrefillEqualsTokenByToken(t *testing.T) {
+	for _, preset := range []string{"tiny", "tiny-h256"} {
+		t.Run(preset, func(t *testing.T) { checkPrefillEqualsTokenByToken(t, preset) })
+	}
+}
+
+func checkPrefillEqualsTokenByToken(t *testing.T, preset string) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, n := range []int{1, 9, 80, 150} { // 80 and 150 take the chunked GDN path
-		whole := newTestEngine(t, "tiny", 3, Options{PrefillChunk: 1 << 20})
-		steps := newTestEngine(t, "tiny", 3, Options{})
+		whole := newTestEngine(t, preset, 3, Options{PrefillChunk: 1 << 20})
+		steps := newTestEngine(t, preset, 3, Options{})
 		prompt := randomTokens(rng, n, whole.ValidVocab)
 
 		a, err := whole.newSequence()
@@ -101,6 +107,12 @@ func TestPrefillEqualsTokenByToken(t *testing.T) {
 // TestBatchEqualsAlone runs sequences of different lengths (some with cached
 // context) in one forward and compares every row's logits with running each alone.
 func TestBatchEqualsAlone(t *testing.T) {
+	for _, preset := range []string{"tiny", "tiny-h256"} {
+		t.Run(preset, func(t *testing.T) { checkBatchEqualsAlone(t, preset) })
+	}
+}
+
+func checkBatchEqualsAlone(t *testing.T, preset string) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	type job struct{ context, fresh []int32 }
 	jobs := []job{
@@ -109,7 +121,7 @@ func TestBatchEqualsAlone(t *testing.T) {
 		{randomTokens(rng, 3, 290), randomTokens(rng, 1, 290)},
 		{nil, randomTokens(rng, 70, 290)},
 	}
-	batched := newTestEngine(t, "tiny", 9, Options{MaxSeqs: len(jobs), PageSize: 4})
+	batched := newTestEngine(t, preset, 9, Options{MaxSeqs: len(jobs), PageSize: 4})
 	var inputs []SeqInput
 	for _, j := range jobs {
 		s, err := batched.newSequence()
@@ -131,7 +143,7 @@ func TestBatchEqualsAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, j := range jobs {
-		alone := newTestEngine(t, "tiny", 9, Options{PageSize: 16})
+		alone := newTestEngine(t, preset, 9, Options{PageSize: 16})
 		s, err := alone.newSequence()
 		if err != nil {
 			t.Fatal(err)

@@ -31,7 +31,7 @@ func TestSchedulerBatchesLosslessly(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	var reqs []Request
 	var answers [][]int32
-	ar := newTestEngine(t, "tiny", seed, Options{Context: ctxLen})
+	ar := newTestEngine(t, specTarget(seed), seed, Options{Context: ctxLen})
 	for i := 0; i < 32; i++ {
 		r := Request{Prompt: randomTokens(rng, 1+rng.IntN(60), 290), MaxTokens: 1 + rng.IntN(40)}
 		res, err := ar.Generate(context.Background(), r)

@@ -61,7 +61,7 @@ func TestSpecSamplingMatchesTarget(t *testing.T) {
 	)
 	prompt := []int32{17, 140, 9}
 	params := SamplingParams{Temperature: 0.8, TopK: 3}
-	ref := newTestEngine(t, "tiny", seed, Options{})
+	ref := newTestEngine(t, specTarget(seed), seed, Options{})
 	exact := exactDistribution(t, ref, params, prompt, n)
 	oracle := greedyOracle(t, ref)
 	for _, c := range []specCase{{SpecAuto, 0, mamba.Replay}, {SpecLinear, 0, mamba.Replay}, {SpecTree, 6, mamba.Snapshot}} {

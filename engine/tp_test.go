@@ -46,7 +46,8 @@ func loadTP(t testing.TB, dir string, tp int, opts Options) *Engine {
 }
 
 // tpCases are the checkpoints and degrees compared with one rank: tiny splits
-// its 2 KV heads over 2 ranks; tp8 also replicates them over 4 and 8.
+// its 2 KV heads over 2 ranks; tp8 also replicates them over 4 and 8;
+// tp8-h256 does so with Qwen3.6's head dims and 3 GDN value heads per key head.
 var tpCases = []struct {
 	preset, dtype string
 	tp            int
@@ -55,6 +56,8 @@ var tpCases = []struct {
 	{"tp8", "bf16", 2},
 	{"tp8", "f32", 4},
 	{"tp8", "bf16", 8},
+	{"tp8-h256", "bf16", 2},
+	{"tp8-h256", "f32", 8},
 }
 
 // TestTensorParallelLogits: a prefill with logits for every row and tapped
