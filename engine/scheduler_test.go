@@ -31,7 +31,7 @@ func TestSchedulerBatchesLosslessly(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	var reqs []Request
 	var answers [][]int32
-	ar := newTestEngine(t, specTarget(seed), seed, Options{Context: ctxLen})
+	ar := newTestEngine(t, "tiny", seed, Options{Context: ctxLen})
 	for i := 0; i < 32; i++ {
 		r := Request{Prompt: randomTokens(rng, 1+rng.IntN(60), 290), MaxTokens: 1 + rng.IntN(40)}
 		res, err := ar.Generate(context.Background(), r)
@@ -42,7 +42,7 @@ func TestSchedulerBatchesLosslessly(t *testing.T) {
 		answers = append(answers, concat(r.Prompt, res.Tokens))
 	}
 	for _, c := range []specCase{{SpecAuto, 0, mamba.Replay}, {SpecLinear, 0, mamba.Replay}, {SpecTree, 8, mamba.Snapshot}, {SpecTree, 32, mamba.Replay}} {
-		e := specEngineBlock(t, seed, c, pathOracle(answers...), 0.2, ctxLen, 16, Options{MaxSeqs: 8, PrefillChunk: 16})
+		e := specEngineBlock(t, "tiny", seed, c, pathOracle(answers...), 0.2, ctxLen, 16, Options{MaxSeqs: 8, PrefillChunk: 16})
 		s := runScheduler(t, e, SchedulerOptions{StepPrefill: 24})
 		streams := make([]*Stream, len(reqs))
 		for i, r := range reqs {
@@ -90,7 +90,7 @@ func waitIdle(t *testing.T, s *Scheduler) {
 // returns to the free pools and the survivors finish correctly.
 func TestSchedulerCancellationFreesEverything(t *testing.T) {
 	for _, c := range []specCase{{SpecAuto, 0, mamba.Replay}, {SpecTree, 16, mamba.Replay}} {
-		e := specEngineBlock(t, 3, c, func([]int32) int32 { return 5 }, 0, 200, 16, Options{MaxSeqs: 4, PrefillChunk: 8})
+		e := specEngineBlock(t, "tiny", 3, c, func([]int32) int32 { return 5 }, 0, 200, 16, Options{MaxSeqs: 4, PrefillChunk: 8})
 		s := runScheduler(t, e, SchedulerOptions{StepPrefill: 8, MaxQueue: 32})
 		rng := rand.New(rand.NewPCG(1, 9))
 		var wg sync.WaitGroup

@@ -61,11 +61,11 @@ func TestSpecSamplingMatchesTarget(t *testing.T) {
 	)
 	prompt := []int32{17, 140, 9}
 	params := SamplingParams{Temperature: 0.8, TopK: 3}
-	ref := newTestEngine(t, specTarget(seed), seed, Options{})
+	ref := newTestEngine(t, "tiny", seed, Options{})
 	exact := exactDistribution(t, ref, params, prompt, n)
 	oracle := greedyOracle(t, ref)
 	for _, c := range []specCase{{SpecAuto, 0, mamba.Replay}, {SpecLinear, 0, mamba.Replay}, {SpecTree, 6, mamba.Snapshot}} {
-		e := specEngineBlock(t, seed, c, oracle, 0.3, 256, 4, Options{})
+		e := specEngineBlock(t, "tiny", seed, c, oracle, 0.3, 256, 4, Options{})
 		counts := map[string]int{}
 		var tau float64
 		for i := 0; i < samples; i++ {

@@ -137,10 +137,10 @@ func allSpecCases() []specCase {
 
 // specEngine loads the tiny target of seed with an oracle drafter.
 func specEngine(t *testing.T, seed uint64, c specCase, next func([]int32) int32, noise float64, ctxLen int) *Engine {
-	return specEngineBlock(t, seed, c, next, noise, ctxLen, 16, Options{})
+	return specEngineBlock(t, specTarget(seed), seed, c, next, noise, ctxLen, 16, Options{})
 }
 
-// specTarget is the target preset of spec tests with this seed: even seeds
+// specTarget is the target preset of specEngine with this seed: even seeds
 // take tiny-h256, with Qwen3.6's head dims and GDN key:value ratio 3.
 func specTarget(seed uint64) string {
 	if seed%2 == 0 {
@@ -149,17 +149,23 @@ func specTarget(seed uint64) string {
 	return "tiny"
 }
 
-// specEngineBlock is specEngine with a drafter block of the given size.
+// specEngineBlock is specEngine on the preset with a drafter block of the given size.
 // opts may ask for more sequences; context, page size and verify room are set here.
-func specEngineBlock(t *testing.T, seed uint64, c specCase, next func([]int32) int32, noise float64, ctxLen, block int, opts Options) *Engine {
+func specEngineBlock(t *testing.T, preset string, seed uint64, c specCase, next func([]int32) int32, noise float64, ctxLen, block int, opts Options) *Engine {
 	opts.Context, opts.PageSize, opts.VerifyTokens = ctxLen, 4, 65
-	e := newTestEngine(t, specTarget(seed), seed, opts)
+	e := newTestEngine(t, preset, seed, opts)
+	setOracleDrafter(e, seed, c, next, noise, block)
+	return e
+}
+
+// setOracleDrafter switches e to speculative decoding in mode c with an
+// oracle drafter of the given block size.
+func setOracleDrafter(e *Engine, seed uint64, c specCase, next func([]int32) int32, noise float64, block int) {
 	e.Spec = SpecOptions{Mode: c.mode, Budget: c.budget, Rollback: c.rollback}
 	e.Drafter = &oracleDrafter{
 		next: next, block: block, vocab: e.Model.Cfg.VocabSize, valid: e.ValidVocab,
-		hidden: e.Model.Cfg.HiddenSize, noise: noise, rng: rand.New(rand.NewPCG(seed, 99)), taps: []int{1, 3},
+		hidden: e.Model.Cfg.HiddenSize, noise: noise, rng: rand.New(rand.NewPCG(seed, 99)), taps: []int{e.Model.Cfg.NumLayers / 4, e.Model.Cfg.NumLayers - 1},
 	}
-	return e
 }
 
 // TestSpecGreedyIsLossless compares every spec mode with autoregressive
