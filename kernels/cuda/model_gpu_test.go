@@ -26,9 +26,9 @@ func gpu(t *testing.T) kernels.Backend {
 }
 
 // TestModelLogits compares whole-model logits of the tiny and small presets
-// with the CPU backend's, on the GPU.
+// and their -h256 siblings with the CPU backend's, on the GPU.
 func TestModelLogits(t *testing.T) {
-	for _, preset := range []string{"tiny", "small"} {
+	for _, preset := range []string{"tiny", "small", "tiny-h256", "small-h256"} {
 		t.Run(preset, func(t *testing.T) { checkModelLogits(t, gpu(t), preset) })
 	}
 }

@@ -33,6 +33,7 @@ func TestEmulatedModel(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Run("Logits", func(t *testing.T) { checkModelLogits(t, be, "tiny") })
+	t.Run("LogitsH256", func(t *testing.T) { checkModelLogits(t, be, "tiny-h256") })
 	t.Run("Spec", func(t *testing.T) { checkSpecGeneration(t, be) })
 }
 
