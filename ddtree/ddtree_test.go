@@ -1,6 +1,7 @@
 package ddtree
 
 import (
+	"ddflash/internal/closeness"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -233,7 +234,7 @@ func TestTopK(t *testing.T) {
 	if got[0].Token != 1 || got[1].Token != 2 || got[2].Token != 0 {
 		t.Fatalf("order %v: want 1, 2 (tie by id) then 0; padding 4 excluded", got)
 	}
-	if math.Abs(got[0].Logprob-(3-lse)) > 1e-12 {
+	if !closeness.Near(got[0].Logprob, 3-lse, 1e-12) {
 		t.Fatalf("logprob %g, want %g", got[0].Logprob, 3-lse)
 	}
 }

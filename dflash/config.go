@@ -29,14 +29,8 @@ func (k LayerKind) String() string {
 	return "full_attention"
 }
 
-// YaRN holds the rope_scaling fields of a "yarn" RoPE.
-type YaRN struct {
-	Factor               float64
-	OriginalMaxPositions int
-	BetaFast             float64
-	BetaSlow             float64
-	AttentionFactor      float64 // 0 when the config leaves it to the default 0.1·ln(factor)+1
-}
+// YaRN holds the rope_scaling fields of a "yarn" RoPE, as the target reads them.
+type YaRN = config.YaRN
 
 // Config is a z-lab DFlash drafter config.json: a plain Qwen3 decoder config
 // plus block_size and a dflash_config object.

@@ -57,7 +57,7 @@ func TestParseQwen36Preset(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// dflash-ddtree.md §1.1, Qwen3.6-27B-DFlash column.
+	// docs/dflash-ddtree.md §1.1, Qwen3.6-27B-DFlash column.
 	want := &Config{
 		HiddenSize: 5120, NumLayers: 5, NumHeads: 32, NumKVHeads: 8, HeadDim: 128,
 		IntermediateSize: 17408, VocabSize: 248320, RMSNormEps: 1e-6, RopeTheta: 1e7,
@@ -255,7 +255,7 @@ func TestWeightParams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Tensor list of dflash-ddtree.md §1.2, shapes [out, in].
+	// Tensor list of docs/dflash-ddtree.md §1.2, shapes [out, in].
 	tensors := [][]float64{
 		{5120, 5 * 5120}, {5120}, {5120}, // fc, hidden_norm, norm
 	}

@@ -2,13 +2,13 @@ package dflash
 
 import (
 	"context"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
 
 	"ddflash/engine"
 	"ddflash/engine/testmodel"
+	"ddflash/internal/closeness"
 	"ddflash/kernels/cpu"
 	"ddflash/mamba"
 )
@@ -98,11 +98,7 @@ func TestDraftCacheHoldsOnlyCommittedContext(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		diff := 0.0
-		for i := range want {
-			diff = math.Max(diff, math.Abs(float64(got[i]-want[i])))
-		}
-		if diff > 1e-5 {
+		if diff := closeness.MaxAbsDiff(got, want); diff > 1e-5 {
 			t.Fatalf("after %d context rows: incremental draft differs from fresh by %g", done, diff)
 		}
 	}

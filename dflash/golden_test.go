@@ -2,11 +2,12 @@ package dflash
 
 import (
 	"encoding/json"
-	"math"
 	"os"
+	"slices"
 	"testing"
 
 	"ddflash/engine"
+	"ddflash/internal/closeness"
 	"ddflash/kernels"
 	"ddflash/kernels/cpu"
 )
@@ -43,13 +44,8 @@ func TestDrafterMatchesFloat64Reference(t *testing.T) {
 		if len(g.logits) != d.BlockSize()-1 || len(got) != len(g.logits)*V {
 			t.Fatalf("%s: %d golden rows, %d logits from the drafter", g.draft, len(g.logits), len(got))
 		}
-		worst, scale := 0.0, 1.0
-		for r, row := range g.logits {
-			for i, want := range row {
-				worst = math.Max(worst, math.Abs(float64(got[r*V+i])-want))
-				scale = math.Max(scale, math.Abs(want))
-			}
-		}
+		want := slices.Concat(g.logits...)
+		worst, scale := closeness.MaxAbsDiff(got, want), closeness.Scale(want)
 		// F32 activations (target and drafter) against float64, same BF16 weights.
 		if worst > 1e-4*scale {
 			t.Fatalf("%s, anchor at %d: drafter logits differ from the float64 reference by %g (scale %g)", g.draft, len(g.context), worst, scale)

@@ -1,6 +1,7 @@
 package dflash
 
 import (
+	"ddflash/internal/closeness"
 	"math"
 	"testing"
 )
@@ -13,13 +14,13 @@ func TestRopeFrequenciesPlainAndYaRN(t *testing.T) {
 	}
 	for i, f := range plain {
 		want := math.Pow(1e6, -float64(2*i)/128)
-		if math.Abs(float64(f)-want) > 1e-7*want {
+		if !closeness.Near(float64(f), want, 1e-7*want) {
 			t.Fatalf("inv_freq[%d] = %g, want %g", i, f, want)
 		}
 	}
 	c.YaRN = &YaRN{Factor: 4, OriginalMaxPositions: 32768, BetaFast: 32, BetaSlow: 1}
 	yarn, scale := c.RopeFrequencies()
-	if want := 0.1*math.Log(4) + 1; math.Abs(float64(scale)-want) > 1e-6 {
+	if want := 0.1*math.Log(4) + 1; !closeness.Near(float64(scale), want, 1e-6) {
 		t.Fatalf("attention factor %g, want %g", scale, want)
 	}
 	// Bounds of the ramp, from transformers' find_correction_range:
@@ -29,11 +30,11 @@ func TestRopeFrequenciesPlainAndYaRN(t *testing.T) {
 	for i := range yarn {
 		ratio := float64(yarn[i] / plain[i])
 		switch {
-		case float64(i) <= low && math.Abs(ratio-1) > 1e-6:
+		case float64(i) <= low && !closeness.Near(ratio, 1, 1e-6):
 			t.Fatalf("fast dimension %d changed by %g", i, ratio)
-		case float64(i) >= high && math.Abs(ratio-0.25) > 1e-6:
+		case float64(i) >= high && !closeness.Near(ratio, 0.25, 1e-6):
 			t.Fatalf("slow dimension %d scaled by %g, want 1/4", i, ratio)
-		case ratio < 0.25-1e-6 || ratio > 1+1e-6:
+		case !(ratio >= 0.25-1e-6 && ratio <= 1+1e-6):
 			t.Fatalf("dimension %d scaled by %g, outside [1/4, 1]", i, ratio)
 		}
 		if i > 0 && float64(yarn[i]/plain[i]) > float64(yarn[i-1]/plain[i-1])+1e-6 {

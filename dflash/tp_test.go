@@ -2,13 +2,13 @@ package dflash
 
 import (
 	"context"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
 
 	"ddflash/engine"
 	"ddflash/engine/testmodel"
+	"ddflash/internal/closeness"
 	"ddflash/kernels"
 	"ddflash/kernels/cpu"
 )
@@ -56,12 +56,7 @@ func TestTensorParallelDrafter(t *testing.T) {
 		return logits
 	}
 	want, got := draft(one), draft(four)
-	diff, scale := 0.0, 1.0
-	for i := range want {
-		diff = math.Max(diff, math.Abs(float64(got[i]-want[i])))
-		scale = math.Max(scale, math.Abs(float64(want[i])))
-	}
-	if diff > 2e-5*scale {
+	if diff, scale := closeness.MaxAbsDiff(got, want), closeness.Scale(want); diff > 2e-5*scale {
 		t.Fatalf("TP 4 draft logits differ from one rank by %.3g (scale %.3g)", diff, scale)
 	}
 

@@ -15,7 +15,7 @@ import (
 // adaptiveEngine is specEngine with a tree of up to budget nodes whose size
 // the policy chooses every step.
 func adaptiveEngine(t *testing.T, seed uint64, autoregressive bool, rollback mamba.Strategy, next func([]int32) int32, noise float64, ctxLen int, opts Options) (*Engine, *adaptive.Policy) {
-	e := specEngineBlock(t, seed, specCase{SpecTree, 32, rollback}, next, noise, ctxLen, 16, opts)
+	e := specEngineBlock(t, "tiny", seed, specCase{SpecTree, 32, rollback}, next, noise, ctxLen, 16, opts)
 	p := &adaptive.Policy{Autoregressive: autoregressive}
 	e.Spec.Policy = p
 	return e, p

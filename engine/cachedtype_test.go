@@ -40,7 +40,7 @@ func TestSpecGreedyIsLosslessPerCacheDType(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, c := range cases {
-				e := specEngineBlock(t, 1, c, pathOracle(concat(prompt, want.Tokens)), 0.3, ctxLen, 16, opts)
+				e := specEngineBlock(t, "tiny", 1, c, pathOracle(concat(prompt, want.Tokens)), 0.3, ctxLen, 16, opts)
 				got, err := e.Generate(context.Background(), req)
 				if err != nil {
 					t.Fatalf("KV %v conv %v prompt %d %v: %v", dt[0], dt[1], pi, c, err)

@@ -2,10 +2,12 @@ package engine
 
 import (
 	"encoding/json"
-	"math"
 	"os"
+	"path/filepath"
+	"slices"
 	"testing"
 
+	"ddflash/internal/closeness"
 	"ddflash/kernels/cpu"
 )
 
@@ -34,17 +36,8 @@ func TestGoldenLogitsFP8(t *testing.T) { checkGolden(t, "testdata/golden-tiny-fp
 
 // checkGolden compares the checkpoint in dir with its golden.json.
 func checkGolden(t *testing.T, dir string) {
-	data, err := os.ReadFile(dir + "/golden.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var g golden
-	if err := json.Unmarshal(data, &g); err != nil {
-		t.Fatal(err)
-	}
-	if len(g.Sequences) == 0 {
-		t.Fatal("golden.json has no sequences")
-	}
+	t.Helper()
+	g := readGolden(t, dir)
 	e, err := Load(cpu.New(2), dir, Options{PageSize: 4})
 	if err != nil {
 		t.Fatal(err)
@@ -94,15 +87,70 @@ func checkGolden(t *testing.T, dir string) {
 	}
 }
 
-// relDiff returns the largest absolute difference and max(1, largest |want|).
+// TestGoldenYaRN runs golden-tiny's weights with the YaRN config of
+// testdata/golden-yarn (a legacy rope_scaling block; see
+// tools/reference/make_yarn_golden.py) and compares every position's logits
+// with the float64 reference, which computes YaRN on its own.
+func TestGoldenYaRN(t *testing.T) {
+	g := readGolden(t, "testdata/golden-yarn")
+	dir := t.TempDir()
+	for _, f := range []struct{ from, to string }{
+		{"testdata/golden-yarn/config.json", "config.json"},
+		{"testdata/golden-tiny/model.safetensors", "model.safetensors"},
+	} {
+		abs, err := filepath.Abs(f.from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(abs, filepath.Join(dir, f.to)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e, err := Load(cpu.New(2), dir, Options{PageSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if y := e.Model.Cfg.YaRN; y == nil || y.Factor != 4 || e.Model.Cfg.RopeTheta != 100 {
+		t.Fatalf("config read as YaRN %+v, theta %g", y, e.Model.Cfg.RopeTheta)
+	}
+	for si, seq := range g.Sequences {
+		s, err := e.newSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := e.forward(s, SeqInput{Tokens: seq.IDs, Logits: AllRows}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := slices.Concat(seq.Logits...)
+		if d, scale := relDiff(out.Logits, want); d > 1e-4*scale {
+			t.Errorf("sequence %d: logits differ by %g (scale %g)", si, d, scale)
+		} else {
+			t.Logf("sequence %d (%d tokens): max logit difference %.2e at scale %.2f", si, len(seq.IDs), d, scale)
+		}
+		e.release(s)
+	}
+}
+
+// readGolden reads DIR/golden.json.
+func readGolden(t *testing.T, dir string) golden {
+	t.Helper()
+	data, err := os.ReadFile(dir + "/golden.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g golden
+	if err := json.Unmarshal(data, &g); err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Sequences) == 0 {
+		t.Fatalf("%s/golden.json has no sequences", dir)
+	}
+	return g
+}
+
+// relDiff returns the largest absolute difference (+Inf on NaN or Inf) and
+// max(1, largest |want|).
 func relDiff(got []float32, want []float64) (float64, float64) {
-	if len(got) != len(want) {
-		return math.Inf(1), 1
-	}
-	d, scale := 0.0, 1.0
-	for i, w := range want {
-		d = math.Max(d, math.Abs(float64(got[i])-w))
-		scale = math.Max(scale, math.Abs(w))
-	}
-	return d, scale
+	return closeness.MaxAbsDiff(got, want), closeness.Scale(want)
 }

@@ -131,7 +131,7 @@ func detectPrefix(ckpt *safetensors.Checkpoint) (string, error) {
 		ckpt.Dir, strings.Join(textPrefixes, " or "))
 }
 
-// expectedTensors lists every tensor cfg requires (qwen36-model.md §7), each
+// expectedTensors lists every tensor cfg requires (docs/qwen36-model.md §7), each
 // pointing at its field of w, with the rows and columns that rank sh holds.
 func expectedTensors(cfg *config.Config, prefix string, w *Weights, sh shard) []TensorSpec {
 	h, hd := cfg.HiddenSize, cfg.HeadDim

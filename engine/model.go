@@ -91,15 +91,16 @@ type Shard struct {
 // rank is one tensor-parallel rank: its backend, weights, the geometry of
 // the heads it owns and its activations.
 type rank struct {
-	id      int
-	b       kernels.Backend
-	cfg     *config.Config // this rank's share of heads and MLP width
-	w       *Weights
-	vocab   int // LM-head rows (vocabulary slice) on this rank
-	attn    kernels.AttnShape
-	gdn     kernels.GDNShape
-	invFreq kernels.Buffer // RoPE inverse frequencies, F32 [rotary dim / 2]
-	s       scratch
+	id        int
+	b         kernels.Backend
+	cfg       *config.Config // this rank's share of heads and MLP width
+	w         *Weights
+	vocab     int // LM-head rows (vocabulary slice) on this rank
+	attn      kernels.AttnShape
+	gdn       kernels.GDNShape
+	invFreq   kernels.Buffer // RoPE inverse frequencies, F32 [rotary dim / 2] (plain or YaRN)
+	ropeScale float32        // YaRN's attention factor on cos and sin; 1 for plain RoPE
+	s         scratch
 }
 
 // NewModel wires weights and caches together: one shard per tensor-parallel
@@ -131,9 +132,11 @@ func NewModel(cfg *config.Config, shards []Shard, kv *KVCache, states *mamba.Poo
 				NumHeads: rc.NumHeads, NumKVHeads: rc.NumKVHeads, HeadDim: rc.HeadDim,
 				PageSize: kv.PageSize(), Scale: float32(1 / math.Sqrt(float64(rc.HeadDim))),
 			}}
-		if r.invFreq, err = UploadRopeFrequencies(sh.B, RopeFrequencies(cfg.RopeTheta, cfg.RotaryDim())); err != nil {
+		freqs, scale := config.RopeFrequencies(cfg.RopeTheta, cfg.RotaryDim(), cfg.YaRN)
+		if r.invFreq, err = UploadRopeFrequencies(sh.B, freqs); err != nil {
 			return nil, err
 		}
+		r.ropeScale = scale
 		m.ranks = append(m.ranks, r)
 	}
 	return m, nil
@@ -178,16 +181,6 @@ func (m *Model) allReduce(r *rank, buf kernels.Buffer, n int) error {
 		return nil
 	}
 	return m.comm.AllReduceSum(r.id, buf, n)
-}
-
-// RopeFrequencies are plain RoPE's inverse frequencies theta^(-2i/rotDim),
-// rounded to F32 as the reference computes them.
-func RopeFrequencies(theta float64, rotDim int) []float32 {
-	f := make([]float32, rotDim/2)
-	for i := range f {
-		f[i] = float32(math.Pow(theta, -2*float64(i)/float64(rotDim)))
-	}
-	return f
 }
 
 // UploadRopeFrequencies puts inverse frequencies on the backend.
@@ -373,8 +366,8 @@ func (m *Model) attention(r *rank, lw *LayerWeights, idx int, meta *stepMeta, ro
 	b.MatMul(s.v, s.h, lw.VProj, rows, kvDim, H)
 	b.RMSNorm(s.q, s.q, lw.QNorm, rows*cfg.NumHeads, hd, eps, true)
 	b.RMSNorm(s.k, s.k, lw.KNorm, rows*cfg.NumKVHeads, hd, eps, true)
-	b.RoPE(s.q, meta.pos, r.invFreq, rows, cfg.NumHeads, hd, cfg.RotaryDim(), 1)
-	b.RoPE(s.k, meta.pos, r.invFreq, rows, cfg.NumKVHeads, hd, cfg.RotaryDim(), 1)
+	b.RoPE(s.q, meta.pos, r.invFreq, rows, cfg.NumHeads, hd, cfg.RotaryDim(), r.ropeScale)
+	b.RoPE(s.k, meta.pos, r.invFreq, rows, cfg.NumKVHeads, hd, cfg.RotaryDim(), r.ropeScale)
 	kc, vc := m.KV.Layer(r.id, idx)
 	b.WriteKV(kc, vc, s.k, s.v, meta.slots, rows, kvDim)
 	b.Attention(s.attn, s.q, kc, vc, r.attn, meta.attnSeqs)

@@ -1,11 +1,11 @@
 package engine
 
 import (
-	"math"
 	"math/rand/v2"
 	"testing"
 
 	"ddflash/engine/testmodel"
+	"ddflash/internal/closeness"
 	"ddflash/kernels"
 	"ddflash/kernels/cpu"
 )
@@ -42,16 +42,8 @@ func randomTokens(rng *rand.Rand, n, vocab int) []int32 {
 	return out
 }
 
-func maxAbsDiff(a, b []float32) float64 {
-	if len(a) != len(b) {
-		return math.Inf(1)
-	}
-	d := 0.0
-	for i := range a {
-		d = math.Max(d, math.Abs(float64(a[i])-float64(b[i])))
-	}
-	return d
-}
+// maxAbsDiff is the largest element difference, +Inf on NaN or Inf.
+func maxAbsDiff(a, b []float32) float64 { return closeness.MaxAbsDiff(a, b) }
 
 // stateOf downloads every GDN layer's conv and recurrent state of a slot,
 // rank by rank.
@@ -80,10 +72,16 @@ func stateOf(t testing.TB, e *Engine, slot int) []float32 {
 // form and multi-row attention) equals feeding the tokens one at a time with
 // carried KV, conv and recurrent state.
 func TestPrefillEqualsTokenByToken(t *testing.T) {
+	for _, preset := range []string{"tiny", "tiny-h256"} {
+		t.Run(preset, func(t *testing.T) { checkPrefillEqualsTokenByToken(t, preset) })
+	}
+}
+
+func checkPrefillEqualsTokenByToken(t *testing.T, preset string) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, n := range []int{1, 9, 80, 150} { // 80 and 150 take the chunked GDN path
-		whole := newTestEngine(t, "tiny", 3, Options{PrefillChunk: 1 << 20})
-		steps := newTestEngine(t, "tiny", 3, Options{})
+		whole := newTestEngine(t, preset, 3, Options{PrefillChunk: 1 << 20})
+		steps := newTestEngine(t, preset, 3, Options{})
 		prompt := randomTokens(rng, n, whole.ValidVocab)
 
 		a, err := whole.newSequence()
@@ -116,6 +114,12 @@ func TestPrefillEqualsTokenByToken(t *testing.T) {
 // TestBatchEqualsAlone runs sequences of different lengths (some with cached
 // context) in one forward and compares every row's logits with running each alone.
 func TestBatchEqualsAlone(t *testing.T) {
+	for _, preset := range []string{"tiny", "tiny-h256"} {
+		t.Run(preset, func(t *testing.T) { checkBatchEqualsAlone(t, preset) })
+	}
+}
+
+func checkBatchEqualsAlone(t *testing.T, preset string) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	type job struct{ context, fresh []int32 }
 	jobs := []job{
@@ -124,7 +128,7 @@ func TestBatchEqualsAlone(t *testing.T) {
 		{randomTokens(rng, 3, 290), randomTokens(rng, 1, 290)},
 		{nil, randomTokens(rng, 70, 290)},
 	}
-	batched := newTestEngine(t, "tiny", 9, Options{MaxSeqs: len(jobs), PageSize: 4})
+	batched := newTestEngine(t, preset, 9, Options{MaxSeqs: len(jobs), PageSize: 4})
 	var inputs []SeqInput
 	for _, j := range jobs {
 		s, err := batched.newSequence()
@@ -146,7 +150,7 @@ func TestBatchEqualsAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, j := range jobs {
-		alone := newTestEngine(t, "tiny", 9, Options{PageSize: 16})
+		alone := newTestEngine(t, preset, 9, Options{PageSize: 16})
 		s, err := alone.newSequence()
 		if err != nil {
 			t.Fatal(err)

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"ddflash/internal/closeness"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -285,7 +286,7 @@ func TestLogprobs(t *testing.T) {
 	s := NewSampler(SamplingParams{}, 3)
 	lp := s.Logprobs(logits, 1, 2)
 	z := math.Log(math.Exp(1) + math.Exp(2) + math.Exp(3))
-	if !(math.Abs(lp.Logprob-(2-z)) <= 1e-6) {
+	if !closeness.Near(lp.Logprob, 2-z, 1e-6) {
 		t.Fatalf("chosen logprob %g, want %g", lp.Logprob, 2-z)
 	}
 	if len(lp.Top) != 2 || lp.Top[0].ID != 2 || lp.Top[1].ID != 1 {

@@ -35,7 +35,7 @@ func TestSchedulerSurvivesRequestPanic(t *testing.T) {
 		}
 		return 5
 	}
-	e := specEngineBlock(t, 3, specCase{SpecTree, 8, mamba.Replay}, oracle, 0, 96, 8, Options{MaxSeqs: 4})
+	e := specEngineBlock(t, "tiny", 3, specCase{SpecTree, 8, mamba.Replay}, oracle, 0, 96, 8, Options{MaxSeqs: 4})
 	s := runScheduler(t, e, SchedulerOptions{})
 	good := []Request{
 		{Prompt: []int32{11, 12, 13}, MaxTokens: 30, IgnoreEOS: true},

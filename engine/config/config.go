@@ -44,6 +44,7 @@ type Config struct {
 	AttnOutputGate bool
 	RopeTheta      float64
 	PartialRotary  float64 // fraction of HeadDim that rotates
+	YaRN           *YaRN   // nil for plain RoPE
 	MaxPositions   int
 
 	// Gated DeltaNet.
@@ -148,6 +149,9 @@ func parseArchitecture(data []byte) (*Config, error) {
 
 func parseText(f fields) (*Config, error) {
 	c := &Config{ModelType: "qwen3_5_text", BOSTokenID: -1, SSMStateFP32: true}
+	if err := refuseUnsupportedMath(f); err != nil {
+		return nil, err
+	}
 	ints := []struct {
 		name string
 		dst  *int
@@ -158,12 +162,18 @@ func parseText(f fields) (*Config, error) {
 		{"vocab_size", &c.VocabSize},
 		{"num_attention_heads", &c.NumHeads},
 		{"num_key_value_heads", &c.NumKVHeads},
-		{"head_dim", &c.HeadDim},
 		{"linear_num_key_heads", &c.LinearKeyHeads},
 		{"linear_num_value_heads", &c.LinearValueHeads},
 		{"linear_key_head_dim", &c.LinearKeyDim},
 		{"linear_value_head_dim", &c.LinearValueDim},
 		{"linear_conv_kernel_dim", &c.ConvKernel},
+	}
+	c.HeadDim = defaultHeadDim
+	if f.has("head_dim") {
+		ints = append(ints, struct {
+			name string
+			dst  *int
+		}{"head_dim", &c.HeadDim})
 	}
 	for _, it := range ints {
 		v, err := f.positiveInt(it.name)
@@ -242,9 +252,12 @@ func parseLayers(f fields, c *Config) error {
 		}
 		return nil
 	}
-	interval, err := f.positiveInt("full_attention_interval")
-	if err != nil {
-		return fmt.Errorf("%w (neither layer_types nor full_attention_interval is set)", err)
+	interval := defaultFullAttentionInterval
+	if f.has("full_attention_interval") {
+		var err error
+		if interval, err = f.positiveInt("full_attention_interval"); err != nil {
+			return err
+		}
 	}
 	for i := 0; i < c.NumLayers; i++ {
 		if (i+1)%interval == 0 {
@@ -256,37 +269,175 @@ func parseLayers(f fields, c *Config) error {
 	return nil
 }
 
+// parseRope reads the RoPE settings as transformers does: a legacy
+// rope_scaling object replaces rope_parameters; rope_theta and
+// partial_rotary_factor fall back to top-level fields, then to the defaults.
 func parseRope(f fields, c *Config) error {
-	rf := f
-	if f.has("rope_parameters") {
-		var inner map[string]json.RawMessage
-		if err := json.Unmarshal(f.m["rope_parameters"], &inner); err != nil {
-			return fmt.Errorf("field %srope_parameters: %w", f.prefix, err)
+	var objects []fields // rope_scaling, then rope_parameters, where set and not empty
+	for _, key := range []string{"rope_scaling", "rope_parameters"} {
+		if !f.has(key) || f.isNull(key) {
+			continue
 		}
-		rf = fields{m: inner, prefix: f.prefix + "rope_parameters."}
-		if rf.has("rope_type") {
-			rt, err := rf.str("rope_type")
-			if err != nil {
+		var inner map[string]json.RawMessage
+		if err := json.Unmarshal(f.m[key], &inner); err != nil {
+			return fmt.Errorf("field %s%s: want an object: %w", f.prefix, key, err)
+		}
+		if len(inner) > 0 {
+			objects = append(objects, fields{m: inner, prefix: f.prefix + key + "."})
+		}
+	}
+	rf := fields{m: map[string]json.RawMessage{}, prefix: f.prefix + "rope_parameters."}
+	if len(objects) > 0 {
+		rf = objects[0]
+	}
+	// A rope_parameters that rope_scaling replaces must not hold a theta or
+	// rotary fraction that transformers would then drop for the default.
+	shadowed := objects[min(1, len(objects)):]
+	ropeType := "default"
+	for _, key := range []string{"rope_type", "type"} { // "type" in older transformers
+		if rf.has(key) {
+			var err error
+			if ropeType, err = rf.str(key); err != nil {
 				return err
 			}
-			if rt != "default" {
-				return fmt.Errorf("field %srope_type: unsupported %q (the target supports default RoPE)", rf.prefix, rt)
-			}
+			break
+		}
+	}
+	known, ok := ropeKeys[ropeType]
+	if !ok {
+		return fmt.Errorf("field %srope_type: unsupported %q (ddflash runs default and yarn RoPE)", rf.prefix, ropeType)
+	}
+	for key := range rf.m {
+		if !known[key] && !ropeKeys["default"][key] {
+			return fmt.Errorf("field %s%s: not supported with rope_type %q", rf.prefix, key, ropeType)
 		}
 	}
 	var err error
-	if c.RopeTheta, err = rf.number("rope_theta"); err != nil {
+	read := []fields{rf, f}
+	if c.RopeTheta, err = agreedNumber(defaultRopeTheta, "rope_theta", read, shadowed...); err != nil {
 		return err
 	}
-	switch {
-	case rf.has("partial_rotary_factor"):
-		c.PartialRotary, err = rf.number("partial_rotary_factor")
-	case f.has("partial_rotary_factor"):
-		c.PartialRotary, err = f.number("partial_rotary_factor")
-	default:
-		err = fmt.Errorf("field %spartial_rotary_factor: missing", rf.prefix)
+	if c.PartialRotary, err = agreedNumber(defaultPartialRotary, "partial_rotary_factor", read, shadowed...); err != nil {
+		return err
+	}
+	if ropeType == "yarn" {
+		c.YaRN, err = parseYaRN(rf, f, c.MaxPositions)
 	}
 	return err
+}
+
+// ropeKeys are the keys of a RoPE object that ddflash reads, by rope type
+// (every type also takes the default's); any other key is refused, as it
+// would change the math. mrope_* split the rotary pairs over the temporal,
+// height and width position streams, which are all equal for text, so text
+// runs plain RoPE whatever they say.
+var ropeKeys = map[string]map[string]bool{
+	"default": {"rope_type": true, "type": true, "rope_theta": true, "partial_rotary_factor": true, "mrope_section": true, "mrope_interleaved": true},
+	"yarn": {"factor": true, "original_max_position_embeddings": true, "attention_factor": true, "beta_fast": true, "beta_slow": true,
+		"mscale": true, "mscale_all_dim": true, "truncate": true},
+}
+
+// parseYaRN reads a yarn RoPE object with transformers' defaults: the
+// original context is the model's max_position_embeddings unless given,
+// beta_fast 32 and beta_slow 1 (also when 0), truncated ramp bounds.
+func parseYaRN(rf, top fields, maxPositions int) (*YaRN, error) {
+	y := &YaRN{BetaFast: 32, BetaSlow: 1}
+	var err error
+	if y.Factor, err = rf.number("factor"); err != nil {
+		return nil, err
+	}
+	if y.Factor < 1 {
+		return nil, fmt.Errorf("field %sfactor: %g, YaRN needs at least 1", rf.prefix, y.Factor)
+	}
+	orig, err := agreedNumber(float64(maxPositions), "original_max_position_embeddings", []fields{rf, top})
+	if err != nil {
+		return nil, err
+	}
+	if y.OriginalMaxPositions = int(orig); float64(y.OriginalMaxPositions) != orig || orig <= 0 {
+		return nil, fmt.Errorf("field %soriginal_max_position_embeddings: %g, want a positive integer", rf.prefix, orig)
+	}
+	for _, o := range []struct {
+		name string
+		dst  *float64
+	}{{"beta_fast", &y.BetaFast}, {"beta_slow", &y.BetaSlow}, {"attention_factor", &y.AttentionFactor}, {"mscale", &y.Mscale}, {"mscale_all_dim", &y.MscaleAllDim}} {
+		if !rf.has(o.name) || rf.isNull(o.name) {
+			continue
+		}
+		v, err := rf.number(o.name)
+		if err != nil {
+			return nil, err
+		}
+		if v != 0 || o.name != "beta_fast" && o.name != "beta_slow" {
+			*o.dst = v
+		}
+	}
+	if rf.has("attention_factor") && y.AttentionFactor <= 0 {
+		return nil, fmt.Errorf("field %sattention_factor: %g, want a positive number", rf.prefix, y.AttentionFactor)
+	}
+	if rf.has("truncate") {
+		truncate, err := rf.boolean("truncate")
+		if err != nil {
+			return nil, err
+		}
+		y.NoTruncate = !truncate
+	}
+	return y, nil
+}
+
+// agreedNumber reads name from the first of read that sets it, else def.
+// Every set in read and also that sets it must agree: transformers'
+// precedence between these places differs between its versions (or drops
+// one), and a silent disagreement would change the math.
+func agreedNumber(def float64, name string, read []fields, also ...fields) (float64, error) {
+	v, found := def, false
+	for i, s := range append(read, also...) {
+		if !s.has(name) || s.isNull(name) {
+			continue
+		}
+		w, err := s.number(name)
+		if err != nil {
+			return 0, err
+		}
+		if !found && i < len(read) {
+			v, found = w, true
+		} else if w != v {
+			return 0, fmt.Errorf("field %s%s: %g disagrees with %g, the value transformers would use", s.prefix, name, w, v)
+		}
+	}
+	return v, nil
+}
+
+// Defaults that transformers' Qwen3.5 text config applies to absent fields.
+const (
+	defaultHeadDim               = 256
+	defaultPartialRotary         = 0.25
+	defaultRopeTheta             = 10_000
+	defaultFullAttentionInterval = 4
+)
+
+// supportedMath lists fields that change the forward pass, with the only
+// value ddflash implements (also the default when absent).
+var supportedMath = []struct {
+	name string
+	want any
+}{
+	{"hidden_act", "silu"},    // the MLP's and the GDN conv's activation
+	{"attention_bias", false}, // biases on q, k, v and o
+	{"output_gate_type", "swish"},
+}
+
+// refuseUnsupportedMath fails on a field of supportedMath set to another value.
+func refuseUnsupportedMath(f fields) error {
+	for _, s := range supportedMath {
+		if !f.has(s.name) || f.isNull(s.name) {
+			continue
+		}
+		var got any
+		if err := json.Unmarshal(f.m[s.name], &got); err != nil || got != s.want {
+			return fmt.Errorf("field %s%s: %s is not supported (ddflash implements %v)", f.prefix, s.name, f.m[s.name], s.want)
+		}
+	}
+	return nil
 }
 
 func (c *Config) validate(prefix string) error {

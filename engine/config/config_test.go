@@ -7,7 +7,7 @@ import (
 )
 
 // TestQwen36Preset parses the Qwen3.6-27B config.json (the planner's
-// embedded copy, written from qwen36-model.md §1) and checks every field and
+// embedded copy, written from docs/qwen36-model.md §1) and checks every field and
 // derived size against the numbers in that document.
 func TestQwen36Preset(t *testing.T) {
 	data, err := os.ReadFile("../planner/presets/qwen3.6-27b.json")
@@ -74,11 +74,12 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"missing field", `"hidden_size":64,`, ``, "field hidden_size: missing"},
 		{"wrong type", `"head_dim":16`, `"head_dim":"16"`, "field head_dim: want an integer"},
 		{"not positive", `"num_hidden_layers":4`, `"num_hidden_layers":0`, "field num_hidden_layers: 0"},
-		{"no layer pattern", `"full_attention_interval":2,`, ``, "full_attention_interval: missing"},
+		{"bad layer interval", `"full_attention_interval":2`, `"full_attention_interval":0`, "full_attention_interval: 0"},
 		{"unknown layer type", `"full_attention_interval":2`, `"layer_types":["linear_attention","full_attention","mamba","full_attention"]`, `layer_types[2]: unsupported layer type "mamba"`},
 		{"layer count", `"full_attention_interval":2`, `"layer_types":["full_attention"]`, "1 entries for num_hidden_layers 4"},
-		{"rope type", `"rope_type":"default"`, `"rope_type":"yarn"`, `rope_parameters.rope_type: unsupported "yarn"`},
-		{"rope theta", `"rope_theta":10000,`, ``, "rope_parameters.rope_theta: missing"},
+		{"rope type", `"rope_type":"default"`, `"rope_type":"dynamic"`, `rope_parameters.rope_type: unsupported "dynamic"`},
+		{"rope theta", `"rope_theta":10000`, `"rope_theta":"x"`, "rope_parameters.rope_theta: want a number"},
+		{"hidden act", `"rms_norm_eps"`, `"hidden_act":"gelu_pytorch_tanh","rms_norm_eps"`, `field hidden_act: "gelu_pytorch_tanh" is not supported`},
 		{"gqa", `"num_key_value_heads":2`, `"num_key_value_heads":3`, "num_key_value_heads: 3 does not divide"},
 		{"architecture", `"qwen3_5_text"`, `"llama"`, `field model_type: unsupported architecture "llama"`},
 		{"bad json", `{"model_type"`, `{model_type`, "invalid JSON"},

@@ -32,7 +32,7 @@ func TestParseSize(t *testing.T) {
 }
 
 func TestPresets(t *testing.T) {
-	// cache-sizing.md §2: the RTX PRO 6000 Blackwell reports about 97,887 MiB.
+	// docs/cache-sizing.md §2: the RTX PRO 6000 Blackwell reports about 97,887 MiB.
 	d, err := Preset("rtx-pro-6000")
 	if err != nil || d.Total != 97887<<20 || d.Free != 0 {
 		t.Errorf("rtx-pro-6000 = %+v, %v", d, err)

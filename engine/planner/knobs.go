@@ -13,7 +13,7 @@ type Mode int
 const (
 	// ModeDDFlash is ddflash's own allocation.
 	ModeDDFlash Mode = iota
-	// ModeSGLang reproduces how SGLang sizes its pools (cache-sizing.md).
+	// ModeSGLang reproduces how SGLang sizes its pools (docs/cache-sizing.md).
 	ModeSGLang
 )
 
@@ -138,7 +138,7 @@ const (
 )
 
 // ReportedMambaCacheSize is the --max-mamba-cache-size of the reported
-// deployment (cache-sizing.md §6.3): no SGLang rule gives 24 slots there, so
+// deployment (docs/cache-sizing.md §6.3): no SGLang rule gives 24 slots there, so
 // it was set by hand. `ddflash plan --compat sglang` starts from it.
 const ReportedMambaCacheSize = 24
 

@@ -16,7 +16,7 @@ import (
 )
 
 // presets holds the built-in config.json files, written from the values in
-// qwen36-model.md §1 and dflash-ddtree.md §1.1.
+// docs/qwen36-model.md §1 and docs/dflash-ddtree.md §1.1.
 //
 //go:embed presets/*.json
 var presets embed.FS

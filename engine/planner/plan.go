@@ -20,7 +20,7 @@ import (
 
 // cudaContextBytes is what the CUDA context and driver hold before any weight
 // loads. Fitted, together with sglangOtherStaticBytes: the reported deployment
-// (cache-sizing.md §6) pins the memory SGLang had left for KV and Mamba to a
+// (docs/cache-sizing.md §6) pins the memory SGLang had left for KV and Mamba to a
 // 64 KiB window, and 607 MiB and 234 MiB are the whole-MiB pair nearest the
 // doc's estimates (about 0.59 GiB and 0.25 GiB) that land in it.
 const cudaContextBytes = 607 << 20

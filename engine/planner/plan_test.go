@@ -16,9 +16,9 @@ import (
 const (
 	mib          = 1 << 20
 	gib          = 1 << 30
-	rtxPro6000   = 97887 * mib // as the card reports itself (cache-sizing.md §2)
-	qwenSlot     = 153_944_064 // P, fp32 ssm + bf16 conv (qwen36-model.md §9)
-	qwenKVToken  = 65_536      // C, bf16 (qwen36-model.md §9)
+	rtxPro6000   = 97887 * mib // as the card reports itself (docs/cache-sizing.md §2)
+	qwenSlot     = 153_944_064 // P, fp32 ssm + bf16 conv (docs/qwen36-model.md §9)
+	qwenKVToken  = 65_536      // C, bf16 (docs/qwen36-model.md §9)
 	qwenTextPar  = 26_895_998_464
 	qwenVisionPa = 460_730_096
 )
@@ -36,7 +36,7 @@ func qwen(t *testing.T) Models {
 	return Models{Target: target, Drafter: drafter}
 }
 
-// reported is the deployment of cache-sizing.md §6 in SGLang mode.
+// reported is the deployment of docs/cache-sizing.md §6 in SGLang mode.
 func reported(mrr int) Knobs {
 	return Knobs{Mode: ModeSGLang, GPUTotal: rtxPro6000, MaxRunningRequests: mrr,
 		Spec: SpecDDTree, Budget: 15, MaxMambaCacheSize: ReportedMambaCacheSize}
@@ -130,7 +130,7 @@ func TestSGLangRules(t *testing.T) {
 
 func TestSGLangAutoMemFraction(t *testing.T) {
 	v := qwen(t).Target.Vision
-	// cache-sizing.md §2: 0.837–0.847 before the VLM factor, 0.761–0.783 after.
+	// docs/cache-sizing.md §2: 0.837–0.847 before the VLM factor, 0.761–0.783 after.
 	base := sglangAutoMemFraction(rtxPro6000, 1, true, Vision{})
 	withVLM := sglangAutoMemFraction(rtxPro6000, 1, true, v)
 	if base < 0.837 || base > 0.847 || withVLM < 0.761 || withVLM > 0.783 {
@@ -355,7 +355,7 @@ func TestComputeRejectsBadInput(t *testing.T) {
 func TestLoadModels(t *testing.T) {
 	m := qwen(t)
 	if m.Target.Vision.Params != qwenVisionPa || textParams(m.Target.Config) != qwenTextPar {
-		t.Errorf("params: text %d vision %d; qwen36-model.md §7: %d and %d",
+		t.Errorf("params: text %d vision %d; docs/qwen36-model.md §7: %d and %d",
 			textParams(m.Target.Config), m.Target.Vision.Params, int64(qwenTextPar), int64(qwenVisionPa))
 	}
 	// A directory works like the preset.

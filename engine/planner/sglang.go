@@ -9,7 +9,7 @@ import (
 
 // SGLang mode reproduces how SGLang sizes its pools for a hybrid model with
 // speculative decoding, in the variant that fits the reported deployment
-// (cache-sizing.md §6.2): the mid-2026 "V2 joint solve" with D = budget+1 = 16
+// (docs/cache-sizing.md §6.2): the mid-2026 "V2 joint solve" with D = budget+1 = 16
 // draft tokens, r = 4 Mamba slots per running request, the automatic
 // mem_fraction_static (≈0.761 on an RTX PRO 6000) and S = 24 slots from
 // --max-mamba-cache-size. Each step below names the SGLang code it models.
@@ -61,7 +61,7 @@ func sglangPiecewiseGraphSizes(maxTokens float64) int {
 }
 
 // sglangAutoMemFraction models the automatic mem_fraction_static
-// (cache-sizing.md §2): reserve activation, graph and parallel headroom,
+// (docs/cache-sizing.md §2): reserve activation, graph and parallel headroom,
 // 2 GiB more for speculation, round to three decimals, then shrink for a
 // vision tower (adjust_mem_fraction_for_vlm, with L its depth).
 func sglangAutoMemFraction(total int64, tp int, spec bool, v Vision) float64 {

@@ -99,7 +99,7 @@ func WriteDrafter(dir string, opt DraftOptions) error {
 	rng := rand.New(rand.NewPCG(opt.Seed, 0xd4af7))
 	var tensors []safetensors.Tensor
 	for _, tp := range draftPlan(p, layers, len(taps)) {
-		data, err := safetensors.Encode(dt.tensor, initTensor(rng, tp, p.VocabSize))
+		data, err := encodeTensor(rng, tp, p.VocabSize, dt.tensor)
 		if err != nil {
 			return fmt.Errorf("test drafter: tensor %s: %w", tp.name, err)
 		}

@@ -36,6 +36,13 @@ type Preset struct {
 // the llama.cpp comparison (scripts/llamacpp-compare.sh);
 // tp8 is as tiny, with head counts that split over 2, 4 and 8
 // tensor-parallel ranks and only 2 KV heads (replicated beyond TP 2).
+// Each has an -h256 sibling with Qwen3.6-27B's head geometry: attention
+// heads of 256 (rotary 64) and GDN heads of 128, 3 value heads per key head.
+// long-h256 is a narrow model with that geometry and a 40,960-token context,
+// for prefills past 32k. qwen36-shapes has Qwen3.6-27B's exact per-layer
+// shapes and vocabulary (docs/qwen36-model.md §1) with one GDN and one
+// attention layer: 3.3G parameters (6.6 GB in bf16), 77% of them the
+// embedding and LM head, for its own package-level test (engine/realshape).
 var Presets = []Preset{
 	{
 		Name: "tiny", Hidden: 64, Layers: 4, FullEvery: 4, Intermediate: 128,
@@ -60,6 +67,36 @@ var Presets = []Preset{
 		Heads: 8, KVHeads: 2, HeadDim: 16, PartialRotary: 0.25,
 		LinearKeyHeads: 8, LinearValueHeads: 16, LinearHeadDim: 8, ConvKernel: 4,
 		MaxPositions: 256, MaxMerges: 41, VocabSize: 320,
+	},
+	{
+		Name: "tiny-h256", Hidden: 64, Layers: 4, FullEvery: 4, Intermediate: 128,
+		Heads: 2, KVHeads: 1, HeadDim: 256, PartialRotary: 0.25,
+		LinearKeyHeads: 1, LinearValueHeads: 3, LinearHeadDim: 128, ConvKernel: 4,
+		MaxPositions: 256, MaxMerges: 41, VocabSize: 320,
+	},
+	{
+		Name: "small-h256", Hidden: 1024, Layers: 8, FullEvery: 4, Intermediate: 3072,
+		Heads: 4, KVHeads: 1, HeadDim: 256, PartialRotary: 0.25,
+		LinearKeyHeads: 2, LinearValueHeads: 6, LinearHeadDim: 128, ConvKernel: 4,
+		MaxPositions: 4096, MaxMerges: 100, VocabSize: 4096,
+	},
+	{
+		Name: "tp8-h256", Hidden: 64, Layers: 4, FullEvery: 4, Intermediate: 128,
+		Heads: 8, KVHeads: 2, HeadDim: 256, PartialRotary: 0.25,
+		LinearKeyHeads: 8, LinearValueHeads: 24, LinearHeadDim: 128, ConvKernel: 4,
+		MaxPositions: 256, MaxMerges: 41, VocabSize: 320,
+	},
+	{
+		Name: "long-h256", Hidden: 64, Layers: 2, FullEvery: 2, Intermediate: 128,
+		Heads: 1, KVHeads: 1, HeadDim: 256, PartialRotary: 0.25,
+		LinearKeyHeads: 1, LinearValueHeads: 3, LinearHeadDim: 128, ConvKernel: 4,
+		MaxPositions: 40960, MaxMerges: 41, VocabSize: 320,
+	},
+	{
+		Name: "qwen36-shapes", Hidden: 5120, Layers: 2, FullEvery: 2, Intermediate: 17408,
+		Heads: 24, KVHeads: 4, HeadDim: 256, PartialRotary: 0.25,
+		LinearKeyHeads: 16, LinearValueHeads: 48, LinearHeadDim: 128, ConvKernel: 4,
+		MaxPositions: 262144, MaxMerges: 100, VocabSize: 248320,
 	},
 }
 

@@ -56,7 +56,7 @@ var checkpointDTypes = map[string]dtypeNames{
 	"fp8":  {"BF16", "bfloat16", true},
 }
 
-// Init scales (see initTensor): matrices are N(0, 1/sqrt(fan_in)) so
+// Init scales (see initValues): matrices are N(0, 1/sqrt(fan_in)) so
 // activations keep unit scale, and lm_head gives logits a spread of a few units.
 const (
 	normStd     = 0.1 // zero-centred (1+w) norm weights and the plain GDN norm's offset from 1
@@ -130,7 +130,7 @@ func Write(dir string, opt Options) error {
 }
 
 // configJSON is config.json in the multimodal wrapper layout of Qwen3.6-27B
-// (qwen36-model.md §1), without a vision tower.
+// (docs/qwen36-model.md §1), without a vision tower.
 func configJSON(p Preset, dtype string, eos []int) map[string]any {
 	layerTypes := make([]string, p.Layers)
 	for i := range layerTypes {
@@ -273,12 +273,11 @@ func randomTensors(p Preset, dtype string, usedIDs int, seed uint64) ([]safetens
 	rng := rand.New(rand.NewPCG(seed, 0x7e57_30de1))
 	var tensors []safetensors.Tensor
 	for _, tp := range plan(p) {
-		vals := initTensor(rng, tp, usedIDs)
 		dt := dtype
 		if tp.f32 {
 			dt = "F32"
 		}
-		data, err := safetensors.Encode(dt, vals)
+		data, err := encodeTensor(rng, tp, usedIDs, dt)
 		if err != nil {
 			return nil, fmt.Errorf("test model: tensor %s: %w", tp.name, err)
 		}
@@ -287,36 +286,55 @@ func randomTensors(p Preset, dtype string, usedIDs int, seed uint64) ([]safetens
 	return tensors, nil
 }
 
-func initTensor(rng *rand.Rand, tp tensorPlan, usedIDs int) []float32 {
+// encodeTensor draws a tensor's values and encodes them in dtype, a block at
+// a time, so that a big tensor (qwen36-shapes' 1.3G-value embedding) never
+// exists as float32 values as a whole.
+func encodeTensor(rng *rand.Rand, tp tensorPlan, usedIDs int, dtype string) ([]byte, error) {
 	n := 1
 	for _, d := range tp.shape {
 		n *= d
 	}
+	const block = 1 << 20
+	vals := make([]float32, min(n, block))
+	out := make([]byte, 0, n*safetensors.DTypeSize(dtype))
+	for from := 0; from < n; from += block {
+		part := vals[:min(block, n-from)]
+		initValues(rng, tp, usedIDs, from, part)
+		data, err := safetensors.Encode(dtype, part)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, data...)
+	}
+	return out, nil
+}
+
+// initValues draws the tensor's values from index from on into vals.
+func initValues(rng *rand.Rand, tp tensorPlan, usedIDs, from int, vals []float32) {
 	last := tp.shape[len(tp.shape)-1]
 	normal := func(std float64) float32 { return float32(rng.NormFloat64() * std) }
-	vals := make([]float32, n)
-	for i := range vals {
+	for j := range vals {
+		i := from + j
 		switch tp.init {
 		case initMatrix:
-			vals[i] = normal(1 / math.Sqrt(float64(last)))
+			vals[j] = normal(1 / math.Sqrt(float64(last)))
 		case initEmbedding:
-			vals[i] = normal(1)
+			vals[j] = normal(1)
 		case initLMHead:
 			std := logitSpread / math.Sqrt(float64(last))
 			if i/last >= usedIDs {
 				std *= padLogitBoost
 			}
-			vals[i] = normal(std)
+			vals[j] = normal(std)
 		case initZeroNorm:
-			vals[i] = normal(normStd)
+			vals[j] = normal(normStd)
 		case initPlainNorm:
-			vals[i] = 1 + normal(normStd)
+			vals[j] = 1 + normal(normStd)
 		case initALog:
-			vals[i] = float32(math.Log(1 + 15*rng.Float64()))
+			vals[j] = float32(math.Log(1 + 15*rng.Float64()))
 		case initDtBias:
 			dt := math.Exp(math.Log(1e-3) + rng.Float64()*(math.Log(1e-1)-math.Log(1e-3)))
-			vals[i] = float32(dt + math.Log(-math.Expm1(-dt))) // softplus⁻¹(dt)
+			vals[j] = float32(dt + math.Log(-math.Expm1(-dt))) // softplus⁻¹(dt)
 		}
 	}
-	return vals
 }

@@ -13,6 +13,7 @@ import (
 	"ddflash/engine"
 	"ddflash/engine/config"
 	"ddflash/engine/safetensors"
+	"ddflash/internal/closeness"
 	"ddflash/kernels/cpu"
 )
 
@@ -167,7 +168,7 @@ func TestInitScales(t *testing.T) {
 		return mean, math.Sqrt(std / float64(len(v)))
 	}
 	within := func(name string, got, want, tol float64) {
-		if math.Abs(got-want) > tol*want {
+		if !closeness.Near(got, want, tol*want) {
 			t.Errorf("%s: %.4f, want %.4f ±%.0f%%", name, got, want, 100*tol)
 		}
 	}

@@ -5,7 +5,7 @@ import (
 	"regexp"
 )
 
-// qwenSplitPattern is the Qwen3.5 pre-tokenizer regex (qwen36-model.md §8).
+// qwenSplitPattern is the Qwen3.5 pre-tokenizer regex (docs/qwen36-model.md §8).
 const qwenSplitPattern = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 
 // trainingSplit approximates qwenSplitPattern with Go's RE2 (no lookahead) to

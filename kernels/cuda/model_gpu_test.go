@@ -25,10 +25,11 @@ func gpu(t *testing.T) kernels.Backend {
 	return gpuBackend
 }
 
-// TestModelLogits compares whole-model logits of the tiny and small presets,
+// TestModelLogits compares whole-model logits of the tiny and small presets and
+// their -h256 siblings,
 // in bf16 and FP8, with the CPU backend's, on the GPU.
 func TestModelLogits(t *testing.T) {
-	for _, preset := range []string{"tiny", "small"} {
+	for _, preset := range []string{"tiny", "small", "tiny-h256", "small-h256"} {
 		for _, dtype := range []string{"bf16", "fp8"} {
 			t.Run(preset+"-"+dtype, func(t *testing.T) { checkModelLogits(t, gpu(t), preset, dtype) })
 		}

@@ -36,6 +36,7 @@ func TestEmulatedModel(t *testing.T) {
 	}
 	t.Run("Logits", func(t *testing.T) { checkModelLogits(t, be, "tiny", "bf16") })
 	t.Run("LogitsFP8", func(t *testing.T) { checkModelLogits(t, be, "tiny", "fp8") })
+	t.Run("LogitsH256", func(t *testing.T) { checkModelLogits(t, be, "tiny-h256", "bf16") })
 	t.Run("Spec", func(t *testing.T) { checkSpecGeneration(t, be) })
 	t.Run("Close", func(t *testing.T) { checkCloseReleases(t, be) })
 	t.Run("PlannedAllocation", func(t *testing.T) { checkPlannedAllocation(t, be) })

@@ -31,7 +31,7 @@ const QWEN35_PATTERN = String.raw`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]
 const LLAMA3_PATTERN = String.raw`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`;
 
 // ---------------------------------------------------------------------------
-// Tokenizer variants (test-references.md §1c: Qwen3.5 = Qwen3 data with the new regex)
+// Tokenizer variants (docs/test-references.md §1c: Qwen3.5 = Qwen3 data with the new regex)
 
 function qwen3Variant(edit) {
   const j = JSON.parse(qwen3JSON);

@@ -29,6 +29,19 @@ FULL = "full_attention"
 
 
 @dataclass(frozen=True)
+class YaRN:
+    """transformers' "yarn" RoPE scaling (arXiv 2309.00071): see rope_frequencies."""
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float = None
+    mscale: float = None
+    mscale_all_dim: float = None
+    truncate: bool = True
+
+
+@dataclass(frozen=True)
 class TextConfig:
     hidden_size: int
     layer_types: tuple
@@ -47,6 +60,7 @@ class TextConfig:
     partial_rotary_factor: float
     rms_norm_eps: float
     tie_word_embeddings: bool
+    yarn: YaRN = None
 
     @property
     def rotary_dim(self):
@@ -71,7 +85,25 @@ def parse_config(raw):
         layer_types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers)]
     if len(layer_types) != num_layers:
         raise ValueError(f"{len(layer_types)} layer_types for {num_layers} layers")
-    rope = text.get("rope_parameters") or {}
+    # As transformers: a legacy rope_scaling object replaces rope_parameters; rope_theta falls
+    # back to the top level, then 10000; a top-level partial_rotary_factor wins; the Qwen3.5 text
+    # config's defaults fill head_dim (256) and the rotary fraction (0.25).
+    rope = text.get("rope_scaling") or text.get("rope_parameters") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "yarn"):
+        raise ValueError(f"unsupported rope_type {rope_type!r}")
+    yarn = None
+    if rope_type == "yarn":
+        yarn = YaRN(
+            factor=float(rope["factor"]),
+            original_max_position_embeddings=rope.get("original_max_position_embeddings", text["max_position_embeddings"]),
+            beta_fast=rope.get("beta_fast") or 32.0,
+            beta_slow=rope.get("beta_slow") or 1.0,
+            attention_factor=rope.get("attention_factor"),
+            mscale=rope.get("mscale"),
+            mscale_all_dim=rope.get("mscale_all_dim"),
+            truncate=rope.get("truncate", True),
+        )
     return TextConfig(
         hidden_size=text["hidden_size"],
         layer_types=tuple(layer_types),
@@ -79,17 +111,18 @@ def parse_config(raw):
         vocab_size=text["vocab_size"],
         num_heads=text["num_attention_heads"],
         num_kv_heads=text["num_key_value_heads"],
-        head_dim=text["head_dim"],
+        head_dim=text.get("head_dim", 256),
         attn_output_gate=text.get("attn_output_gate", True),
         linear_key_heads=text["linear_num_key_heads"],
         linear_value_heads=text["linear_num_value_heads"],
         linear_key_dim=text["linear_key_head_dim"],
         linear_value_dim=text["linear_value_head_dim"],
         conv_kernel=text["linear_conv_kernel_dim"],
-        rope_theta=rope.get("rope_theta", text.get("rope_theta")),
-        partial_rotary_factor=rope.get("partial_rotary_factor", text.get("partial_rotary_factor")),
+        rope_theta=rope.get("rope_theta", text.get("rope_theta", 10000.0)),
+        partial_rotary_factor=text.get("partial_rotary_factor", rope.get("partial_rotary_factor", 0.25)),
         rms_norm_eps=text["rms_norm_eps"],
         tie_word_embeddings=tie,
+        yarn=yarn,
     )
 
 
@@ -264,13 +297,47 @@ def l2_normalize(x):
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6)
 
 
-def apply_rope(x, positions, rotary_dim, theta):
+def rope_frequencies(rotary_dim, theta, yarn=None):
+    """Inverse frequencies theta^(-2i/rotary_dim), one per rotated pair, and the factor on cos and
+    sin. YaRN (transformers' "yarn" type): pair i turns r_i = L·f_i/(2π) times over the original
+    context L; pairs turning more than beta_fast times keep f_i, fewer than beta_slow are divided by
+    the factor, and between them the share divided grows linearly in i. The boundary pairs solve
+    r_i = beta, i = rotary_dim·ln(L/(2π·beta))/(2·ln theta), floored/ceiled unless truncate is
+    false, clipped to [0, rotary_dim-1]. Cos and sin are scaled by attention_factor, default
+    0.1·mscale·ln(factor)+1 (1 when factor ≤ 1), as a ratio for mscale over mscale_all_dim."""
+    pairs = torch.arange(rotary_dim // 2, dtype=torch.float64)
+    inv_freq = theta ** (-2.0 * pairs / rotary_dim)
+    if yarn is None:
+        return inv_freq, 1.0
+
+    def boundary(beta):
+        return rotary_dim * math.log(yarn.original_max_position_embeddings / (2 * math.pi * beta)) / (2 * math.log(theta))
+
+    low, high = boundary(yarn.beta_fast), boundary(yarn.beta_slow)
+    if yarn.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001
+    divided = ((pairs - low) / (high - low)).clamp(0, 1)
+    inv_freq = inv_freq / yarn.factor * divided + inv_freq * (1 - divided)
+
+    def mscale(m):
+        return 1.0 if yarn.factor <= 1 else 0.1 * m * math.log(yarn.factor) + 1
+
+    scale = yarn.attention_factor
+    if scale is None:
+        scale = mscale(yarn.mscale) / mscale(yarn.mscale_all_dim) if yarn.mscale and yarn.mscale_all_dim else mscale(1)
+    return inv_freq, scale
+
+
+def apply_rope(x, positions, rotary_dim, theta, yarn=None):
     """NeoX rotate-half RoPE on the first rotary_dim dims of each head; x is [B, T, heads, D]."""
     half = rotary_dim // 2
-    inv_freq = theta ** (-2.0 * torch.arange(half, dtype=torch.float64) / rotary_dim)
+    inv_freq, scale = rope_frequencies(rotary_dim, theta, yarn)
     angles = positions.to(torch.float64)[:, None] * inv_freq
-    cos = angles.cos().to(x.dtype)[None, :, None, :]
-    sin = angles.sin().to(x.dtype)[None, :, None, :]
+    cos = (scale * angles.cos()).to(x.dtype)[None, :, None, :]
+    sin = (scale * angles.sin()).to(x.dtype)[None, :, None, :]
     x1, x2, rest = x[..., :half], x[..., half:rotary_dim], x[..., rotary_dim:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], -1)
 
@@ -311,8 +378,8 @@ def full_attention(cfg, w, prefix, x, state, start):
     k = rms_norm(k, w[prefix + "k_norm.weight"], cfg.rms_norm_eps)
     v = (x @ w[prefix + "v_proj.weight"].T).view(batch, time, cfg.num_kv_heads, dim)
     positions = torch.arange(start, start + time)
-    q = apply_rope(q, positions, cfg.rotary_dim, cfg.rope_theta)
-    k = apply_rope(k, positions, cfg.rotary_dim, cfg.rope_theta)
+    q = apply_rope(q, positions, cfg.rotary_dim, cfg.rope_theta, cfg.yarn)
+    k = apply_rope(k, positions, cfg.rotary_dim, cfg.rope_theta, cfg.yarn)
     if "k" in state:
         k = torch.cat([state["k"], k], 1)
         v = torch.cat([state["v"], v], 1)

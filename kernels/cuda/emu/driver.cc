@@ -232,6 +232,10 @@ static Graph *capture;  // non-null while the stream is being captured
 static CUresult run(const Launch &l) {
   n_threads = (int)(l.block.x * l.block.y * l.block.z);
   if (n_threads < 1 || n_threads > 1024) return ERR_INVALID_VALUE;
+  // A real GPU's grid limits, so that shapes as large as Qwen3.6-27B's (a
+  // 248,320-row LM head) cannot pass here and fail on the device.
+  if (l.grid.x < 1 || l.grid.x > 2147483647u || l.grid.y < 1 || l.grid.y > 65535 || l.grid.z < 1 || l.grid.z > 65535)
+    return ERR_INVALID_VALUE;
   while ((int)fibers.size() < n_threads) {
     fibers.emplace_back();
     stacks.push_back((char *)malloc(fiber_stack));
