@@ -47,7 +47,7 @@ func TestDeviceArgmaxMatchesHost(t *testing.T) {
 func TestGreedyDeviceArgmaxEqualsFullRows(t *testing.T) {
 	const ctxLen, seed = 64, 6
 	prompt := randomTokens(rand.New(rand.NewPCG(6, 7)), 5, 290)
-	ar := newTestEngine(t, "tiny", seed, Options{Context: ctxLen})
+	ar := newTestEngine(t, specTarget(seed), seed, Options{Context: ctxLen})
 	want, err := ar.Generate(context.Background(), Request{Prompt: prompt, MaxTokens: 30, Sampling: SamplingParams{Logprobs: 1}})
 	if err != nil {
 		t.Fatal(err)
