@@ -45,7 +45,7 @@ func tileFP8AVX512(out []float32, outStride, cols int, x []float32, m, k int, q 
 		var w [4]unsafe.Pointer
 		for r, p := range [4]unsafe.Pointer{p0, p1, p2, p3} {
 			w[r] = unsafe.Pointer(&tile[r*k])
-			fp8Widen(p, sp, k16, w[r])
+			fp8Widen(p, sp, k16, w[r], uintptr(p)+matmulTile*uintptr(k))
 		}
 		var acc [16][16]float32
 		for ; i+4 <= m; i += 4 {
@@ -57,7 +57,7 @@ func tileFP8AVX512(out []float32, outStride, cols int, x []float32, m, k int, q 
 	}
 	var acc [4][16]float32
 	for ; i < m; i++ {
-		fp8Dot4x1(p0, p1, p2, p3, sp, rowPtr(x[i*k:], k), k16, &acc)
+		fp8Dot4x1(p0, p1, p2, p3, sp, rowPtr(x[i*k:], k), k16, &acc, uintptr(p3)+uintptr(k))
 		fp8Finish(out[i*outStride:], cols, x[i*k:(i+1)*k], q, scales, k, &acc)
 	}
 	archsimd.ClearAVXUpperBits()
@@ -98,10 +98,14 @@ func fp8Finish(out []float32, cols int, xr []float32, q *[4][]uint8, scales []fl
 // at x times E4M3 weight row r (p0…p3) over the first n elements (a
 // multiple of 16): each weight vector widened and multiplied by its
 // block's scale (sp, one per 128 elements), then one FMA per 16 elements
-// in k order.
+// in k order. It also prefetches the 4·n bytes from ahead on (the caller
+// passes the next tile's rows), one cache line per 16 elements: widening
+// takes so many instructions per byte that the out-of-order window holds
+// too few of the loads to keep memory busy, and decode stalled on misses
+// at half the bandwidth bf16 weights reach.
 //
 //go:noescape
-func fp8Dot4x1(p0, p1, p2, p3, sp, x unsafe.Pointer, n int, acc *[4][16]float32)
+func fp8Dot4x1(p0, p1, p2, p3, sp, x unsafe.Pointer, n int, acc *[4][16]float32, ahead uintptr)
 
 // fp8Dot4x4 stores to acc[4s+r] the per-lane partial sums of x row s
 // (stride floats apart) times float32 weight row r over the first n
@@ -111,7 +115,8 @@ func fp8Dot4x1(p0, p1, p2, p3, sp, x unsafe.Pointer, n int, acc *[4][16]float32)
 func fp8Dot4x4(p0, p1, p2, p3, x unsafe.Pointer, n, stride int, acc *[16][16]float32)
 
 // fp8Widen writes the first n (a multiple of 16) dequantised float32
-// weights of the E4M3 row at p to dst, as fp8Dot4x1 computes them.
+// weights of the E4M3 row at p to dst, as fp8Dot4x1 computes them, and
+// prefetches the n bytes from ahead on (the row of the next tile).
 //
 //go:noescape
-func fp8Widen(p, sp unsafe.Pointer, n int, dst unsafe.Pointer)
+func fp8Widen(p, sp unsafe.Pointer, n int, dst unsafe.Pointer, ahead uintptr)

@@ -10,8 +10,11 @@
 // float32 of the dequantised weight (see half.E4M3ToF16). The caller keeps
 // scales below 2^8 so that 256·scale·448 stays far from overflow.
 
-// func fp8Dot4x1(p0, p1, p2, p3, sp, x unsafe.Pointer, n int, acc *[4][16]float32)
-TEXT ·fp8Dot4x1(SB), NOSPLIT, $0-64
+// func fp8Dot4x1(p0, p1, p2, p3, sp, x unsafe.Pointer, n int, acc *[4][16]float32, ahead uintptr)
+//
+// Each iteration prefetches the cache line at ahead + 4·l: over the loop,
+// 4·n bytes, a whole next tile of four rows.
+TEXT ·fp8Dot4x1(SB), NOSPLIT, $0-72
 	MOVQ p0+0(FP), R8
 	MOVQ p1+8(FP), R9
 	MOVQ p2+16(FP), R10
@@ -19,6 +22,7 @@ TEXT ·fp8Dot4x1(SB), NOSPLIT, $0-64
 	MOVQ sp+32(FP), DX
 	MOVQ x+40(FP), SI
 	MOVQ n+48(FP), CX
+	MOVQ ahead+64(FP), R12
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -40,6 +44,7 @@ block1:
 	CMOVQGT CX, BX
 
 loop1:
+	PREFETCHT0 (R12)(AX*4)
 	VPMOVSXBW (R8)(AX*1), Y16
 	VPSLLW $7, Y16, Y16
 	VPANDD Y25, Y16, Y16
@@ -80,16 +85,18 @@ done1:
 	VZEROUPPER
 	RET
 
-// func fp8Widen(p, sp unsafe.Pointer, n int, dst unsafe.Pointer)
+// func fp8Widen(p, sp unsafe.Pointer, n int, dst unsafe.Pointer, ahead uintptr)
 //
 // dst[l] = the float32 of weight l of the E4M3 row at p, scaled by its
 // block's scale (sp, one per 128 elements), for the first n elements (a
 // multiple of 16): the same values the kernels above multiply.
-TEXT ·fp8Widen(SB), NOSPLIT, $0-32
+// Each iteration prefetches the line at ahead + l: the n bytes from ahead on.
+TEXT ·fp8Widen(SB), NOSPLIT, $0-40
 	MOVQ p+0(FP), R8
 	MOVQ sp+8(FP), DX
 	MOVQ n+16(FP), CX
 	MOVQ dst+24(FP), DI
+	MOVQ ahead+32(FP), R12
 	MOVL $0xBFFFBFFF, BX
 	VPBROADCASTD BX, Y25
 	MOVL $0x43800000, BX
@@ -107,6 +114,7 @@ blockw:
 	CMOVQGT CX, BX
 
 loopw:
+	PREFETCHT0 (R12)(AX*1)
 	VPMOVSXBW (R8)(AX*1), Y16
 	VPSLLW $7, Y16, Y16
 	VPANDD Y25, Y16, Y16
