@@ -96,8 +96,51 @@ func splitList(s string) []string {
 	return out
 }
 
-// ConfigName names a configuration's files: tp1-auto, tp1-b15, ...
-func ConfigName(tp int, m Mode) string { return fmt.Sprintf("tp%d-%s", tp, m.Name) }
+// Weights the sweep can run besides the checkpoint's own (""): "fp8", the
+// checkpoint quantised to block-scaled FP8 as ddflash quantize writes it.
+const WeightsFP8 = "fp8"
+
+// ParseWeights reads a comma-separated list of checkpoint (the model's own
+// weights, returned as "") and fp8. The checkpoint is moved first: the
+// other weights' runs are compared with its runs.
+func ParseWeights(s string) ([]string, error) {
+	var out []string
+	for _, f := range splitList(s) {
+		w := f
+		switch f {
+		case "checkpoint":
+			w = ""
+		case WeightsFP8:
+		default:
+			return nil, fmt.Errorf("--weights: %q: want checkpoint (the model's own weights) or fp8 (quantised at load)", f)
+		}
+		if slices.Contains(out, w) {
+			return nil, fmt.Errorf("--weights: %s is listed twice", f)
+		}
+		out = append(out, w)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--weights: give at least one of checkpoint, fp8")
+	}
+	slices.SortStableFunc(out, func(a, b string) int { return boolInt(b == "") - boolInt(a == "") })
+	return out, nil
+}
+
+// Config is one configuration of a sweep, with one result file: a TP
+// degree, the weights ("" for the checkpoint's own) and a decoding mode.
+type Config struct {
+	TP      int
+	Weights string
+	Mode    Mode
+}
+
+// Name names a configuration's files: tp1-auto, tp1-b15, tp1-fp8-auto, ...
+func (c Config) Name() string {
+	if c.Weights == "" {
+		return fmt.Sprintf("tp%d-%s", c.TP, c.Mode.Name)
+	}
+	return fmt.Sprintf("tp%d-%s-%s", c.TP, c.Weights, c.Mode.Name)
+}
 
 // RunKey identifies one run inside a configuration: a workload at one
 // output length and concurrency.
@@ -111,12 +154,17 @@ func (k RunKey) String() string {
 	return fmt.Sprintf("%s-%dtok-c%d", k.Workload, k.MaxTokens, k.Concurrency)
 }
 
-// Plan is a sweep: the Cartesian product of its axes. Each (TP, mode) pair is
-// a configuration with one result file; each (max tokens, workload,
+// Plan is a sweep: the Cartesian product of its axes. Each (TP, weights,
+// mode) triple is a configuration with one result file; each (max tokens, workload,
 // concurrency) triple is a run inside it.
 type Plan struct {
-	TP          []int
-	Modes       []Mode
+	TP    []int
+	Modes []Mode
+	// Weights lists the weights each (TP, mode) pair runs with ("" for the
+	// checkpoint's own; empty means only those). The runs of one pair's
+	// weights are measured interleaved, pass by pass, so that their ratio
+	// holds on a machine whose load changes.
+	Weights     []string
 	Workloads   []*Workload
 	MaxTokens   []int
 	Concurrency []int
@@ -144,4 +192,26 @@ func (p *Plan) Workload(name string) *Workload {
 		return nil
 	}
 	return p.Workloads[i]
+}
+
+// WeightsList is Weights, or the checkpoint's own alone when it is empty.
+func (p *Plan) WeightsList() []string {
+	if len(p.Weights) == 0 {
+		return []string{""}
+	}
+	return p.Weights
+}
+
+// Configs lists the plan's configurations in the order they run, a (TP,
+// mode) pair's weights together.
+func (p *Plan) Configs() []Config {
+	var out []Config
+	for _, tp := range p.TP {
+		for _, m := range p.Modes {
+			for _, w := range p.WeightsList() {
+				out = append(out, Config{TP: tp, Weights: w, Mode: m})
+			}
+		}
+	}
+	return out
 }

@@ -33,6 +33,45 @@ func TestParseModes(t *testing.T) {
 	}
 }
 
+func TestParseWeightsAndConfigNames(t *testing.T) {
+	w, err := ParseWeights("fp8, checkpoint")
+	if err != nil || !slices.Equal(w, []string{"", WeightsFP8}) {
+		t.Errorf("ParseWeights = %q, %v; want the checkpoint's first", w, err)
+	}
+	for _, bad := range []string{"", "bf16", "fp8,fp8", "checkpoint,checkpoint"} {
+		if _, err := ParseWeights(bad); err == nil || !strings.Contains(err.Error(), "--weights") {
+			t.Errorf("ParseWeights(%q): error %v, want one naming --weights", bad, err)
+		}
+	}
+	b15 := Mode{Name: "b15", Kind: "ddtree", Budget: 15}
+	for _, c := range []struct {
+		config Config
+		name   string
+	}{
+		{Config{TP: 1, Mode: b15}, "tp1-b15"},
+		{Config{TP: 2, Weights: WeightsFP8, Mode: b15}, "tp2-fp8-b15"},
+	} {
+		if got := c.config.Name(); got != c.name {
+			t.Errorf("%+v: name %q, want %q", c.config, got, c.name)
+		}
+	}
+	plan := &Plan{TP: []int{1, 2}, Modes: []Mode{{Name: "auto", Kind: "auto"}, b15}, Weights: w}
+	var names []string
+	for _, c := range plan.Configs() {
+		names = append(names, c.Name())
+	}
+	if want := []string{"tp1-auto", "tp1-fp8-auto", "tp1-b15", "tp1-fp8-b15", "tp2-auto", "tp2-fp8-auto", "tp2-b15", "tp2-fp8-b15"}; !slices.Equal(names, want) {
+		t.Errorf("configurations %v, want %v (a mode's weights together)", names, want)
+	}
+	one := &Plan{TP: []int{1}, Modes: []Mode{b15}, Weights: w}
+	if err := (&OpenAI{}).Validate(one); err == nil || !strings.Contains(err.Error(), "--weights") {
+		t.Errorf("a server given FP8 weights: %v", err)
+	}
+	if one.Weights = nil; (&OpenAI{}).Validate(one) != nil {
+		t.Error("a server refused its own weights")
+	}
+}
+
 func TestParseInts(t *testing.T) {
 	if v, err := ParseInts("tp", "1, 2,8"); err != nil || !slices.Equal(v, []int{1, 2, 8}) {
 		t.Errorf("ParseInts = %v, %v", v, err)

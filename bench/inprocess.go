@@ -55,15 +55,23 @@ func (c ChatPrompter) Text(tokens []int32) (string, error) { return c.Dir.Decode
 // drafter when any mode speculates; Open switches the engine's spec mode
 // while no request is in flight.
 type InProcess struct {
-	Load     func(tp int) (*engine.Engine, error)
+	// Load loads the target split over tp ranks with weights ("" for the
+	// checkpoint's own, or a Plan.Weights value).
+	Load     func(tp int, weights string) (*engine.Engine, error)
 	Prompter Prompter
 	Rollback mamba.Strategy
 	Threads  int    // 0: all cores
 	Device   string // the backend's name, for the record
 
-	// The latest degree's engine (or why it failed to load): the previous
-	// one is closed before the next loads, so one is in memory at a time.
-	tp     int
+	// The latest degree's engines by weights (or why one failed to load):
+	// a degree's engines are closed before the next degree's load, so one
+	// degree's are in memory at a time (all its weights: their runs
+	// interleave).
+	tp      int
+	engines map[string]loaded
+}
+
+type loaded struct {
 	engine *engine.Engine
 	err    error
 }
@@ -71,29 +79,34 @@ type InProcess struct {
 // Info implements Backend.
 func (p *InProcess) Info() BackendInfo { return BackendInfo{Kind: "in-process"} }
 
-// engineFor returns the engine of a tensor-parallel degree, loading it on first use.
-func (p *InProcess) engineFor(tp int) (*engine.Engine, error) {
-	if p.tp == tp && (p.engine != nil || p.err != nil) {
-		return p.engine, p.err
+// engineFor returns the engine of a configuration's degree and weights,
+// loading it on first use.
+func (p *InProcess) engineFor(c Config) (*engine.Engine, error) {
+	if p.tp != c.TP {
+		for _, l := range p.engines {
+			if l.engine != nil {
+				l.engine.Close() // its device memory goes back before the next degree loads
+			}
+		}
+		p.tp, p.engines = c.TP, map[string]loaded{}
 	}
-	if p.engine != nil {
-		p.engine.Close() // its device memory goes back before the next degree loads
+	l, ok := p.engines[c.Weights]
+	if !ok {
+		l.engine, l.err = p.Load(c.TP, c.Weights)
+		p.engines[c.Weights] = l
 	}
-	p.engine, p.err = p.Load(tp)
-	p.tp = tp
-	return p.engine, p.err
+	return l.engine, l.err
 }
 
 // Validate implements Backend. Degrees are checked when their engine loads
 // (a degree that does not divide the model becomes that configuration's
 // recorded failure); here only what a loaded engine already tells.
 func (p *InProcess) Validate(plan *Plan) error {
-	if p.engine == nil {
-		return nil
-	}
-	for _, m := range plan.Modes {
-		if m.Kind != "auto" && p.engine.Drafter == nil {
-			return fmt.Errorf("mode %s speculates and needs a drafter: give --draft DIR, or --modes auto", m.Name)
+	for _, l := range p.engines {
+		for _, m := range plan.Modes {
+			if l.engine != nil && m.Kind != "auto" && l.engine.Drafter == nil {
+				return fmt.Errorf("mode %s speculates and needs a drafter: give --draft DIR, or --modes auto", m.Name)
+			}
 		}
 	}
 	return nil
@@ -112,12 +125,13 @@ func (p *InProcess) spec(m Mode) engine.SpecOptions {
 
 // Knobs implements Backend. It loads the degree's engine to read its sizes;
 // when that fails the knobs lack them and Open reports the error.
-func (p *InProcess) Knobs(tp int, m Mode) Knobs {
-	k := Knobs{TP: tp, Mode: m.Name, Spec: m.Kind, Budget: m.Budget, Threads: p.Threads, Device: p.Device}
+func (p *InProcess) Knobs(c Config) Knobs {
+	m := c.Mode
+	k := Knobs{TP: c.TP, Mode: m.Name, Spec: m.Kind, Budget: m.Budget, Weights: c.Weights, Threads: p.Threads, Device: p.Device}
 	if k.Threads <= 0 {
 		k.Threads = runtime.NumCPU()
 	}
-	e, err := p.engineFor(tp)
+	e, err := p.engineFor(c)
 	if err != nil {
 		return k
 	}
@@ -133,12 +147,13 @@ func (p *InProcess) Knobs(tp int, m Mode) Knobs {
 }
 
 // Open implements Backend: it sets the engine's spec mode and starts a scheduler.
-func (p *InProcess) Open(tp int, m Mode) (Target, error) {
-	e, err := p.engineFor(tp)
+func (p *InProcess) Open(c Config) (Target, error) {
+	e, err := p.engineFor(c)
 	if err != nil {
 		return nil, err
 	}
-	if err := p.Validate(&Plan{TP: []int{tp}, Modes: []Mode{m}}); err != nil {
+	m := c.Mode
+	if err := p.Validate(&Plan{TP: []int{c.TP}, Modes: []Mode{m}}); err != nil {
 		return nil, err
 	}
 	e.Spec = p.spec(m)

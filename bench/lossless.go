@@ -13,10 +13,10 @@ import "fmt"
 func greedySpec(k Knobs) bool { return k.Spec != "auto" && k.Temperature == 0 }
 
 // baselineOf finds the autoregressive run that a run's outputs are compared
-// with: the same TP degree and run key.
-func baselineOf(records []*Record, tp int, key RunKey) *Run {
+// with: the same TP degree, weights and run key.
+func baselineOf(records []*Record, k Knobs, key RunKey) *Run {
 	for _, r := range records {
-		if r.Setup.Knobs.Spec != "auto" || r.Setup.Knobs.TP != tp {
+		if b := r.Setup.Knobs; b.Spec != "auto" || b.TP != k.TP || b.Weights != k.Weights {
 			continue
 		}
 		for i := range r.Runs {
@@ -35,7 +35,7 @@ func lossless(records []*Record, k Knobs, run *Run) *bool {
 	if !greedySpec(k) {
 		return nil
 	}
-	base := baselineOf(records, k.TP, run.RunKey)
+	base := baselineOf(records, k, run.RunKey)
 	if base == nil {
 		return nil
 	}
@@ -54,6 +54,7 @@ func lossyRuns(records []*Record, r *Record) []string {
 	return out
 }
 
-func lossyProblem(tp int, runs []string) string {
-	return fmt.Sprintf("LOSSY: greedy outputs differ from tp%d-auto on %v (speculative decoding must reproduce autoregressive output token for token)", tp, runs)
+func lossyProblem(k Knobs, runs []string) string {
+	base := Config{TP: k.TP, Weights: k.Weights, Mode: Mode{Name: "auto"}}
+	return fmt.Sprintf("LOSSY: greedy outputs differ from %s on %v (speculative decoding must reproduce autoregressive output token for token)", base.Name(), runs)
 }

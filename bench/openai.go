@@ -103,16 +103,19 @@ func (o *OpenAI) Validate(p *Plan) error {
 	if len(p.Modes) != 1 || len(p.TP) != 1 {
 		return errors.New("--url: a server's decoding and TP degree are fixed when it starts, so give one --modes label and one --tp label per run (and one --out per server)")
 	}
+	if w := p.WeightsList(); len(w) != 1 || w[0] != "" {
+		return errors.New("--url: a server's weights are fixed when it starts; --weights needs an in-process target (--model)")
+	}
 	return nil
 }
 
 // Knobs implements Backend; the server's own settings are not visible here.
-func (o *OpenAI) Knobs(tp int, m Mode) Knobs {
-	return Knobs{TP: tp, Mode: m.Name, Spec: m.Kind, Budget: m.Budget}
+func (o *OpenAI) Knobs(c Config) Knobs {
+	return Knobs{TP: c.TP, Mode: c.Mode.Name, Spec: c.Mode.Kind, Budget: c.Mode.Budget}
 }
 
 // Open implements Backend.
-func (o *OpenAI) Open(int, Mode) (Target, error) { return o, nil }
+func (o *OpenAI) Open(Config) (Target, error) { return o, nil }
 
 // Close implements Target.
 func (o *OpenAI) Close() error { return nil }

@@ -107,7 +107,10 @@ type FileSum struct {
 type Knobs struct {
 	TP   int    `json:"tp"`
 	Mode string `json:"mode"` // the mode's name: auto, linear, b15
-	Spec string `json:"spec"` // auto, linear or ddtree
+	// Weights is "" for the checkpoint's own weights, fp8 for the
+	// checkpoint quantised at load (Plan.Weights).
+	Weights string `json:"weights,omitempty"`
+	Spec    string `json:"spec"` // auto, linear or ddtree
 	// Budget is the nodes verified per step beyond the root: the tree budget,
 	// the chain's drafts for linear (block size - 1), 0 for the baseline.
 	Budget         int     `json:"budget"`

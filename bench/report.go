@@ -18,8 +18,13 @@ type Row struct {
 	Knobs  Knobs
 	Run    Run
 	// Speedup is over the same directory's autoregressive run with the same
-	// workload, length and concurrency; nil without one.
+	// TP degree, weights, workload, length and concurrency; nil without one.
 	Speedup *float64
+	// VsCheckpoint, for a run on other than the checkpoint's own weights
+	// (Knobs.Weights), is its decode speedup (TPOT ratio, as Speedup) over
+	// the same directory's run of the same configuration on the
+	// checkpoint's weights; nil otherwise.
+	VsCheckpoint *float64
 	// Lossless says whether a greedy speculative run's outputs equal that
 	// baseline's; nil when not compared (sampling, no baseline, the baseline).
 	Lossless *bool
@@ -73,9 +78,16 @@ func LoadResults(dirs []string) (*Results, error) {
 		for i := range rows {
 			rows[i].Lossless = lossless(records, rows[i].Knobs, &rows[i].Run)
 			rows[i].Speedup = rows[i].Run.Metrics.Speedup
+			k := rows[i].Knobs
 			for _, b := range rows {
-				if b.Knobs.Spec == "auto" && b.Knobs.TP == rows[i].Knobs.TP && b.Run.RunKey == rows[i].Run.RunKey {
+				if b.Knobs.TP != k.TP || b.Run.RunKey != rows[i].Run.RunKey {
+					continue
+				}
+				if b.Knobs.Spec == "auto" && b.Knobs.Weights == k.Weights {
 					rows[i].Speedup = speedup(&b.Run.Metrics, &rows[i].Run.Metrics)
+				}
+				if k.Weights != "" && b.Knobs.Weights == "" && b.Knobs.Mode == k.Mode {
+					rows[i].VsCheckpoint = speedup(&b.Run.Metrics, &rows[i].Run.Metrics)
 				}
 			}
 		}
@@ -105,6 +117,7 @@ func compareRows(a, b Row) int {
 		cmp.Compare(a.Source, b.Source), cmp.Compare(a.Run.Workload, b.Run.Workload),
 		cmp.Compare(a.Run.MaxTokens, b.Run.MaxTokens), cmp.Compare(a.Run.Concurrency, b.Run.Concurrency),
 		cmp.Compare(a.Knobs.TP, b.Knobs.TP), cmp.Compare(ak, bk), cmp.Compare(ab, bb),
+		cmp.Compare(a.Knobs.Weights, b.Knobs.Weights),
 	)
 }
 
@@ -117,8 +130,11 @@ func optFloat(v *float64, format string) string {
 
 // Markdown writes the results table, failures and skipped files below it.
 func (r *Results) Markdown(w io.Writer) {
-	multi := r.multiSource()
+	multi, weights := r.multiSource(), r.otherWeights()
 	head := "| TP | mode | workload | max tokens | conc. | tok/s | per-user tok/s | τ | accept | speedup | TTFT ms | TPOT ms |"
+	if weights {
+		head = strings.Replace(head, "| mode |", "| weights | mode |", 1) + " vs checkpoint |"
+	}
 	if multi {
 		head = "| source " + head
 	}
@@ -137,10 +153,18 @@ func (r *Results) Markdown(w io.Writer) {
 		if row.lossy() {
 			speed = "LOSSY"
 		}
-		fmt.Fprintf(w, "| %d | %s | %s | %d | %d | %.1f | %.1f | %s | %s | %s | %.1f | %.2f |\n",
-			row.Knobs.TP, row.Knobs.Mode, row.Run.Workload, row.Run.MaxTokens, row.Run.Concurrency,
+		fmt.Fprintf(w, "| %d | ", row.Knobs.TP)
+		if weights {
+			fmt.Fprintf(w, "%s | ", row.weights())
+		}
+		fmt.Fprintf(w, "%s | %s | %d | %d | %.1f | %.1f | %s | %s | %s | %.1f | %.2f |",
+			row.Knobs.Mode, row.Run.Workload, row.Run.MaxTokens, row.Run.Concurrency,
 			m.OutputThroughput, m.PerUserTokS, optFloat(m.AcceptanceLength, "%.2f"), rate,
 			speed, m.TTFT.Mean, m.TPOT.Mean)
+		if weights {
+			fmt.Fprintf(w, " %s |", optFloat(row.VsCheckpoint, "%.2fx"))
+		}
+		fmt.Fprintln(w)
 	}
 	if lossy := slices.DeleteFunc(slices.Clone(r.Rows), func(row Row) bool { return !row.lossy() }); len(lossy) > 0 {
 		fmt.Fprintln(w, "\n**Lossy runs (greedy outputs differ from autoregressive decoding's; their speed is not a result):**")
@@ -164,6 +188,14 @@ func (r *Results) Markdown(w io.Writer) {
 
 func (row *Row) lossy() bool { return row.Lossless != nil && !*row.Lossless }
 
+// weights names the row's weights as --weights does.
+func (row *Row) weights() string { return cmp.Or(row.Knobs.Weights, "checkpoint") }
+
+// otherWeights reports whether some row ran on other than the checkpoint's weights.
+func (r *Results) otherWeights() bool {
+	return slices.ContainsFunc(r.Rows, func(row Row) bool { return row.Knobs.Weights != "" })
+}
+
 func (r *Results) multiSource() bool {
 	return slices.ContainsFunc(r.Rows, func(row Row) bool { return row.Source != r.Rows[0].Source })
 }
@@ -178,17 +210,17 @@ func (r *Results) CSV(w io.Writer) error {
 		}
 		return f(*v)
 	}
-	cw.Write([]string{"source", "config", "tp", "mode", "spec", "budget", "workload", "max_tokens", "concurrency",
+	cw.Write([]string{"source", "config", "tp", "weights", "mode", "spec", "budget", "workload", "max_tokens", "concurrency",
 		"enable_thinking", "requests", "output_tokens", "output_throughput", "per_user_tok_s",
 		"ttft_ms_mean", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p99", "itl_chunk_ms_mean", "itl_token_ms_mean",
-		"acceptance_length", "acceptance_rate", "speedup", "lossless"})
+		"acceptance_length", "acceptance_rate", "speedup", "vs_checkpoint", "lossless"})
 	for _, row := range r.Rows {
 		m, k := &row.Run.Metrics, row.Knobs
-		cw.Write([]string{row.Source, row.Config, strconv.Itoa(k.TP), k.Mode, k.Spec, strconv.Itoa(k.Budget),
+		cw.Write([]string{row.Source, row.Config, strconv.Itoa(k.TP), row.weights(), k.Mode, k.Spec, strconv.Itoa(k.Budget),
 			row.Run.Workload, strconv.Itoa(row.Run.MaxTokens), strconv.Itoa(row.Run.Concurrency),
 			strconv.FormatBool(row.Run.EnableThinking), strconv.Itoa(row.Run.Completed), strconv.Itoa(row.Run.OutputTokens),
 			f(m.OutputThroughput), f(m.PerUserTokS), f(m.TTFT.Mean), f(m.TTFT.P99), f(m.TPOT.Mean), f(m.TPOT.P99),
-			f(m.ITLChunk.Mean), f(m.ITLToken.Mean), opt(m.AcceptanceLength), opt(m.AcceptanceRate), opt(row.Speedup), optBool(row.Lossless)})
+			f(m.ITLChunk.Mean), f(m.ITLToken.Mean), opt(m.AcceptanceLength), opt(m.AcceptanceRate), opt(row.Speedup), opt(row.VsCheckpoint), optBool(row.Lossless)})
 	}
 	cw.Flush()
 	return cw.Error()
@@ -212,6 +244,9 @@ func (r *Results) Benchstat(w io.Writer) {
 	for _, row := range r.Rows {
 		name := fmt.Sprintf("BenchmarkDecode/workload=%s/max_tokens=%d/concurrency=%d/tp=%d/mode=%s",
 			row.Run.Workload, row.Run.MaxTokens, row.Run.Concurrency, row.Knobs.TP, row.Knobs.Mode)
+		if row.Knobs.Weights != "" {
+			name += "/weights=" + row.Knobs.Weights
+		}
 		if multi {
 			name += "/source=" + strings.ReplaceAll(filepath.Base(row.Source), " ", "_")
 		}

@@ -17,64 +17,106 @@ type measuredRun struct {
 	trace []TraceRequest
 }
 
-// run measures one run. A run that cannot be measured returns a failure;
-// err is set only when the sweep must stop (interrupted).
-func (s *sweeper) run(ctx context.Context, t Target, key RunKey) (*measuredRun, *RunFailure, error) {
+// runResult is one target's outcome of a run: a valid run, or a failure.
+type runResult struct {
+	run     *measuredRun
+	failure *RunFailure
+}
+
+// runs measures one run on each target, their passes interleaved (every
+// target's warmup, then every target's first pass, and so on), so that the
+// targets' ratios hold while the machine's load changes. A target's run that
+// cannot be measured gets a failure; err is set only when the sweep must
+// stop (interrupted).
+func (s *sweeper) runs(ctx context.Context, targets []Target, key RunKey) ([]runResult, error) {
 	plan := s.o.Plan
 	convs := plan.Workload(key.Workload).passConversations(key.Concurrency)
 	requested := plan.Repeats * s.requests(key)
+	type state struct {
+		t        Target
+		before   *SpecCounter
+		run      *measuredRun
+		tel      Telemetry
+		passes   []pass
+		firstErr error
+		result   runResult
+	}
+	states := make([]*state, len(targets))
+	for i, t := range targets {
+		states[i] = &state{t: t}
+	}
 	failure := func(err error, completed, failed int) *RunFailure {
 		return &RunFailure{RunKey: key, At: now(), Error: err.Error(), Requested: requested, Completed: completed, Failed: failed}
 	}
-	for range plan.Warmup {
-		if _, err := s.generate(ctx, t, []Message{{Role: "user", Content: convs[0][0]}}, key.MaxTokens); err != nil {
-			if ctx.Err() != nil {
-				return nil, nil, interrupted(ctx)
+	measuring := func(st *state) bool { return st.result.failure == nil && st.firstErr == nil }
+	for _, st := range states {
+		for range plan.Warmup {
+			if _, err := s.generate(ctx, st.t, []Message{{Role: "user", Content: convs[0][0]}}, key.MaxTokens); err != nil {
+				if ctx.Err() != nil {
+					return nil, interrupted(ctx)
+				}
+				st.result.failure = failure(fmt.Errorf("warmup request: %w", err), 0, 0)
+				break
 			}
-			return nil, failure(fmt.Errorf("warmup request: %w", err), 0, 0), nil
+			s.progress.add(float64(key.MaxTokens))
 		}
-		s.progress.add(float64(key.MaxTokens))
 	}
-	before, err := t.SpecCounters(ctx)
-	if err != nil {
-		return nil, failure(fmt.Errorf("read spec-decode counters: %w", err), 0, 0), nil
+	for _, st := range states {
+		if !measuring(st) {
+			continue
+		}
+		var err error
+		if st.before, err = st.t.SpecCounters(ctx); err != nil {
+			st.result.failure = failure(fmt.Errorf("read spec-decode counters: %w", err), 0, 0)
+			continue
+		}
+		st.run = &measuredRun{Run: Run{RunKey: key, EnableThinking: s.o.Thinking, Started: now(), Requested: requested}}
+		st.tel.Before, st.tel.Note = telemetry(s.o.GPUs)
 	}
-	run := &measuredRun{Run: Run{RunKey: key, EnableThinking: s.o.Thinking, Started: now(), Requested: requested}}
-	var tel Telemetry
-	tel.Before, tel.Note = telemetry(s.o.GPUs)
-	var passes []pass
-	var firstErr error
 	for p := range plan.Repeats {
-		ps, nfailed, err := s.pass(ctx, t, convs, key)
-		if ctx.Err() != nil {
-			return nil, nil, interrupted(ctx)
-		}
-		run.Failed += nfailed
-		run.Completed += len(ps.reqs)
-		if err != nil && firstErr == nil {
-			firstErr = err
-		}
-		if ps.specAfter, err = t.SpecCounters(ctx); err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("read spec-decode counters: %w", err)
-		}
-		for i := range ps.reqs {
-			ps.reqs[i].pass = p
-		}
-		passes = append(passes, ps)
-		if firstErr != nil {
-			break // the run has failed; more passes would only wait on the same fault
+		for _, st := range states {
+			if !measuring(st) {
+				continue // the run has failed; more passes would only wait on the same fault
+			}
+			ps, nfailed, err := s.pass(ctx, st.t, convs, key)
+			if ctx.Err() != nil {
+				return nil, interrupted(ctx)
+			}
+			st.run.Failed += nfailed
+			st.run.Completed += len(ps.reqs)
+			st.firstErr = err
+			if ps.specAfter, err = st.t.SpecCounters(ctx); err != nil && st.firstErr == nil {
+				st.firstErr = fmt.Errorf("read spec-decode counters: %w", err)
+			}
+			for i := range ps.reqs {
+				ps.reqs[i].pass = p
+			}
+			st.passes = append(st.passes, ps)
 		}
 	}
-	tel.After, _ = telemetry(s.o.GPUs)
+	results := make([]runResult, len(states))
+	for i, st := range states {
+		if st.result.failure == nil {
+			st.tel.After, _ = telemetry(s.o.GPUs)
+			st.result = finishRun(st.run, st.passes, st.before, st.firstErr, st.tel, requested, failure)
+		}
+		results[i] = st.result
+	}
+	return results, nil
+}
+
+// finishRun computes a run's metrics from its passes, or the failure that
+// makes it no result.
+func finishRun(run *measuredRun, passes []pass, before *SpecCounter, firstErr error, tel Telemetry, requested int, failure func(error, int, int) *RunFailure) runResult {
 	if firstErr != nil || run.Completed != requested {
 		if firstErr == nil {
 			firstErr = errors.New("requests went missing")
 		}
-		return nil, failure(fmt.Errorf("%d of %d requests completed, %d failed; first error: %w", run.Completed, requested, run.Failed, firstErr), run.Completed, run.Failed), nil
+		return runResult{failure: failure(fmt.Errorf("%d of %d requests completed, %d failed; first error: %w", run.Completed, requested, run.Failed, firstErr), run.Completed, run.Failed)}
 	}
 	run.Metrics, run.Samples = computeMetrics(passes, before)
 	if tput := run.Metrics.OutputThroughput; !(tput > 0) || math.IsInf(tput, 0) {
-		return nil, failure(fmt.Errorf("output throughput %v tok/s: nothing was generated", tput), run.Completed, 0), nil
+		return runResult{failure: failure(fmt.Errorf("output throughput %v tok/s: nothing was generated", tput), run.Completed, 0)}
 	}
 	var all []measured
 	for _, p := range passes {
@@ -92,7 +134,7 @@ func (s *sweeper) run(ctx context.Context, t Target, key RunKey) (*measuredRun, 
 	}
 	run.OutputsSHA256 = outputsHash(all)
 	run.Telemetry = tel
-	return run, nil, nil
+	return runResult{run: run}
 }
 
 func interrupted(ctx context.Context) error {

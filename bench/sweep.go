@@ -53,15 +53,14 @@ func Sweep(ctx context.Context, o Options) (*Summary, error) {
 	if err := o.Backend.Validate(o.Plan); err != nil {
 		return nil, err
 	}
-	s := &sweeper{o: o, records: map[string]*Record{}, baselines: map[int]*Record{}}
+	s := &sweeper{o: o, records: map[string]*Record{}, baselines: map[Config]*Record{}}
 	if err := s.prepare(); err != nil {
 		return nil, err
 	}
-	for _, tp := range o.Plan.TP {
-		for _, m := range o.Plan.Modes {
-			if err := s.config(ctx, tp, m); err != nil {
-				return &s.sum, err
-			}
+	configs, weights := o.Plan.Configs(), len(o.Plan.WeightsList())
+	for i := 0; i < len(configs); i += weights {
+		if err := s.group(ctx, configs[i:i+weights]); err != nil {
+			return &s.sum, err
 		}
 	}
 	if n := len(s.sum.Failed); n > 0 {
@@ -75,7 +74,7 @@ type sweeper struct {
 	o         Options
 	base      Setup              // the setup shared by every configuration
 	records   map[string]*Record // by configuration, as on disk
-	baselines map[int]*Record    // the auto record per TP degree
+	baselines map[Config]*Record // the auto record by baselineKey
 	progress  *progress
 	sum       Summary
 }
@@ -85,13 +84,15 @@ func now() time.Time { return time.Now().UTC() }
 // configs names the plan's configurations.
 func (s *sweeper) configs() []string {
 	var names []string
-	for _, tp := range s.o.Plan.TP {
-		for _, m := range s.o.Plan.Modes {
-			names = append(names, ConfigName(tp, m))
-		}
+	for _, c := range s.o.Plan.Configs() {
+		names = append(names, c.Name())
 	}
 	return names
 }
+
+// baselineKey keys a configuration's autoregressive baseline: the same TP
+// degree and weights.
+func baselineKey(c Config) Config { return Config{TP: c.TP, Weights: c.Weights} }
 
 // prepare checks the results directory against the plan, reads what a
 // previous invocation left, describes the environment and sizes the progress.
@@ -128,31 +129,29 @@ func (s *sweeper) prepare() error {
 		}
 	}
 	total, runs := 0.0, 0
-	for _, tp := range plan.TP {
-		for _, m := range plan.Modes {
-			name := ConfigName(tp, m)
-			rec, err := st.ReadRecord(name)
-			if err != nil {
-				return fmt.Errorf("%w\ndelete that file to measure the configuration again", err)
+	for _, c := range plan.Configs() {
+		name := c.Name()
+		rec, err := st.ReadRecord(name)
+		if err != nil {
+			return fmt.Errorf("%w\ndelete that file to measure the configuration again", err)
+		}
+		if rec != nil {
+			if diff := setupDiff(rec.Setup, s.setup(c)); len(diff) > 0 {
+				return fmt.Errorf("%s was measured with a different setup (%s differ); resuming would mix incomparable numbers: use another --out, or delete it to measure again",
+					st.resultPath(name), strings.Join(diff, ", "))
 			}
-			if rec != nil {
-				if diff := setupDiff(rec.Setup, s.setup(tp, m)); len(diff) > 0 {
-					return fmt.Errorf("%s was measured with a different setup (%s differ); resuming would mix incomparable numbers: use another --out, or delete it to measure again",
-						st.resultPath(name), strings.Join(diff, ", "))
-				}
-				s.records[name] = rec
-				if m.Kind == "auto" {
-					s.baselines[tp] = rec
-				}
+			s.records[name] = rec
+			if c.Mode.Kind == "auto" {
+				s.baselines[baselineKey(c)] = rec
 			}
-			for _, key := range plan.Runs() {
-				if rec.has(key) {
-					s.sum.Skipped++
-					continue
-				}
-				total += s.runUnits(key)
-				runs++
+		}
+		for _, key := range plan.Runs() {
+			if rec.has(key) {
+				s.sum.Skipped++
+				continue
 			}
+			total += s.runUnits(key)
+			runs++
 		}
 	}
 	s.progress = newProgress(s.o.Log, total, runs)
@@ -186,9 +185,9 @@ func (s *sweeper) baseSetup() (Setup, error) {
 }
 
 // setup is a configuration's full setup: the shared part and its knobs.
-func (s *sweeper) setup(tp int, m Mode) Setup {
+func (s *sweeper) setup(c Config) Setup {
 	set := s.base
-	k := s.o.Backend.Knobs(tp, m)
+	k := s.o.Backend.Knobs(c)
 	k.Temperature, k.Seed, k.IgnoreEOS, k.EnableThinking, k.RawPrompts = s.o.Temperature, s.o.Seed, s.o.IgnoreEOS, s.o.Thinking, s.o.Raw
 	k.Repeats, k.Warmup = s.o.Plan.Repeats, s.o.Plan.Warmup
 	set.Knobs = k
@@ -251,63 +250,113 @@ func (s *sweeper) runUnits(key RunKey) float64 {
 	return float64((s.o.Plan.Warmup + s.o.Plan.Repeats*s.requests(key)) * key.MaxTokens)
 }
 
-// config measures a configuration's unfinished runs, saving each at once.
-func (s *sweeper) config(ctx context.Context, tp int, m Mode) error {
-	name := ConfigName(tp, m)
-	rec := s.records[name]
-	var todo []RunKey
-	for _, key := range s.o.Plan.Runs() {
-		if !rec.has(key) {
-			todo = append(todo, key)
+// member is a configuration of a group being measured.
+type member struct {
+	c      Config
+	rec    *Record // nil until its first run is saved
+	fail   *Failure
+	target Target
+}
+
+// group measures the unfinished runs of one (TP, mode) pair's
+// configurations, one per weights: each run's passes alternate between
+// them (runs), and each finished run is saved at once.
+func (s *sweeper) group(ctx context.Context, cs []Config) error {
+	var members []*member
+	for _, c := range cs {
+		m := &member{c: c, rec: s.records[c.Name()]}
+		todo := slices.DeleteFunc(s.o.Plan.Runs(), m.rec.has)
+		if len(todo) == 0 {
+			continue
 		}
-	}
-	if len(todo) == 0 {
-		return nil
-	}
-	setup := s.setup(tp, m)
-	fail := &Failure{Head: Head{Schema: FailureSchema, Config: name, Setup: setup, Argv: s.o.Argv}}
-	target, err := s.o.Backend.Open(tp, m)
-	if err != nil {
-		for _, key := range todo {
-			s.progress.finish(s.progress.position() + s.runUnits(key))
-			if err := s.failed(fail, RunFailure{RunKey: key, At: now(), Error: err.Error()}); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	defer target.Close()
-	for _, key := range todo {
-		label := name + " " + key.String()
-		s.progress.begin(label)
-		end := s.progress.position() + s.runUnits(key)
-		run, rf, err := s.run(ctx, target, key)
-		s.progress.finish(end)
+		m.fail = &Failure{Head: Head{Schema: FailureSchema, Config: c.Name(), Setup: s.setup(c), Argv: s.o.Argv}}
+		target, err := s.o.Backend.Open(c)
 		if err != nil {
-			return err
-		}
-		if rf != nil {
-			if err := s.failed(fail, *rf); err != nil {
-				return err
+			for _, key := range todo {
+				s.progress.finish(s.progress.position() + s.runUnits(key))
+				if err := s.failed(m.fail, RunFailure{RunKey: key, At: now(), Error: err.Error()}); err != nil {
+					return err
+				}
 			}
 			continue
 		}
-		if run.Trace, err = s.o.Store.WriteTrace(name, key, run.trace); err != nil {
-			return err
-		}
-		if rec == nil {
-			rec = &Record{Head: Head{Schema: ResultSchema, Config: name, Setup: setup}, Created: now()}
-		}
-		if err := s.save(rec, tp, m, run); err != nil {
-			return err
-		}
-		s.sum.Saved++
-		s.progress.printf("saved %s %s: %.1f tok/s%s", name, key, run.Metrics.OutputThroughput, tauText(run.Metrics.AcceptanceLength))
+		defer target.Close()
+		m.target = target
+		members = append(members, m)
 	}
-	if len(fail.Failures) == 0 {
-		return s.o.Store.ClearFailure(name)
+	for _, key := range s.o.Plan.Runs() {
+		var todo []*member
+		var targets []Target
+		var names []string
+		for _, m := range members {
+			if !m.rec.has(key) {
+				todo, targets, names = append(todo, m), append(targets, m.target), append(names, m.c.Name())
+			}
+		}
+		if len(todo) == 0 {
+			continue
+		}
+		start := s.progress.position()
+		s.progress.begin(strings.Join(names, "+") + " " + key.String())
+		results, err := s.runs(ctx, targets, key)
+		if err != nil {
+			s.progress.finish(start + float64(len(todo))*s.runUnits(key))
+			return err
+		}
+		for i, m := range todo {
+			s.progress.finish(start + float64(i+1)*s.runUnits(key))
+			if err := s.record(m, key, results[i]); err != nil {
+				return err
+			}
+		}
+	}
+	for _, m := range members {
+		if len(m.fail.Failures) == 0 {
+			if err := s.o.Store.ClearFailure(m.c.Name()); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
+}
+
+// record writes a member's run result: its trace and record, or its failure.
+func (s *sweeper) record(m *member, key RunKey, r runResult) error {
+	name := m.c.Name()
+	if r.failure != nil {
+		return s.failed(m.fail, *r.failure)
+	}
+	run := r.run
+	var err error
+	if run.Trace, err = s.o.Store.WriteTrace(name, key, run.trace); err != nil {
+		return err
+	}
+	if m.rec == nil {
+		m.rec = &Record{Head: Head{Schema: ResultSchema, Config: name, Setup: m.fail.Setup}, Created: now()}
+	}
+	if err := s.save(m.rec, m.c, run); err != nil {
+		return err
+	}
+	s.sum.Saved++
+	s.progress.printf("saved %s %s: %.1f tok/s%s%s", name, key, run.Metrics.OutputThroughput, tauText(run.Metrics.AcceptanceLength), s.weightsText(m.c, &run.Run))
+	return nil
+}
+
+// weightsText compares a run with other than the checkpoint's weights with
+// the same configuration's run on the checkpoint's weights (TPOT ratio).
+func (s *sweeper) weightsText(c Config, run *Run) string {
+	if c.Weights == "" {
+		return ""
+	}
+	base := s.records[Config{TP: c.TP, Mode: c.Mode}.Name()]
+	if base == nil {
+		return ""
+	}
+	i := slices.IndexFunc(base.Runs, func(b Run) bool { return b.RunKey == run.RunKey })
+	if i < 0 {
+		return ""
+	}
+	return ", " + optFloat(speedup(&base.Runs[i].Metrics, &run.Metrics), "%.2fx") + " the checkpoint's weights' decode speed"
 }
 
 func tauText(tau *float64) string {
@@ -326,13 +375,13 @@ func (s *sweeper) failed(f *Failure, rf RunFailure) error {
 	return s.o.Store.WriteFailure(f)
 }
 
-// save adds a run to the record, with its speedup over the baseline, and
-// writes the record.
-func (s *sweeper) save(rec *Record, tp int, m Mode, run *measuredRun) error {
-	if m.Kind == "auto" {
-		s.baselines[tp] = rec
+// save adds a run to the record, with its speedup over the baseline (the
+// same degree and weights' autoregressive run), and writes the record.
+func (s *sweeper) save(rec *Record, c Config, run *measuredRun) error {
+	if c.Mode.Kind == "auto" {
+		s.baselines[baselineKey(c)] = rec
 		run.Metrics.Speedup = speedup(&run.Metrics, &run.Metrics)
-	} else if base := s.baselines[tp]; base != nil {
+	} else if base := s.baselines[baselineKey(c)]; base != nil {
 		if i := slices.IndexFunc(base.Runs, func(b Run) bool { return b.RunKey == run.RunKey }); i >= 0 {
 			run.Metrics.Speedup = speedup(&base.Runs[i].Metrics, &run.Metrics)
 		}

@@ -6,10 +6,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"ddflash/dflash"
 	"ddflash/engine"
+	"ddflash/engine/fp8"
 	"ddflash/engine/testmodel"
 	"ddflash/kernels"
 	"ddflash/kernels/cpu"
@@ -39,24 +41,29 @@ func tinyPair(t *testing.T) (model, draft string) {
 // maxBudget nodes (at least the chain) and seqs requests in flight, split
 // over each configuration's tensor-parallel ranks.
 func inProcess(t *testing.T, model, draft string, maxBudget, seqs int) *InProcess {
+	return inProcessWeights(t, map[string]string{"": model}, draft, maxBudget, seqs)
+}
+
+// inProcessWeights is inProcess with the target's checkpoint per weights.
+func inProcessWeights(t *testing.T, models map[string]string, draft string, maxBudget, seqs int) *InProcess {
 	t.Helper()
 	cfg, err := dflash.LoadConfig(draft)
 	if err != nil {
 		t.Fatal(err)
 	}
 	spec := engine.SpecOptions{Mode: engine.SpecTree, Budget: max(maxBudget, cfg.BlockSize-1), Rollback: mamba.Replay}
-	load := func(tp int) (*engine.Engine, error) {
+	load := func(tp int, weights string) (*engine.Engine, error) {
 		backends := make([]kernels.Backend, tp)
 		for i := range backends {
 			backends[i] = cpu.New(1)
 		}
-		e, err := engine.LoadParallel(backends, model, engine.Options{MaxSeqs: seqs, VerifyTokens: spec.Budget + 1})
+		e, err := engine.LoadParallel(backends, models[weights], engine.Options{MaxSeqs: seqs, VerifyTokens: spec.Budget + 1})
 		if err != nil {
 			return nil, err
 		}
 		return e, dflash.Attach(e, draft, spec)
 	}
-	tok, err := tokenizer.LoadDir(model)
+	tok, err := tokenizer.LoadDir(models[""])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,10 +184,10 @@ func TestInProcessRefusesWhatItCannotRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	noDrafter := &InProcess{Prompter: ChatPrompter{Dir: tok}, Load: func(int) (*engine.Engine, error) {
+	noDrafter := &InProcess{Prompter: ChatPrompter{Dir: tok}, Load: func(int, string) (*engine.Engine, error) {
 		return engine.Load(cpu.New(1), model, engine.Options{})
 	}}
-	if _, err := noDrafter.Open(1, Mode{Name: "b4", Kind: "ddtree", Budget: 4}); err == nil || !strings.Contains(err.Error(), "--draft") {
+	if _, err := noDrafter.Open(Config{TP: 1, Mode: Mode{Name: "b4", Kind: "ddtree", Budget: 4}}); err == nil || !strings.Contains(err.Error(), "--draft") {
 		t.Errorf("a spec mode without a drafter: %v", err)
 	}
 }
@@ -262,5 +269,112 @@ func TestInProcessAdaptiveSweepIsLossless(t *testing.T) {
 		if row.Config == "tp1-adaptive" && (row.Lossless == nil || !*row.Lossless) {
 			t.Errorf("%s: lossless %v, want compared and true", row.Run.RunKey, row.Lossless)
 		}
+	}
+}
+
+// loggedBackend records which configuration served each request, in order.
+type loggedBackend struct {
+	*InProcess
+	mu  sync.Mutex
+	log []string
+}
+
+type loggedTarget struct {
+	Target
+	b    *loggedBackend
+	name string
+}
+
+func (b *loggedBackend) Open(c Config) (Target, error) {
+	t, err := b.InProcess.Open(c)
+	return &loggedTarget{Target: t, b: b, name: c.Name()}, err
+}
+
+func (t *loggedTarget) Generate(ctx context.Context, r Request) (*Response, error) {
+	t.b.mu.Lock()
+	t.b.log = append(t.b.log, t.name)
+	t.b.mu.Unlock()
+	return t.Target.Generate(ctx, r)
+}
+
+// TestInProcessWeightsInterleave sweeps the tiny pair on its own weights
+// and on their FP8 form: each mode's two configurations take turns pass by
+// pass, FP8 speculation is lossless against the FP8 baseline (whose
+// outputs are not the checkpoint's), and the report compares every FP8 run
+// with the checkpoint's.
+func TestInProcessWeightsInterleave(t *testing.T) {
+	model, draft := tinyPair(t)
+	quantized := filepath.Join(t.TempDir(), "fp8")
+	if err := fp8.QuantizeCheckpoint(model, quantized); err != nil {
+		t.Fatal(err)
+	}
+	backend := &loggedBackend{InProcess: inProcessWeights(t, map[string]string{"": model, WeightsFP8: quantized}, draft, 6, 1)}
+	plan := testPlan(t, "auto,b6", "fibonacci", []int{10}, []int{1}, 2)
+	var err error
+	if plan.Weights, err = ParseWeights("fp8,checkpoint"); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	sum, err := Sweep(context.Background(), Options{Plan: plan, Backend: backend, Store: Store{Dir: dir}, IgnoreEOS: true, GPUs: &fakeGPUs{}})
+	if err != nil || sum.Saved != 4 {
+		t.Fatalf("sweep: %v, %+v", err, sum)
+	}
+	requests := len(plan.Workloads[0].passConversations(1)) // one turn each
+	var want []string
+	for _, mode := range []string{"auto", "b6"} {
+		want = append(want, "tp1-"+mode, "tp1-fp8-"+mode) // the warmups
+		for range plan.Repeats {
+			for _, name := range []string{"tp1-" + mode, "tp1-fp8-" + mode} {
+				for range requests {
+					want = append(want, name)
+				}
+			}
+		}
+	}
+	if !slices.Equal(backend.log, want) {
+		t.Errorf("requests went to\n%v\nwant them interleaved pass by pass:\n%v", backend.log, want)
+	}
+	st := Store{Dir: dir}
+	auto, err := st.ReadRecord("tp1-auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp8Auto, err := st.ReadRecord("tp1-fp8-auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if auto.Setup.Knobs.Weights != "" || fp8Auto.Setup.Knobs.Weights != WeightsFP8 {
+		t.Errorf("weights knobs %q and %q", auto.Setup.Knobs.Weights, fp8Auto.Setup.Knobs.Weights)
+	}
+	if auto.Runs[0].OutputsSHA256 == fp8Auto.Runs[0].OutputsSHA256 {
+		t.Fatal("FP8 weights gave the checkpoint's outputs: the test cannot tell which baseline speculation is checked against")
+	}
+	if v, err := Verify(dir); err != nil || !v.OK() || len(v.Findings) != 4 {
+		t.Errorf("verify: %+v, %v", v, err)
+	}
+	res, err := LoadResults([]string{dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range res.Rows {
+		if row.Knobs.Spec != "auto" && (row.Lossless == nil || !*row.Lossless) {
+			t.Errorf("%s: lossless %v, want compared with its own weights' baseline and true", row.Config, row.Lossless)
+		}
+		if row.Knobs.Weights == "" {
+			if row.VsCheckpoint != nil {
+				t.Errorf("%s: compared with itself", row.Config)
+			}
+			continue
+		}
+		base := slices.IndexFunc(res.Rows, func(b Row) bool { return b.Knobs.Weights == "" && b.Knobs.Mode == row.Knobs.Mode })
+		want := res.Rows[base].Run.Metrics.TPOT.Mean / row.Run.Metrics.TPOT.Mean
+		if row.VsCheckpoint == nil || *row.VsCheckpoint != want {
+			t.Errorf("%s: vs checkpoint %v, want the checkpoint's TPOT / TPOT = %v", row.Config, row.VsCheckpoint, want)
+		}
+	}
+	var md strings.Builder
+	res.Markdown(&md)
+	if !strings.Contains(md.String(), "| TP | weights | mode |") || !strings.Contains(md.String(), "| 1 | fp8 | b6 |") {
+		t.Errorf("markdown lacks the weights column:\n%s", md.String())
 	}
 }

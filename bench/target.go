@@ -71,6 +71,6 @@ type Backend interface {
 	Validate(p *Plan) error
 	// Knobs returns the backend's own settings for a configuration; the
 	// sweep adds the sampling and plan knobs.
-	Knobs(tp int, m Mode) Knobs
-	Open(tp int, m Mode) (Target, error)
+	Knobs(c Config) Knobs
+	Open(c Config) (Target, error)
 }

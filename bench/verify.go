@@ -89,7 +89,7 @@ func Verify(dir string) (*Verification, error) {
 	for _, r := range valid {
 		if lossy := lossyRuns(valid, r); len(lossy) > 0 {
 			f := finding(r.Config)
-			f.Lossy, f.Problem = true, lossyProblem(r.Setup.Knobs.TP, lossy)
+			f.Lossy, f.Problem = true, lossyProblem(r.Setup.Knobs, lossy)
 		}
 	}
 	for _, c := range failures {

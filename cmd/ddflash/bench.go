@@ -15,6 +15,7 @@ import (
 	"ddflash/bench"
 	"ddflash/dflash"
 	"ddflash/engine"
+	"ddflash/engine/fp8"
 	"ddflash/engine/gpu"
 	"ddflash/mamba"
 	"ddflash/tokenizer"
@@ -43,10 +44,11 @@ func runBenchSweep(args []string) error {
        ddflash bench verify DIR         re-check every result file; say what to rerun
        ddflash bench report [--out PREFIX] DIR...   markdown, CSV, SVG and benchstat output
 
-A sweep measures every (--tp, --modes) configuration on every (--max-tokens,
---workloads, --concurrency) run, in-process on --model/--draft or against an
-OpenAI-compatible server with --url. Each finished run is saved at once
-(DIR/tp1-b15.json); failed runs go to DIR/tp1-b15.failure.json.`)
+A sweep measures every (--tp, --weights, --modes) configuration on every
+(--max-tokens, --workloads, --concurrency) run, in-process on --model/--draft
+or against an OpenAI-compatible server with --url. Each finished run is saved
+at once (DIR/tp1-b15.json, DIR/tp1-fp8-b15.json); failed runs go to
+DIR/tp1-b15.failure.json.`)
 		fs.PrintDefaults()
 	}
 	// The model flags, less --spec, --budget, --max-budget and --tp: a
@@ -61,6 +63,7 @@ OpenAI-compatible server with --url. Each finished run is saved at once
 	})
 	modes := fs.String("modes", "auto,linear,b8,b12,b15,b16,b32,b64", "decoding modes: auto (the baseline), linear (DFlash chain), bN (DDTree, N nodes), adaptive (tree size chosen every step, up to 32 nodes)")
 	tps := fs.String("tp", "1", "tensor-parallel degrees (in-process: each loads the target split over that many ranks; with --url, a label)")
+	weights := fs.String("weights", "checkpoint", "in-process: the target's weights, checkpoint (its own) and/or fp8 (quantised to block-scaled FP8 at load, as ddflash quantize writes it, into a temporary directory); several are loaded together and their runs interleaved pass by pass, and report compares each with the checkpoint's")
 	maxTokens := fs.String("max-tokens", "256,1024", "output lengths")
 	workloads := fs.String("workloads", "fibonacci,math,prose,chat", "built-in workloads and/or z-lab .jsonl files of {\"turns\": [...]}")
 	numPrompts := fs.Int("num-prompts", 0, "use each .jsonl workload's first N conversations (0: all)")
@@ -89,6 +92,9 @@ OpenAI-compatible server with --url. Each finished run is saved at once
 	if err != nil {
 		return err
 	}
+	if plan.Weights, err = bench.ParseWeights(*weights); err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var backend bench.Backend
@@ -96,8 +102,14 @@ OpenAI-compatible server with --url. Each finished run is saved at once
 		if backend, err = bench.NewOpenAI(ctx, *url, *servedModel, *apiKey); err != nil {
 			return err
 		}
-	} else if backend, err = inProcessBackend(&mf, plan, fs, *gpuMem); err != nil {
-		return err
+	} else {
+		var ip *bench.InProcess
+		var cleanup func()
+		if ip, cleanup, err = inProcessBackend(&mf, plan, fs, *gpuMem); err != nil {
+			return err
+		}
+		defer cleanup()
+		backend = ip
 	}
 	sum, err := bench.Sweep(ctx, bench.Options{
 		Plan: plan, Backend: backend, Store: bench.Store{Dir: *out}, Resume: *resume,
@@ -156,17 +168,47 @@ func benchSizing(mf *modelFlags, fs *flag.FlagSet, running int, gpuMem string) (
 	return p.EngineOptions()
 }
 
-// inProcessBackend loads the target (by default the embedded pair) once,
-// sized for the sweep's largest verify and concurrency, with the drafter
-// attached when a mode speculates; the sweep then switches the spec mode
-// between configurations.
-func inProcessBackend(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem string) (*bench.InProcess, error) {
-	if err := mf.resolveDefault(); err != nil {
-		return nil, err
+// inProcessBackend loads the target (by default the embedded pair) once
+// per degree and weights, sized for the sweep's largest verify and
+// concurrency, with the drafter attached when a mode speculates; the sweep
+// then switches the spec mode between configurations. FP8 weights are the
+// target quantised into a temporary directory, which cleanup removes.
+func inProcessBackend(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem string) (*bench.InProcess, func(), error) {
+	ip, q, err := newInProcess(mf, plan, fs, gpuMem)
+	return ip, q.remove, err
+}
+
+// quantized is the FP8 form of a checkpoint, written on first use.
+type quantized struct {
+	from, dir string
+	err       error
+}
+
+func (q *quantized) path() (string, error) {
+	if q.dir == "" && q.err == nil {
+		q.dir, q.err = os.MkdirTemp("", "ddflash-bench-fp8-")
+		if q.err == nil {
+			q.err = fp8.QuantizeCheckpoint(q.from, q.dir)
+		}
 	}
+	return q.dir, q.err
+}
+
+func (q *quantized) remove() {
+	if q.dir != "" {
+		os.RemoveAll(q.dir)
+	}
+}
+
+func newInProcess(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem string) (*bench.InProcess, *quantized, error) {
+	q := &quantized{}
+	if err := mf.resolveDefault(); err != nil {
+		return nil, q, err
+	}
+	q.from = mf.model
 	rollback, err := mamba.ParseStrategy(mf.rollback)
 	if err != nil {
-		return nil, err
+		return nil, q, err
 	}
 	mf.spec, mf.budget = "auto", 0
 	for _, m := range plan.Modes {
@@ -174,28 +216,36 @@ func inProcessBackend(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem
 			continue
 		}
 		if mf.draft == "" {
-			return nil, fmt.Errorf("mode %s speculates and needs a drafter: give --draft DIR, or --modes auto", m.Name)
+			return nil, q, fmt.Errorf("mode %s speculates and needs a drafter: give --draft DIR, or --modes auto", m.Name)
 		}
 		cfg, err := dflash.LoadConfig(mf.draft)
 		if err != nil {
-			return nil, err
+			return nil, q, err
 		}
 		// A tree of block-1 nodes needs as many verify tokens as the chain.
 		mf.spec, mf.budget = "ddtree", max(mf.budget, m.Budget, cfg.BlockSize-1)
 	}
 	tok, err := tokenizer.LoadDir(mf.model)
 	if err != nil {
-		return nil, err
+		return nil, q, err
 	}
-	load := func(tp int) (*engine.Engine, error) {
-		mf.tp = tp
-		sizing, err := benchSizing(mf, fs, slices.Max(plan.Concurrency), gpuMem)
+	load := func(tp int, weights string) (*engine.Engine, error) {
+		target := *mf
+		target.tp = tp
+		if weights == bench.WeightsFP8 {
+			dir, err := q.path()
+			if err != nil {
+				return nil, fmt.Errorf("quantise %s to FP8: %w", q.from, err)
+			}
+			target.model = dir
+		}
+		sizing, err := benchSizing(&target, fs, slices.Max(plan.Concurrency), gpuMem)
 		if err != nil {
 			return nil, err
 		}
-		return mf.load(sizing)
+		return target.load(sizing)
 	}
-	return &bench.InProcess{Load: load, Prompter: bench.ChatPrompter{Dir: tok}, Rollback: rollback, Threads: mf.threads, Device: mf.device}, nil
+	return &bench.InProcess{Load: load, Prompter: bench.ChatPrompter{Dir: tok}, Rollback: rollback, Threads: mf.threads, Device: mf.device}, q, nil
 }
 
 func runBenchVerify(args []string) error {
