@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"ddflash/engine/safetensors"
 	"ddflash/kernels/cpu"
 	"ddflash/mamba"
 )
@@ -159,12 +162,16 @@ func BenchmarkSampler(b *testing.B) {
 
 // BenchmarkSmallFP8 times decode and 16-token verify steps of the small
 // preset with bf16 weights and with FP8 weights (the same model quantised),
-// interleaved in one run, and reports bf16 time / FP8 time: the FP8 speedup.
+// interleaved in one run, and reports bf16 time / FP8 time (the FP8
+// speedup) and the weight bytes each step reads per second of it.
 func BenchmarkSmallFP8(b *testing.B) {
 	opts := Options{Context: 1024, VerifyTokens: 16}
 	var engines [2]*Engine
+	var bytes [2]int
 	for i, dtype := range []string{"bf16", "fp8"} {
-		e, err := Load(cpu.New(0), writeTestModel(b, "small", 1, dtype), opts)
+		dir := writeTestModel(b, "small", 1, dtype)
+		bytes[i] = stepWeightBytes(b, dir)
+		e, err := Load(cpu.New(0), dir, opts)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -173,11 +180,33 @@ func BenchmarkSmallFP8(b *testing.B) {
 	for _, n := range []int{1, 16} {
 		b.Run(fmt.Sprintf("rows%d", n), func(b *testing.B) {
 			spent := interleaved(b, verifyStep(b, engines[0], n), verifyStep(b, engines[1], n))
-			b.ReportMetric(spent[0].Seconds()*1000/float64(b.N), "bf16-ms/step")
-			b.ReportMetric(spent[1].Seconds()*1000/float64(b.N), "fp8-ms/step")
+			for i, dtype := range []string{"bf16", "fp8"} {
+				b.ReportMetric(spent[i].Seconds()*1000/float64(b.N), dtype+"-ms/step")
+				b.ReportMetric(float64(bytes[i])*float64(b.N)/spent[i].Seconds()/1e9, dtype+"-GB/s")
+			}
 			b.ReportMetric(spent[0].Seconds()/spent[1].Seconds(), "fp8-speedup")
 		})
 	}
+}
+
+// stepWeightBytes is the bytes of weights a forward pass reads: the whole
+// checkpoint in dir but an untied embedding table, of which it reads a row
+// per token.
+func stepWeightBytes(b *testing.B, dir string) int {
+	ckpt, err := safetensors.Open(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ckpt.Close()
+	names := ckpt.Names()
+	untied := slices.ContainsFunc(names, func(n string) bool { return strings.HasSuffix(n, "lm_head.weight") })
+	total := 0
+	for _, name := range names {
+		if t, _ := ckpt.Tensor(name); !untied || !strings.HasSuffix(name, "embed_tokens.weight") {
+			total += len(t.Data)
+		}
+	}
+	return total
 }
 
 // interleaved runs b.N rounds of a then b and returns the time each took:
