@@ -15,9 +15,10 @@ import (
 // row (decode) runs fp8Dot4x1, which widens each weight vector in
 // registers right before its FMAs. Fours of x rows (verify blocks,
 // prefill) would widen every weight vector once per row, so the tile's
-// four weight rows are widened once (fp8Widen) into an L1-sized float32
-// scratch that fp8Dot4x4 reads for every four x rows: the weights are
-// never held dequantised beyond the four rows in use. All paths leave
+// four weight rows are widened once, fp8Chunk elements at a time
+// (fp8Widen), into an L1-sized float32 scratch that fp8Dot4x4 reads for
+// every four x rows, carrying their sums from chunk to chunk: the weights
+// are never held dequantised beyond the chunk of four rows in use. All paths leave
 // per-lane partial sums of the same FMA chain that fp8Finish completes
 // (k%16 tail, sum4), so every output equals rows4's on the dequantised
 // weights and every row is bit-identical to the row alone. A block row
@@ -35,25 +36,35 @@ func tileFP8AVX512(out []float32, outStride, cols int, x []float32, m, k int, q 
 	sp := unsafe.Pointer(unsafe.SliceData(blocks))
 	p0, p1, p2, p3 := rowPtr(q[0], k), rowPtr(q[1], k), rowPtr(q[2], k), rowPtr(q[3], k)
 	i := 0
-	if m >= 4 {
+	if quads := m / 4; quads > 0 {
+		chunk := min(k16, fp8Chunk)
 		scratch := scratchPool.Get().(*[]float32)
 		defer scratchPool.Put(scratch)
-		if cap(*scratch) < matmulTile*k {
-			*scratch = make([]float32, matmulTile*k)
+		if need := matmulTile*chunk + quads*256; cap(*scratch) < need {
+			*scratch = make([]float32, need)
 		}
-		tile := (*scratch)[:matmulTile*k]
-		var w [4]unsafe.Pointer
-		for r, p := range [4]unsafe.Pointer{p0, p1, p2, p3} {
-			w[r] = unsafe.Pointer(&tile[r*k])
-			fp8Widen(p, sp, k16, w[r], uintptr(p)+matmulTile*uintptr(k))
-		}
-		var acc [16][16]float32
-		for ; i+4 <= m; i += 4 {
-			fp8Dot4x4(w[0], w[1], w[2], w[3], rowPtr(x[i*k:], 4*k), k16, k, &acc)
-			for s := range 4 {
-				fp8Finish(out[(i+s)*outStride:], cols, x[(i+s)*k:(i+s+1)*k], q, scales, k, (*[4][16]float32)(acc[4*s:]))
+		tile := (*scratch)[:matmulTile*chunk]
+		sums := (*scratch)[matmulTile*chunk : matmulTile*chunk+quads*256]
+		clear(sums)
+		quadSums := func(s int) *[16][16]float32 { return (*[16][16]float32)(unsafe.Pointer(&sums[s*256])) }
+		for c := 0; c < k16; c += chunk {
+			n := min(chunk, k16-c)
+			var w [4]unsafe.Pointer
+			for r, p := range [4]unsafe.Pointer{p0, p1, p2, p3} {
+				w[r] = unsafe.Pointer(&tile[r*chunk])
+				fp8Widen(unsafe.Add(p, c), unsafe.Add(sp, 4*(c/kernels.FP8Block)), n, w[r], uintptr(p)+matmulTile*uintptr(k)+uintptr(c))
+			}
+			for s := range quads {
+				fp8Dot4x4(w[0], w[1], w[2], w[3], rowPtr(x[(4*s*k+c):], 3*k+n), n, k, quadSums(s))
 			}
 		}
+		for s := range quads {
+			for r := range 4 {
+				i = 4*s + r
+				fp8Finish(out[i*outStride:], cols, x[i*k:(i+1)*k], q, scales, k, (*[4][16]float32)(quadSums(s)[4*r:]))
+			}
+		}
+		i = 4 * quads
 	}
 	var acc [4][16]float32
 	for ; i < m; i++ {
@@ -65,6 +76,13 @@ func tileFP8AVX512(out []float32, outStride, cols int, x []float32, m, k int, q 
 
 // fp8MaxSIMDScale bounds the block scales the assembly widening handles.
 const fp8MaxSIMDScale = 1 << 8
+
+// fp8Chunk is how many elements of a tile's four weight rows are widened at
+// a time for fours of x rows: 16 KiB of float32 that stay in the L1 cache
+// while every four x rows read them (whole rows of Qwen3.6's widths would
+// spill to L2 and made 16-row verify slower than bf16's). A multiple of
+// the scale block.
+const fp8Chunk = 1024
 
 // fp8Finish adds the k%16 tail of x row xr to the four partial sums (as
 // addTail does), sums their lanes with sum4 and stores the first cols.
@@ -107,9 +125,10 @@ func fp8Finish(out []float32, cols int, xr []float32, q *[4][]uint8, scales []fl
 //go:noescape
 func fp8Dot4x1(p0, p1, p2, p3, sp, x unsafe.Pointer, n int, acc *[4][16]float32, ahead uintptr)
 
-// fp8Dot4x4 stores to acc[4s+r] the per-lane partial sums of x row s
+// fp8Dot4x4 adds to acc[4s+r], continuing its per-lane FMA chains, x row s
 // (stride floats apart) times float32 weight row r over the first n
-// elements (a multiple of 16), in fp8Dot4x1's order.
+// elements (a multiple of 16), in fp8Dot4x1's order: chunks of k run one
+// after another give the sums of the whole rows.
 //
 //go:noescape
 func fp8Dot4x4(p0, p1, p2, p3, x unsafe.Pointer, n, stride int, acc *[16][16]float32)

@@ -133,11 +133,11 @@ donew:
 
 // func fp8Dot4x4(p0, p1, p2, p3, x unsafe.Pointer, n, stride int, acc *[16][16]float32)
 //
-// acc[4s+r] = the per-lane partial sums of x row s (x, rows stride floats
+// acc[4s+r] += the per-lane partial sums of x row s (x, rows stride floats
 // apart) times the float32 weight row r (p0…p3, widened by fp8Widen) over
 // the first n elements (a multiple of 16): one FMA per 16 elements in k
-// order, as fp8Dot4x1 accumulates. Each weight vector loaded feeds four x
-// rows.
+// order, as fp8Dot4x1 accumulates, continuing the chains held in acc. Each
+// weight vector loaded feeds four x rows.
 TEXT ·fp8Dot4x4(SB), NOSPLIT, $0-64
 	MOVQ p0+0(FP), R8
 	MOVQ p1+8(FP), R9
@@ -146,25 +146,26 @@ TEXT ·fp8Dot4x4(SB), NOSPLIT, $0-64
 	MOVQ x+32(FP), SI
 	MOVQ n+40(FP), CX
 	MOVQ stride+48(FP), DI
+	MOVQ acc+56(FP), DX
 	LEAQ (SI)(DI*4), R12
 	LEAQ (R12)(DI*4), R13
 	LEAQ (R13)(DI*4), R14
-	VPXORD Z0, Z0, Z0
-	VPXORD Z1, Z1, Z1
-	VPXORD Z2, Z2, Z2
-	VPXORD Z3, Z3, Z3
-	VPXORD Z4, Z4, Z4
-	VPXORD Z5, Z5, Z5
-	VPXORD Z6, Z6, Z6
-	VPXORD Z7, Z7, Z7
-	VPXORD Z8, Z8, Z8
-	VPXORD Z9, Z9, Z9
-	VPXORD Z10, Z10, Z10
-	VPXORD Z11, Z11, Z11
-	VPXORD Z12, Z12, Z12
-	VPXORD Z13, Z13, Z13
-	VPXORD Z14, Z14, Z14
-	VPXORD Z15, Z15, Z15
+	VMOVUPS 0(DX), Z0
+	VMOVUPS 64(DX), Z1
+	VMOVUPS 128(DX), Z2
+	VMOVUPS 192(DX), Z3
+	VMOVUPS 256(DX), Z4
+	VMOVUPS 320(DX), Z5
+	VMOVUPS 384(DX), Z6
+	VMOVUPS 448(DX), Z7
+	VMOVUPS 512(DX), Z8
+	VMOVUPS 576(DX), Z9
+	VMOVUPS 640(DX), Z10
+	VMOVUPS 704(DX), Z11
+	VMOVUPS 768(DX), Z12
+	VMOVUPS 832(DX), Z13
+	VMOVUPS 896(DX), Z14
+	VMOVUPS 960(DX), Z15
 	XORQ AX, AX
 	TESTQ CX, CX
 	JZ done44
