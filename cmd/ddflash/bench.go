@@ -59,6 +59,7 @@ OpenAI-compatible server with --url. Each finished run is saved at once
 			fs.Var(f.Value, f.Name, f.Usage)
 		}
 	})
+	mf.registerSSMDtype(fs)
 	modes := fs.String("modes", "auto,linear,b8,b12,b15,b16,b32,b64", "decoding modes: auto (the baseline), linear (DFlash chain), bN (DDTree, N nodes), adaptive (tree size chosen every step, up to 32 nodes)")
 	tps := fs.String("tp", "1", "tensor-parallel degrees (in-process: each loads the target split over that many ranks; with --url, a label)")
 	maxTokens := fs.String("max-tokens", "256,1024", "output lengths")
@@ -142,10 +143,11 @@ func parsePlan(modes, tps, maxTokens, workloads, concurrency string, numPrompts,
 // running requests at full context (a plan would take the host's memory).
 func benchSizing(mf *modelFlags, fs *flag.FlagSet, running int, gpuMem string) (engine.Options, error) {
 	if gpuMem == "" && mf.device == "cpu" {
-		return unplannedSizing(running), nil
+		return mf.unplannedSizing(running)
 	}
 	var memory planFlags
 	memory.convDtype = "bf16" // plan's default
+	memory.ssmDtype = mf.ssmDtype
 	_, p, err := planEngine(mf, memory, fs, running, func() (gpu.Device, error) { return planDevice(gpuMem, mf.device) })
 	if err != nil {
 		return engine.Options{}, err

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 )
 
 // LayerKind says which token mixer a decoder layer uses.
@@ -56,12 +58,15 @@ type Config struct {
 
 	TieWordEmbeddings bool
 	EOSTokenIDs       []int
-	BOSTokenID        int  // -1 when absent
-	SSMStateFP32      bool // mamba_ssm_dtype == float32 (the default)
+	BOSTokenID        int    // -1 when absent
+	SSMDtype          string // mamba_ssm_dtype: float32 (the default), bfloat16 or float16
 	Dtype             string
 
 	Quant *Quantization // quantization_config; nil for unquantised checkpoints
 }
+
+// ssmDtypes are the mamba_ssm_dtype values a config may name.
+var ssmDtypes = []string{"float32", "bfloat16", "float16"}
 
 // RotaryDim is the number of leading head dimensions that RoPE rotates.
 func (c *Config) RotaryDim() int { return int(float64(c.HeadDim) * c.PartialRotary) }
@@ -148,7 +153,7 @@ func parseArchitecture(data []byte) (*Config, error) {
 }
 
 func parseText(f fields) (*Config, error) {
-	c := &Config{ModelType: "qwen3_5_text", BOSTokenID: -1, SSMStateFP32: true}
+	c := &Config{ModelType: "qwen3_5_text", BOSTokenID: -1, SSMDtype: "float32"}
 	if err := refuseUnsupportedMath(f); err != nil {
 		return nil, err
 	}
@@ -217,11 +222,12 @@ func parseText(f fields) (*Config, error) {
 		}
 	}
 	if f.has("mamba_ssm_dtype") {
-		dt, err := f.str("mamba_ssm_dtype")
-		if err != nil {
+		if c.SSMDtype, err = f.str("mamba_ssm_dtype"); err != nil {
 			return nil, err
 		}
-		c.SSMStateFP32 = dt == "float32"
+		if !slices.Contains(ssmDtypes, c.SSMDtype) {
+			return nil, fmt.Errorf("field %smamba_ssm_dtype: unsupported %q (want one of %s)", f.prefix, c.SSMDtype, strings.Join(ssmDtypes, ", "))
+		}
 	}
 	if f.has("dtype") {
 		c.Dtype, _ = f.str("dtype")
