@@ -275,10 +275,34 @@ func parseLayers(f fields, c *Config) error {
 	return nil
 }
 
-// parseRope reads the RoPE settings as transformers does: a legacy
-// rope_scaling object replaces rope_parameters; rope_theta and
-// partial_rotary_factor fall back to top-level fields, then to the defaults.
+// parseRope sets the target's RoPE settings (see readRope).
 func parseRope(f fields, c *Config) error {
+	r, err := readRope(f, c.MaxPositions, Rope{Theta: defaultRopeTheta, PartialRotary: defaultPartialRotary})
+	c.RopeTheta, c.PartialRotary, c.YaRN = r.Theta, r.PartialRotary, r.YaRN
+	return err
+}
+
+// Rope is a config's rotary embedding: theta, the rotated fraction of each
+// head and, for the yarn rope type, its scaling.
+type Rope struct {
+	Theta         float64
+	PartialRotary float64
+	YaRN          *YaRN // nil for plain RoPE
+}
+
+// ParseRope reads the RoPE settings of a config.json object (its top-level
+// keys, as raw JSON) as the target's parser does, for other models (the
+// drafter): def gives theta and the rotary fraction when absent (Theta 0:
+// rope_theta is required); maxPositions is max_position_embeddings.
+func ParseRope(object map[string]json.RawMessage, maxPositions int, def Rope) (Rope, error) {
+	return readRope(fields{m: object}, maxPositions, def)
+}
+
+// readRope reads the RoPE settings as transformers does: a legacy
+// rope_scaling object replaces rope_parameters; rope_theta and
+// partial_rotary_factor fall back to top-level fields, then to def.
+func readRope(f fields, maxPositions int, def Rope) (Rope, error) {
+	var r Rope
 	var objects []fields // rope_scaling, then rope_parameters, where set and not empty
 	for _, key := range []string{"rope_scaling", "rope_parameters"} {
 		if !f.has(key) || f.isNull(key) {
@@ -286,7 +310,7 @@ func parseRope(f fields, c *Config) error {
 		}
 		var inner map[string]json.RawMessage
 		if err := json.Unmarshal(f.m[key], &inner); err != nil {
-			return fmt.Errorf("field %s%s: want an object: %w", f.prefix, key, err)
+			return r, fmt.Errorf("field %s%s: want an object: %w", f.prefix, key, err)
 		}
 		if len(inner) > 0 {
 			objects = append(objects, fields{m: inner, prefix: f.prefix + key + "."})
@@ -304,32 +328,42 @@ func parseRope(f fields, c *Config) error {
 		if rf.has(key) {
 			var err error
 			if ropeType, err = rf.str(key); err != nil {
-				return err
+				return r, err
 			}
 			break
 		}
 	}
 	known, ok := ropeKeys[ropeType]
 	if !ok {
-		return fmt.Errorf("field %srope_type: unsupported %q (ddflash runs default and yarn RoPE)", rf.prefix, ropeType)
+		return r, fmt.Errorf("field %srope_type: unsupported %q (ddflash runs default and yarn RoPE)", rf.prefix, ropeType)
 	}
 	for key := range rf.m {
 		if !known[key] && !ropeKeys["default"][key] {
-			return fmt.Errorf("field %s%s: not supported with rope_type %q", rf.prefix, key, ropeType)
+			return r, fmt.Errorf("field %s%s: not supported with rope_type %q", rf.prefix, key, ropeType)
 		}
 	}
 	var err error
 	read := []fields{rf, f}
-	if c.RopeTheta, err = agreedNumber(defaultRopeTheta, "rope_theta", read, shadowed...); err != nil {
-		return err
+	if r.Theta, err = agreedNumber(def.Theta, "rope_theta", read, shadowed...); err != nil {
+		return r, err
 	}
-	if c.PartialRotary, err = agreedNumber(defaultPartialRotary, "partial_rotary_factor", read, shadowed...); err != nil {
-		return err
+	if r.Theta <= 0 {
+		where := f.prefix
+		if len(objects) > 0 {
+			where = rf.prefix
+		}
+		if def.Theta == 0 && r.Theta == 0 { // required, and absent
+			return r, fmt.Errorf("field %srope_theta: missing", where)
+		}
+		return r, fmt.Errorf("field %srope_theta: %g, want a positive number", where, r.Theta)
+	}
+	if r.PartialRotary, err = agreedNumber(def.PartialRotary, "partial_rotary_factor", read, shadowed...); err != nil {
+		return r, err
 	}
 	if ropeType == "yarn" {
-		c.YaRN, err = parseYaRN(rf, f, c.MaxPositions)
+		r.YaRN, err = parseYaRN(rf, f, maxPositions)
 	}
-	return err
+	return r, err
 }
 
 // ropeKeys are the keys of a RoPE object that ddflash reads, by rope type
