@@ -504,26 +504,68 @@ func (f *frame) numberByte(c byte) action {
 	}
 }
 
-// objectByte reads an object as parseObject and sequence do: '{', white
-// space, then members (white space, key, white space, ':', white space,
-// value, white space) separated by commas, then '}'.
+// objectByte reads an object as parseObject does: members are white
+// space, key, white space, ':', white space, value, white space.
 func (f *frame) objectByte(p *parser, c byte) action {
-	switch f.pc {
-	case 0:
+	member := func(i int) frame {
+		switch i {
+		case 1:
+			var allowed []string
+			if f.s != nil && f.s.closed {
+				allowed = slices.DeleteFunc(slices.Clone(f.s.keys), func(k string) bool { return slices.Contains(f.seen, k) })
+			}
+			return frame{kind: fKey, names: allowed} // its childDone is at pc 5
+		case 3:
+			return literalFrame(":")
+		case 5:
+			return valueFrame(f.value)
+		}
+		return blankFrame()
+	}
+	required := func() bool {
+		return f.s == nil || !slices.ContainsFunc(f.s.required, func(k string) bool { return !slices.Contains(f.seen, k) })
+	}
+	more := func() bool { return f.s == nil || !f.s.closed || len(f.seen) < len(f.s.keys) }
+	return f.sequenceByte(p, c, '}', 7, member, required, more)
+}
+
+// arrayByte reads an array: items are white space, value, white space.
+func (f *frame) arrayByte(p *parser, c byte) action {
+	item := func(i int) frame {
+		if i != 1 {
+			return blankFrame()
+		}
+		var items *schema
+		if f.s != nil {
+			items = f.s.items
+		}
+		return valueFrame(items)
+	}
+	always := func() bool { return true }
+	return f.sequenceByte(p, c, ']', 3, item, always, always)
+}
+
+// sequenceByte reads what sequence does: the opening byte, white space,
+// then items separated by commas, then the closing byte. An item is parts
+// frames, part(0) … part(parts-1), read in turn (pc 3 … 2+parts); done
+// checks the whole before it closes; more says whether an item may follow.
+func (f *frame) sequenceByte(p *parser, c, closing byte, parts int, part func(int) frame, done, more func() bool) action {
+	switch {
+	case f.pc == 0:
 		f.pc = 1
-		return take // {
-	case 1:
+		return take // the opening byte
+	case f.pc == 1:
 		f.pc = 2
 		return p.push(blankFrame())
-	case 2: // after a member (or none yet): '}', ',' or the first member
+	case f.pc == 2: // after an item (or none yet)
 		switch {
-		case c == '}':
-			if f.s != nil && slices.ContainsFunc(f.s.required, func(k string) bool { return !slices.Contains(f.seen, k) }) {
+		case c == closing:
+			if !done() {
 				return reject
 			}
 			return takeEnd
 		case c == ',' && !f.first:
-			if f.s != nil && f.s.closed && len(f.seen) >= len(f.s.keys) {
+			if !more() {
 				return reject // nothing may follow
 			}
 			f.pc = 3
@@ -533,71 +575,9 @@ func (f *frame) objectByte(p *parser, c byte) action {
 		}
 		f.pc = 3
 		return again
-	case 3:
-		f.pc = 4
-		return p.push(blankFrame())
-	case 4:
-		f.pc = 5
-		var allowed []string
-		if f.s != nil && f.s.closed {
-			allowed = slices.DeleteFunc(slices.Clone(f.s.keys), func(k string) bool { return slices.Contains(f.seen, k) })
-		}
-		return p.push(frame{kind: fKey, names: allowed})
-	case 5:
-		f.pc = 6
-		return p.push(blankFrame())
-	case 6:
-		f.pc = 7
-		return p.push(literalFrame(":"))
-	case 7:
-		f.pc = 8
-		return p.push(blankFrame())
-	case 8:
-		f.pc = 9
-		return p.push(valueFrame(f.value))
-	case 9:
-		f.pc = 10
-		return p.push(blankFrame())
-	}
-	f.first, f.pc = false, 2
-	return again
-}
-
-// arrayByte reads an array: '[', white space, then items (white space,
-// value, white space) separated by commas, then ']'.
-func (f *frame) arrayByte(p *parser, c byte) action {
-	switch f.pc {
-	case 0:
-		f.pc = 1
-		return take // [
-	case 1:
-		f.pc = 2
-		return p.push(blankFrame())
-	case 2:
-		switch {
-		case c == ']':
-			return takeEnd
-		case c == ',' && !f.first:
-			f.pc = 3
-			return take
-		case !f.first:
-			return reject
-		}
-		f.pc = 3
-		return again
-	case 3:
-		f.pc = 4
-		return p.push(blankFrame())
-	case 4:
-		f.pc = 5
-		var items *schema
-		if f.s != nil {
-			items = f.s.items
-		}
-		return p.push(valueFrame(items))
-	case 5:
-		f.pc = 6
-		return p.push(blankFrame())
+	case f.pc < 3+parts:
+		f.pc++
+		return p.push(part(f.pc - 4))
 	}
 	f.first, f.pc = false, 2
 	return again
