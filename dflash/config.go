@@ -133,9 +133,6 @@ type rawConfig struct {
 	IntermediateSize *int       `json:"intermediate_size"`
 	VocabSize        *int       `json:"vocab_size"`
 	RMSNormEps       *float64   `json:"rms_norm_eps"`
-	RopeTheta        *float64   `json:"rope_theta"`
-	RopeScaling      *rawRope   `json:"rope_scaling"`
-	RopeParameters   *rawRope   `json:"rope_parameters"` // newer transformers: theta and scaling together
 	MaxPositions     *int       `json:"max_position_embeddings"`
 	BlockSize        *int       `json:"block_size"`
 	NumTargetLayers  *int       `json:"num_target_layers"`
@@ -145,17 +142,6 @@ type rawConfig struct {
 	DFlash           *rawDFlash `json:"dflash_config"`
 	Dtype            string     `json:"dtype"`
 	TorchDtype       string     `json:"torch_dtype"`
-}
-
-type rawRope struct {
-	RopeType        string   `json:"rope_type"`
-	Type            string   `json:"type"` // older transformers releases
-	RopeTheta       *float64 `json:"rope_theta"`
-	Factor          *float64 `json:"factor"`
-	OriginalMax     *int     `json:"original_max_position_embeddings"`
-	BetaFast        *float64 `json:"beta_fast"`
-	BetaSlow        *float64 `json:"beta_slow"`
-	AttentionFactor *float64 `json:"attention_factor"`
 }
 
 type rawDFlash struct {
@@ -213,7 +199,7 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, missing("rms_norm_eps")
 	}
 	c.RMSNormEps = *raw.RMSNormEps
-	if err := c.setRope(&raw); err != nil {
+	if err := c.setRope(data); err != nil {
 		return nil, err
 	}
 	if err := c.setDFlash(&raw); err != nil {
@@ -237,63 +223,22 @@ func positive(name string, v *int) (int, error) {
 	return *v, nil
 }
 
-// setRope reads rope_theta with rope_scaling, or the rope_parameters object
-// that newer transformers write instead.
-func (c *Config) setRope(raw *rawConfig) error {
-	theta, scaling, prefix := raw.RopeTheta, raw.RopeScaling, "rope_scaling."
-	if raw.RopeParameters != nil {
-		theta, scaling, prefix = raw.RopeParameters.RopeTheta, raw.RopeParameters, "rope_parameters."
+// setRope reads the RoPE settings with the target's parser (the same keys,
+// precedence and YaRN fields). rope_theta is required, as z-lab writes it;
+// a Qwen3 decoder rotates whole heads.
+func (c *Config) setRope(data []byte) error {
+	var object map[string]json.RawMessage
+	if err := json.Unmarshal(data, &object); err != nil {
+		return fmt.Errorf("invalid JSON: %w", err)
 	}
-	if theta == nil {
-		if raw.RopeParameters != nil {
-			return missing("rope_parameters.rope_theta")
-		}
-		return missing("rope_theta")
+	r, err := config.ParseRope(object, c.MaxPositions, config.Rope{PartialRotary: 1})
+	if err != nil {
+		return err
 	}
-	c.RopeTheta = *theta
-	if scaling == nil {
-		return nil
+	if r.PartialRotary != 1 {
+		return fmt.Errorf("field partial_rotary_factor: %g, the drafter rotates whole heads", r.PartialRotary)
 	}
-	kind := scaling.RopeType
-	if kind == "" {
-		kind = scaling.Type
-	}
-	switch kind {
-	case "", "default":
-		return nil
-	case "yarn":
-		return c.setYaRN(scaling, prefix)
-	default:
-		return fmt.Errorf("field %srope_type: unsupported RoPE type %q (ddflash supports default and yarn)", prefix, kind)
-	}
-}
-
-// setYaRN applies transformers' defaults: beta_fast 32, beta_slow 1, and the
-// model's max_position_embeddings as the original length.
-func (c *Config) setYaRN(r *rawRope, prefix string) error {
-	if r.Factor == nil {
-		return missing(prefix + "factor")
-	}
-	if *r.Factor < 1 {
-		return fmt.Errorf("field %sfactor: %g, YaRN needs a factor of at least 1", prefix, *r.Factor)
-	}
-	y := &YaRN{Factor: *r.Factor, OriginalMaxPositions: c.MaxPositions, BetaFast: 32, BetaSlow: 1}
-	if r.OriginalMax != nil {
-		v, err := positive(prefix+"original_max_position_embeddings", r.OriginalMax)
-		if err != nil {
-			return err
-		}
-		y.OriginalMaxPositions = v
-	}
-	for _, o := range []struct {
-		src *float64
-		dst *float64
-	}{{r.BetaFast, &y.BetaFast}, {r.BetaSlow, &y.BetaSlow}, {r.AttentionFactor, &y.AttentionFactor}} {
-		if o.src != nil {
-			*o.dst = *o.src
-		}
-	}
-	c.YaRN = y
+	c.RopeTheta, c.YaRN = r.Theta, r.YaRN
 	return nil
 }
 

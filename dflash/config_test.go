@@ -161,6 +161,25 @@ func TestParseVariants(t *testing.T) {
 					t.Errorf("yarn %+v theta %g, want %+v theta 1e6", c.YaRN, c.RopeTheta, want)
 				}
 			}},
+		{"yarn with mscale, mscale_all_dim and truncate, as the target reads them", map[string]any{
+			"rope_scaling": map[string]any{"rope_type": "yarn", "factor": 8.0, "mscale": 0.707, "mscale_all_dim": 1.0, "truncate": false}},
+			func(t *testing.T, c *Config) {
+				want := &YaRN{Factor: 8, OriginalMaxPositions: 262144, BetaFast: 32, BetaSlow: 1, Mscale: 0.707, MscaleAllDim: 1, NoTruncate: true}
+				if !reflect.DeepEqual(c.YaRN, want) {
+					t.Errorf("yarn %+v, want %+v", c.YaRN, want)
+				}
+				target, err := config.Parse([]byte(`{"model_type":"qwen3_5_text","hidden_size":64,"num_hidden_layers":2,"intermediate_size":128,
+"vocab_size":320,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,"linear_num_key_heads":2,
+"linear_num_value_heads":4,"linear_key_head_dim":16,"linear_value_head_dim":16,"linear_conv_kernel_dim":4,
+"rms_norm_eps":1e-6,"max_position_embeddings":262144,"rope_theta":1e7,"partial_rotary_factor":1,
+"rope_scaling":{"rope_type":"yarn","factor":8.0,"mscale":0.707,"mscale_all_dim":1.0,"truncate":false}}`))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !reflect.DeepEqual(c.YaRN, target.YaRN) {
+					t.Errorf("the drafter reads %+v, the target %+v from the same rope_scaling", c.YaRN, target.YaRN)
+				}
+			}},
 		{"default rope type", map[string]any{"rope_scaling": map[string]any{"rope_type": "default"}},
 			func(t *testing.T, c *Config) {
 				if c.YaRN != nil {
@@ -208,9 +227,13 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{map[string]any{"dflash_config.mask_token_id": 248320}, "outside the vocabulary"},
 		{map[string]any{"layer_types": []string{"full_attention"}}, "1 entries for num_hidden_layers 5"},
 		{map[string]any{"layer_types": []string{"full_attention", "x", "full_attention", "full_attention", "full_attention"}}, `layer_types[1]: unsupported layer type "x"`},
-		{map[string]any{"rope_scaling": map[string]any{"rope_type": "longrope"}}, `unsupported RoPE type "longrope"`},
+		{map[string]any{"rope_scaling": map[string]any{"rope_type": "longrope"}}, `field rope_scaling.rope_type: unsupported "longrope"`},
 		{map[string]any{"rope_scaling": map[string]any{"rope_type": "yarn"}}, "field rope_scaling.factor: missing"},
-		{map[string]any{"rope_scaling": map[string]any{"rope_type": "yarn", "factor": 0.5}}, "factor of at least 1"},
+		{map[string]any{"rope_scaling": map[string]any{"rope_type": "yarn", "factor": 0.5}}, "field rope_scaling.factor: 0.5"},
+		{map[string]any{"rope_scaling": map[string]any{"rope_type": "yarn", "factor": 2.0, "low_freq_factor": 1.0}}, "field rope_scaling.low_freq_factor: not supported"},
+		{map[string]any{"rope_scaling": map[string]any{"rope_type": "yarn", "factor": 2.0, "truncate": "no"}}, "field rope_scaling.truncate: want true or false"},
+		{map[string]any{"partial_rotary_factor": 0.5}, "field partial_rotary_factor: 0.5"},
+		{map[string]any{"rope_scaling": map[string]any{"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e6}}, "field rope_theta: 1e+07 disagrees with 1e+06"},
 	}
 	for _, c := range cases {
 		_, err := ParseConfig(edit(t, base, c.edits))

@@ -26,12 +26,45 @@ type Options struct {
 	// KVDType is the KV cache's storage dtype: F32 (the zero value) or BF16.
 	KVDType kernels.DType
 	// ConvDType is the GDN conv state's storage dtype: F32 (the zero
-	// value) or BF16. The recurrent state is F32.
+	// value) or BF16.
 	ConvDType kernels.DType
+	// SSMDType is the GDN recurrent state's storage dtype (that of its
+	// rollback states too): SSMFromConfig, the zero value, follows
+	// config.json's mamba_ssm_dtype.
+	SSMDType SSMDType
 	// VerifyTokens is the most tokens one speculative verify writes to the
 	// KV cache (the block, or the tree budget plus its root); 0 without
 	// speculation. A tree's nodes sit past the sequence's end until commit.
 	VerifyTokens int
+}
+
+// SSMDType chooses the GDN recurrent state's storage dtype.
+type SSMDType uint8
+
+const (
+	SSMFromConfig SSMDType = iota // config.json's mamba_ssm_dtype (float32 when absent)
+	SSMF32
+	SSMBF16
+)
+
+// resolve is the storage dtype the choice gives with cfg. A BF16 state is
+// rounded after every token (kernels.Backend.GDNRecurrence), on every path.
+func (d SSMDType) resolve(cfg *config.Config) (kernels.DType, error) {
+	switch d {
+	case SSMF32:
+		return kernels.F32, nil
+	case SSMBF16:
+		return kernels.BF16, nil
+	case SSMFromConfig:
+		switch cfg.SSMDtype {
+		case "float32", "":
+			return kernels.F32, nil
+		case "bfloat16":
+			return kernels.BF16, nil
+		}
+		return 0, fmt.Errorf("config mamba_ssm_dtype %s: the engine keeps the GDN recurrent state in float32 or bfloat16", cfg.SSMDtype)
+	}
+	return 0, fmt.Errorf("recurrent state dtype %d: want SSMFromConfig, SSMF32 or SSMBF16", d)
 }
 
 // Engine is a loaded model with its caches.
@@ -120,8 +153,9 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 	if opts.PrefillChunk <= 0 {
 		opts.PrefillChunk = 512
 	}
-	if !cfg.SSMStateFP32 {
-		return nil, errors.New("config mamba_ssm_dtype: the engine keeps the GDN recurrent state in float32 only")
+	ssm, err := opts.SSMDType.resolve(cfg)
+	if err != nil {
+		return nil, err
 	}
 	rc, err := splitConfig(cfg, len(shards))
 	if err != nil {
@@ -131,7 +165,7 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 	stateShards := make([]mamba.Shard, len(shards))
 	for i, sh := range shards {
 		kvShards[i] = KVShard{B: sh.B, KVDim: KVDim(rc), DType: opts.KVDType}
-		stateShards[i] = mamba.Shard{B: sh.B, Shape: StateShape(rc), ConvDType: opts.ConvDType}
+		stateShards[i] = mamba.Shard{B: sh.B, Shape: StateShape(rc), ConvDType: opts.ConvDType, SSMDType: ssm}
 	}
 	pages := (opts.KVTokens + opts.PageSize - 1) / opts.PageSize
 	kv, err := NewKVCache(kvShards, cfg.NumFull(), opts.PageSize, pages)

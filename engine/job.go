@@ -68,7 +68,16 @@ func (e *Engine) newJob(r Request) (*job, error) {
 	if j.seq, err = e.newSequence(); err != nil {
 		return nil, err
 	}
+	// From here the job holds a slot and pages: give them back unless it is
+	// returned, on an error or a panic alike.
+	built := false
+	defer func() {
+		if !built {
+			j.close()
+		}
+	}()
 	if e.Spec.Mode == SpecAuto {
+		built = true
 		return j, nil
 	}
 	j.stats = &SpecStats{Mode: e.Spec.Mode.String()}
@@ -80,13 +89,12 @@ func (e *Engine) newJob(r Request) (*job, error) {
 	}
 	j.out.res.Stats.SpecStats = j.stats
 	if j.sess, err = e.Drafter.NewSession(r.Prompt); err != nil {
-		j.close()
 		return nil, err
 	}
 	if j.verify, err = mamba.NewVerify(e.Model.States, e.Spec.Rollback, e.Spec.VerifyTokens(e.Drafter.BlockSize())); err != nil {
-		j.close()
 		return nil, err
 	}
+	built = true
 	return j, nil
 }
 

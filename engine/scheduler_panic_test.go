@@ -167,3 +167,50 @@ func TestStreamBufferIsBounded(t *testing.T) {
 		t.Fatalf("error %v: streamed %v, result %v", err, streamed, res.Tokens)
 	}
 }
+
+// sessionPanicDrafter panics in NewSession for prompts that start with
+// poison: a fault while a request is being set up, after it took its slot.
+type sessionPanicDrafter struct {
+	Drafter
+	poison int32
+}
+
+func (d sessionPanicDrafter) NewSession(prompt []int32) (DraftSession, error) {
+	if prompt[0] == d.poison {
+		panic("session bug")
+	}
+	return d.Drafter.NewSession(prompt)
+}
+
+// TestSchedulerFreesSlotWhenNewJobPanics: a panic while a request's job is
+// set up (here in the drafter's NewSession, after the job took its state
+// slot and KV) fails that request alone and gives back its slot and pages;
+// the scheduler then serves the next request with every slot.
+func TestSchedulerFreesSlotWhenNewJobPanics(t *testing.T) {
+	const poison = 7
+	e := specEngineBlock(t, "tiny", 3, specCase{SpecTree, 8, mamba.Replay}, func([]int32) int32 { return 5 }, 0, 96, 8, Options{MaxSeqs: 2})
+	e.Drafter = sessionPanicDrafter{Drafter: e.Drafter, poison: poison}
+	s := runScheduler(t, e, SchedulerOptions{})
+	before := s.State()
+	for range 3 { // more failures than slots: a leak would leave none
+		st, err := s.Submit(context.Background(), Request{Prompt: []int32{poison, 1}, MaxTokens: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pe *PanicError
+		if _, _, err := collect(st); !errors.As(err, &pe) || pe.Value != "session bug" {
+			t.Fatalf("poisoned request: error %v, want the session's panic", err)
+		}
+	}
+	waitIdle(t, s)
+	if after := s.State(); after != before {
+		t.Fatalf("state after the panics %+v, before %+v", after, before)
+	}
+	st, err := s.Submit(context.Background(), Request{Prompt: []int32{1, 2}, MaxTokens: 8, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, res, err := collect(st); err != nil || len(res.Tokens) != 8 {
+		t.Fatalf("a request after the panics: %v, %v", res, err)
+	}
+}

@@ -7,8 +7,8 @@
 // synchronously; a CUDA backend queues them.
 //
 // Shapes are row-major. Weights are [out, in] as stored in safetensors.
-// Activations and recurrent states are F32 on every backend, KV caches and
-// conv states F32 or BF16; weights may be F32, BF16, F16 or FP8 block-scaled
+// Activations are F32 on every backend; KV caches, conv states and GDN
+// recurrent states F32 or BF16; weights may be F32, BF16, F16 or FP8 block-scaled
 // (BlockScaled, fp8.go). Index buffers (token ids, positions, page tables,
 // tree parents) are I32.
 package kernels
@@ -202,11 +202,17 @@ type Backend interface {
 	// token t starts from nodeStates[parents[t]] (or state when -1), writes its
 	// state to nodeStates[t]; stateOut is ignored and state is only read.
 	// out may be nil when only the state is wanted (replay).
+	// The states (state, stateOut, nodeStates) are all F32 or all BF16. A
+	// BF16 state is widened for the update and rounded to nearest even after
+	// every token (out is computed before rounding), so a T-token call
+	// equals T one-token calls bit for bit and tree nodes hold what decoding
+	// their path token by token stores.
 	GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeStates, parents Buffer, T int, shape GDNShape)
 	// GDNChunked computes the same as a chain GDNRecurrence without nodeStates
 	// (outputs and final state), using the chunked WY form with the given chunk
 	// length: the fast path for prefill. Results agree with the token loop to
-	// F32 rounding. out may be nil.
+	// F32 rounding. out may be nil. state and stateOut are both F32 or both
+	// BF16; a BF16 state is widened on load and rounded once, on store.
 	GDNChunked(out, q, k, v, g, beta, state, stateOut Buffer, T, chunk int, shape GDNShape)
 
 	// LogSoftmax replaces each of rows rows of n logits by its log-probabilities. In place.

@@ -33,8 +33,9 @@ func SnapshotBytes(s Shape, ssmBytes, convBytes, draftTokens int) int64 {
 //
 // The verify forward also needs working states for one layer at a time: one
 // for a chain, one per node for a tree (children continue their parent's
-// state). They are fp32 and reused across layers.
-func ReplayBytes(s Shape, convBytes, draftTokens int, tree bool) int64 {
+// state). They are stored like the recurrent state (ssmBytes per element)
+// and reused across layers.
+func ReplayBytes(s Shape, ssmBytes, convBytes, draftTokens int, tree bool) int64 {
 	g := s.GDN
 	recurrenceInputs := 2*g.KeyHeads*g.KeyDim + g.ValueHeads*g.ValueDim + 2*g.ValueHeads
 	perToken := int64(s.Layers) * (int64(recurrenceInputs)*f32Bytes + int64(s.ConvDim)*int64(convBytes))
@@ -42,7 +43,7 @@ func ReplayBytes(s Shape, convBytes, draftTokens int, tree bool) int64 {
 	if tree {
 		workingStates = int64(draftTokens)
 	}
-	return int64(draftTokens)*perToken + workingStates*int64(g.StateLen())*f32Bytes
+	return int64(draftTokens)*perToken + workingStates*int64(g.StateLen())*int64(ssmBytes)
 }
 
 // RollbackBytes is one request's rollback memory under the strategy for
@@ -55,7 +56,7 @@ func (s Strategy) RollbackBytes(shape Shape, ssmBytes, convBytes, draftTokens in
 	case s == Snapshot:
 		return SnapshotBytes(shape, ssmBytes, convBytes, draftTokens)
 	default:
-		return ReplayBytes(shape, convBytes, draftTokens, tree)
+		return ReplayBytes(shape, ssmBytes, convBytes, draftTokens, tree)
 	}
 }
 

@@ -83,7 +83,7 @@ func TestSnapshotBytesSGLangLayerNote(t *testing.T) {
 
 // replayReference lists what replay keeps per token and GDN layer, tensor by
 // tensor, in float64 bytes.
-func replayReference(draftTokens int, convBytes float64, tree bool) float64 {
+func replayReference(draftTokens int, ssmBytes, convBytes float64, tree bool) float64 {
 	perLayer := []struct {
 		name   string
 		elems  float64
@@ -100,26 +100,28 @@ func replayReference(draftTokens int, convBytes float64, tree bool) float64 {
 	if tree {
 		working = float64(draftTokens)
 	}
-	return float64(draftTokens)*perToken + working*48*128*128*4
+	return float64(draftTokens)*perToken + working*48*128*128*ssmBytes
 }
 
 func TestReplayBytes(t *testing.T) {
 	for _, tree := range []bool{false, true} {
 		for _, d := range []int{1, 8, 16, 23, 65} {
 			for _, conv := range []int{2, 4} {
-				t.Run(fmt.Sprintf("tree=%v/D=%d/conv=%d", tree, d, conv), func(t *testing.T) {
-					got := ReplayBytes(qwen36Shape(), conv, d, tree)
-					if want := replayReference(d, float64(conv), tree); float64(got) != want {
-						t.Errorf("got %d B, want %.0f", got, want)
-					}
-				})
+				for _, ssm := range []int{2, 4} {
+					t.Run(fmt.Sprintf("tree=%v/D=%d/conv=%d/ssm=%d", tree, d, conv, ssm), func(t *testing.T) {
+						got := ReplayBytes(qwen36Shape(), ssm, conv, d, tree)
+						if want := replayReference(d, float64(ssm), float64(conv), tree); float64(got) != want {
+							t.Errorf("got %d B, want %.0f", got, want)
+						}
+					})
+				}
 			}
 		}
 	}
 	// The doc's rounded figures: 1.9 MiB per token of fp32 recurrence inputs,
 	// 0.94 MiB of bf16 conv inputs, about 65 MiB for 23 tokens.
 	perToken := func(conv int) float64 {
-		return float64(ReplayBytes(qwen36Shape(), conv, 2, false)-ReplayBytes(qwen36Shape(), conv, 1, false)) / mib
+		return float64(ReplayBytes(qwen36Shape(), 4, conv, 2, false)-ReplayBytes(qwen36Shape(), 4, conv, 1, false)) / mib
 	}
 	if got := perToken(0); math.Round(got*10)/10 != 1.9 {
 		t.Errorf("recurrence inputs = %.3f MiB per token, doc says ≈1.9", got)
@@ -136,7 +138,7 @@ func TestReplayIsFarCheaperThanSnapshots(t *testing.T) {
 	// The reason ddflash replays: at DDTree budget 15 (16 tokens) replay costs
 	// under 5% of per-token snapshots, tree working states included.
 	snap := SnapshotBytes(qwen36Shape(), 4, 2, 16)
-	replay := ReplayBytes(qwen36Shape(), 2, 16, true)
+	replay := ReplayBytes(qwen36Shape(), 4, 2, 16, true)
 	if ratio := float64(replay) / float64(snap); ratio > 0.05 {
 		t.Errorf("replay/snapshot = %.3f, want < 0.05", ratio)
 	}
@@ -152,8 +154,8 @@ func TestStrategyRollbackBytes(t *testing.T) {
 	}{
 		{Snapshot, 16, true, SnapshotBytes(s, 4, 2, 16)},
 		{Snapshot, 16, false, SnapshotBytes(s, 4, 2, 16)},
-		{Replay, 16, true, ReplayBytes(s, 2, 16, true)},
-		{Replay, 16, false, ReplayBytes(s, 2, 16, false)},
+		{Replay, 16, true, ReplayBytes(s, 4, 2, 16, true)},
+		{Replay, 16, false, ReplayBytes(s, 4, 2, 16, false)},
 		{Replay, 0, true, 0}, // no speculation, nothing to roll back
 		{Snapshot, 0, false, 0},
 	}

@@ -1,5 +1,5 @@
 // Package mamba manages Gated DeltaNet state: one slot per running request
-// holding, for every GDN layer, the causal-conv window and the fp32 recurrent
+// holding, for every GDN layer, the causal-conv window and the recurrent
 // state, plus what speculative decoding needs to roll states back.
 package mamba
 
@@ -26,13 +26,14 @@ type Shape struct {
 func (s Shape) ConvLen() int { return (s.ConvKernel - 1) * s.ConvDim }
 
 // Shard is one tensor-parallel rank's part of the state: the backend that
-// holds it, the geometry of the heads that rank owns and the conv state's
-// storage dtype (F32, the zero value, or BF16; the recurrent state is F32).
+// holds it, the geometry of the heads that rank owns and the storage dtypes
+// of the conv and recurrent states (each F32, the zero value, or BF16).
 // Without tensor parallelism there is one shard with the whole model's shape.
 type Shard struct {
 	B         kernels.Backend
 	Shape     Shape
 	ConvDType kernels.DType
+	SSMDType  kernels.DType
 }
 
 // Pool holds slots of GDN state on one or more shards; a slot number names
@@ -61,9 +62,14 @@ func NewPool(shards []Shard, n int) (*Pool, error) {
 	}
 	p := &Pool{slots: n, inUse: make([]bool, n)}
 	for r, sh := range shards {
-		if sh.ConvDType != kernels.F32 && sh.ConvDType != kernels.BF16 {
-			p.Close()
-			return nil, fmt.Errorf("mamba: conv state dtype %v: want F32 or BF16", sh.ConvDType)
+		for _, dt := range []struct {
+			what string
+			dt   kernels.DType
+		}{{"conv", sh.ConvDType}, {"recurrent", sh.SSMDType}} {
+			if dt.dt != kernels.F32 && dt.dt != kernels.BF16 {
+				p.Close()
+				return nil, fmt.Errorf("mamba: %s state dtype %v: want F32 or BF16", dt.what, dt.dt)
+			}
 		}
 		ps := poolShard{Shard: sh}
 		for l := 0; l < sh.Shape.Layers; l++ {
@@ -73,7 +79,7 @@ func NewPool(shards []Shard, n int) (*Pool, error) {
 				return nil, fmt.Errorf("mamba: rank %d conv state for %d slots: %w", r, n, err)
 			}
 			ps.conv = append(ps.conv, c)
-			s, err := sh.B.Alloc(kernels.F32, n*sh.Shape.GDN.StateLen())
+			s, err := sh.B.Alloc(sh.SSMDType, n*sh.Shape.GDN.StateLen())
 			if err != nil {
 				sh.B.Free(c)
 				p.Close()

@@ -2,6 +2,7 @@ package mamba
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"ddflash/kernels"
@@ -50,5 +51,43 @@ func TestPoolAcquireZeroesAndRelease(t *testing.T) {
 	}
 	if s1 == s0 || p.Free() != 0 {
 		t.Fatalf("slots %d and %d, %d free", s0, s1, p.Free())
+	}
+}
+
+// allocCounter counts the bytes its backend's Alloc hands out.
+type allocCounter struct {
+	kernels.Backend
+	bytes int64
+}
+
+func (c *allocCounter) Alloc(dt kernels.DType, n int) (kernels.Buffer, error) {
+	c.bytes += int64(n * dt.Size())
+	return c.Backend.Alloc(dt, n)
+}
+
+// TestPoolStorageDTypes: the conv and recurrent states are stored in the
+// dtypes the shard names, in exactly the bytes SlotBytes (the planner's
+// count) gives per slot, and a dtype the kernels cannot store is refused
+// naming which state asked for it.
+func TestPoolStorageDTypes(t *testing.T) {
+	shape := Shape{Layers: 3, ConvDim: 12, ConvKernel: 4, GDN: kernels.GDNShape{KeyHeads: 2, ValueHeads: 4, KeyDim: 8, ValueDim: 6}}
+	for _, dt := range [][2]kernels.DType{{kernels.F32, kernels.F32}, {kernels.F32, kernels.BF16}, {kernels.BF16, kernels.F32}, {kernels.BF16, kernels.BF16}} {
+		b := &allocCounter{Backend: cpu.New(1)}
+		const slots = 5
+		p, err := NewPool([]Shard{{B: b, Shape: shape, ConvDType: dt[0], SSMDType: dt[1]}}, slots)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := [2]kernels.DType{p.Conv(0, 0, 0).DType(), p.SSM(0, 0, 0).DType()}; got != dt {
+			t.Errorf("asked for conv/recurrent %v, got %v", dt, got)
+		}
+		if want := slots * SlotBytes(shape, dt[1].Size(), dt[0].Size()); b.bytes != want {
+			t.Errorf("conv/recurrent %v: the pool allocated %d bytes, SlotBytes counts %d", dt, b.bytes, want)
+		}
+		p.Close()
+	}
+	b := cpu.New(1)
+	if _, err := NewPool([]Shard{{B: b, Shape: shape, SSMDType: kernels.F16}}, 1); err == nil || !strings.Contains(err.Error(), "recurrent state dtype F16") {
+		t.Errorf("an F16 recurrent state: %v, want a refusal naming it", err)
 	}
 }

@@ -59,7 +59,8 @@ type verifyShard struct {
 	// strategies) and recurrence inputs (Replay only).
 	mixed, q, k, v, g, beta []kernels.Buffer
 	// Snapshot: per layer [maxTokens, state]. Replay: one buffer shared by all
-	// layers, used only by trees (children read their parent's state).
+	// layers, used only by trees (children read their parent's state). In the
+	// recurrent state's dtype, as are finalState and the states they roll to.
 	nodeStates []kernels.Buffer
 	finalState kernels.Buffer // where a chain verify's final state goes (discarded)
 	parentsBuf kernels.Buffer
@@ -99,13 +100,13 @@ func newVerifyShard(shard Shard, strategy Strategy, maxTokens int) (*verifyShard
 			}
 		}
 		if strategy == Snapshot || l == 0 {
-			if err := v.alloc(&v.nodeStates, kernels.F32, maxTokens*gdn.StateLen()); err != nil {
+			if err := v.alloc(&v.nodeStates, shard.SSMDType, maxTokens*gdn.StateLen()); err != nil {
 				return nil, err
 			}
 		}
 	}
 	var extra []kernels.Buffer
-	if err := v.alloc(&extra, kernels.F32, gdn.StateLen()); err != nil {
+	if err := v.alloc(&extra, shard.SSMDType, gdn.StateLen()); err != nil {
 		return nil, err
 	}
 	v.finalState = extra[0]

@@ -182,7 +182,7 @@ type chatChoice struct {
 	Delta        *chatDelta    `json:"delta,omitempty"`   // streamed chunks
 	Logprobs     *chatLogprobs `json:"logprobs"`
 	FinishReason *string       `json:"finish_reason"`
-	StopReason   *string       `json:"stop_reason,omitempty"`
+	StopReason   any           `json:"stop_reason,omitempty"` // see outcome.stopReason
 }
 
 // chatMessage is a reply (nil content: none, as when the reply calls tools).
@@ -262,7 +262,7 @@ func (chatAPI) opening(index int) any {
 }
 
 func (a chatAPI) choice(d delta, res outcome, stream bool) any {
-	c := chatChoice{Index: res.index, FinishReason: nonEmpty(res.finish), StopReason: nonEmpty(res.stopReason)}
+	c := chatChoice{Index: res.index, FinishReason: nonEmpty(res.finish), StopReason: res.stopReason}
 	if stream {
 		c.Delta = &chatDelta{Content: nonEmpty(d.split.content), ReasoningContent: nonEmpty(d.split.reasoning), ToolCalls: toolCalls(d.split.calls, true)}
 	} else {

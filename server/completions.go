@@ -60,7 +60,7 @@ type completionChoice struct {
 	Text         string              `json:"text"`
 	Logprobs     *completionLogprobs `json:"logprobs"`
 	FinishReason *string             `json:"finish_reason"`
-	StopReason   *string             `json:"stop_reason,omitempty"` // vLLM's: the stop string that matched
+	StopReason   any                 `json:"stop_reason,omitempty"` // vLLM's: the stop string or stop token id that ended the output
 }
 
 // completionLogprobs is the legacy logprobs shape: parallel arrays.
@@ -75,7 +75,7 @@ func (completionAPI) idPrefix() string   { return "cmpl-" }
 func (completionAPI) object(bool) string { return "text_completion" }
 func (completionAPI) opening(int) any    { return nil }
 func (a completionAPI) choice(d delta, res outcome, _ bool) any {
-	c := completionChoice{Index: res.index, Text: d.text, FinishReason: nonEmpty(res.finish), StopReason: nonEmpty(res.stopReason)}
+	c := completionChoice{Index: res.index, Text: d.text, FinishReason: nonEmpty(res.finish), StopReason: res.stopReason}
 	if len(d.tokens) > 0 && d.tokens[0].lp != nil {
 		c.Logprobs = &completionLogprobs{}
 		for _, t := range d.tokens {

@@ -2,7 +2,6 @@ package server
 
 import (
 	"encoding/json"
-	"errors"
 	"math"
 	"slices"
 	"sort"
@@ -133,98 +132,6 @@ func (c toolChoice) grammar() grammar { return toolCallsGrammar(c) }
 
 type toolCallsGrammar toolChoice
 
-func (g toolCallsGrammar) parse(sc *scanner) error {
-	for calls := 0; ; calls++ {
-		if err := sc.blank(); err != nil {
-			return err
-		}
-		if calls > 0 && (sc.atEnd() || !g.parallel) {
-			return nil
-		}
-		if err := g.call(sc); err != nil {
-			return err
-		}
-	}
-}
-
-// call reads <tool_call>\n<function=NAME>\n PARAMS </function>\n</tool_call>.
-func (g toolCallsGrammar) call(sc *scanner) error {
-	if err := sc.literal(toolCallOpen + "\n" + functionOpen); err != nil {
-		return err
-	}
-	names := make([]string, len(g.functions))
-	for i, f := range g.functions {
-		names[i] = f.name
-	}
-	name, err := sc.name('>', names)
-	if err != nil {
-		return err
-	}
-	spec := g.functions[slices.Index(names, name)]
-	if err := sc.literal("\n"); err != nil {
-		return err
-	}
-	var seen []string
-	for {
-		if err := sc.literal("<"); err != nil {
-			return err
-		}
-		c, err := sc.peek()
-		if err != nil {
-			return err
-		}
-		if c == '/' {
-			for _, r := range spec.required {
-				if !slices.Contains(seen, r) {
-					return errors.New("a required parameter is missing")
-				}
-			}
-			return sc.literal("/function>\n" + toolCallClose)
-		}
-		if err := sc.literal(paramOpen[1:]); err != nil {
-			return err
-		}
-		var allowed []string
-		if spec.keys != nil {
-			allowed = slices.DeleteFunc(slices.Clone(spec.keys), func(k string) bool { return slices.Contains(seen, k) })
-		}
-		param, err := sc.name('>', allowed)
-		if err != nil {
-			return err
-		}
-		seen = append(seen, param)
-		if err := sc.literal("\n"); err != nil {
-			return err
-		}
-		if err := paramValue(sc, spec.params[param]); err != nil {
-			return err
-		}
-		if err := sc.literal("\n" + paramClose + "\n"); err != nil {
-			return err
-		}
-	}
-}
-
-// paramValue reads a parameter's value: JSON of its schema, or (nil) text
-// up to the closing tag.
-func paramValue(sc *scanner, s *schema) error {
-	if s != nil {
-		return s.parse(sc)
-	}
-	end := []byte("\n" + paramClose)
-	for !sc.atEnd() {
-		rest := sc.b[sc.i:]
-		if len(rest) >= len(end) && string(rest[:len(end)]) == string(end) {
-			return nil
-		}
-		if len(rest) < len(end) && string(end[:len(rest)]) == string(rest) {
-			return nil // the closing tag, begun
-		}
-		sc.i++
-	}
-	return errIncomplete
-}
-
 // readResponseFormat reads response_format: nil for text.
 func readResponseFormat(raw json.RawMessage) (grammar, error) {
 	if isJSONNull(raw) {
@@ -276,12 +183,16 @@ func newConstraint(m *Model, shape grammar, thinking bool, r engine.Request) *gr
 	return &grammarConstraint{g: shape, vocab: vocabOf(m.Tokenizer.Tokenizer), stops: slices.Concat(m.Engine.EOS, r.StopTokenIDs)}
 }
 
+// Mask parses the reply so far once, then tries each token's bytes on a
+// copy of that parser: O(vocabulary × token length) per step, whatever the
+// reply's length. Tokens are tried in groups by first byte: where the
+// grammar fixes what comes next, most groups fail on that byte alone.
 func (c *grammarConstraint) Mask(output []int32, row []float32) {
-	var prefix []byte
+	reply := newParser(c.g)
 	for _, id := range output {
-		prefix = append(prefix, c.vocab.bytes(id)...)
+		reply.feed(c.vocab.bytes(id))
 	}
-	_, complete := check(c.g, prefix)
+	complete := reply.complete()
 	stopLogits := make([]float32, len(c.stops))
 	for i, id := range c.stops {
 		if int(id) < len(row) {
@@ -289,21 +200,20 @@ func (c *grammarConstraint) Mask(output []int32, row []float32) {
 		}
 	}
 	allowed := 0
-	scratch := slices.Clone(prefix)
-	viable := func(b []byte) bool {
-		scratch = append(scratch[:len(prefix)], b...)
-		ok, _ := check(c.g, scratch)
-		return ok
-	}
-	// Tokens are checked in groups by first byte: where the grammar fixes
-	// what comes next, most groups fail on that byte alone.
+	var afterFirst, token parser
 	for first, group := range c.vocab.byFirst {
-		firstOK := viable([]byte{byte(first)})
+		reply.forkInto(&afterFirst)
+		firstOK := afterFirst.feed([]byte{byte(first)})
 		for _, id := range group {
 			if int(id) >= len(row) {
 				continue
 			}
-			if firstOK && !slices.Contains(c.stops, id) && (len(c.vocab.table[id]) == 1 || viable(c.vocab.table[id])) {
+			ok := firstOK && !slices.Contains(c.stops, id)
+			if b := c.vocab.table[id]; ok && len(b) > 1 {
+				afterFirst.forkInto(&token)
+				ok = token.feed(b[1:])
+			}
+			if ok {
 				allowed++
 			} else {
 				row[id] = float32(math.Inf(-1))

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -25,6 +26,7 @@ type generation struct {
 	index  int // of its choice
 	stream tokenStream
 	parser *chatParser // nil: the text is not split
+	eos    []int32     // the model's end-of-sequence ids
 	ctx    context.Context
 	cancel context.CancelFunc
 	timer  *requestTimer
@@ -36,7 +38,7 @@ type generation struct {
 type outcome struct {
 	index                          int    // of its choice
 	finish                         string // stop, length or tool_calls
-	stopReason                     string // the stop string that matched, if one did
+	stopReason                     any    // vLLM's: the stop string that matched or the stop_token_ids id that ended it; nil otherwise
 	promptTokens, completionTokens int
 }
 
@@ -69,7 +71,7 @@ func (s *Server) start(ctx context.Context, m *Model, g *genRequest, index int) 
 		cancel()
 		return nil, submitError(err)
 	}
-	gen := &generation{g: g, index: index, stream: st, ctx: ctx, cancel: cancel, timer: timer,
+	gen := &generation{g: g, index: index, stream: st, ctx: ctx, cancel: cancel, timer: timer, eos: modelEOS(m),
 		out: newTextOut(m.Tokenizer.Tokenizer, g.stops), res: outcome{index: index, promptTokens: len(g.req.Prompt)}}
 	if g.newParser != nil {
 		gen.parser = g.newParser()
@@ -117,8 +119,32 @@ func (gen *generation) each(emit func(delta) error) (outcome, error) {
 	}
 	if gen.out.stopped != "" {
 		finish = engine.FinishStop
+	} else if id, ok := gen.stopTokenID(finish, res.Tokens); ok {
+		gen.res.stopReason = id
 	}
 	return gen.end(finish, res.Stats.SpecStats), nil
+}
+
+// stopTokenID is the request's stop_token_ids entry that ended the output,
+// as vLLM reports it in stop_reason; an end-of-sequence id of the model
+// (unless ignore_eos) is not one, whatever stop_token_ids says.
+func (gen *generation) stopTokenID(finish string, tokens []int32) (int32, bool) {
+	if finish != engine.FinishStop || len(tokens) == 0 {
+		return 0, false
+	}
+	last, req := tokens[len(tokens)-1], gen.g.req
+	if !slices.Contains(req.StopTokenIDs, last) || (!req.IgnoreEOS && slices.Contains(gen.eos, last)) {
+		return 0, false
+	}
+	return last, true
+}
+
+// modelEOS is the engine's end-of-sequence ids (none for a scripted model).
+func modelEOS(m *Model) []int32 {
+	if m.Engine == nil {
+		return nil
+	}
+	return m.Engine.EOS
 }
 
 // add decodes one step's tokens, up to a stop string.
@@ -174,7 +200,10 @@ func (gen *generation) end(finish string, spec *engine.SpecStats) outcome {
 	if finish == engine.FinishStop && gen.parser != nil && gen.parser.calls > 0 {
 		finish = finishToolCalls
 	}
-	gen.res.finish, gen.res.stopReason = finish, gen.out.stopped
+	gen.res.finish = finish
+	if gen.out.stopped != "" {
+		gen.res.stopReason = gen.out.stopped
+	}
 	gen.timer.end(finish, gen.res.promptTokens, gen.res.completionTokens, spec)
 	return gen.res
 }

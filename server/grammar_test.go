@@ -3,7 +3,9 @@ package server
 import (
 	"encoding/json"
 	"math"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"ddflash/tokenizer"
@@ -75,7 +77,8 @@ func TestGrammars(t *testing.T) {
 }
 
 // FuzzGrammarCheck feeds arbitrary bytes to every grammar: a constraint
-// runs on the scheduler's goroutine, so checking must never panic, and a
+// runs on the scheduler's goroutine, so checking must never panic, the
+// incremental parser must agree with the recursive-descent reference, and a
 // prefix of a viable reply must be viable too.
 func FuzzGrammarCheck(f *testing.F) {
 	person, err := compileSchema(json.RawMessage(`{"type": "object", "properties": {"a": {"type": "array", "items": {"type": "number"}},
@@ -87,13 +90,25 @@ func FuzzGrammarCheck(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	grammars := []grammar{jsonReply{person}, jsonReply{&schema{types: []string{"object"}}}, choice.grammar(), afterThinking{jsonReply{person}}}
-	for _, seed := range []string{`{"a": [1, -2.5e+3], "b": "x"}`, `{"a": []}`, "<tool_call>\n<function=get_weather>\n<parameter=days>\n-0\n</parameter>\n", "x</think> {\"a\": [0]}", `{"\u00e9": "\\u12`} {
+	numbers, err := compileSchema(json.RawMessage(`{"enum": [1, 12, 1.5, "1", [1, 2]]}`), "schema")
+	if err != nil {
+		f.Fatal(err)
+	}
+	parallel := choice
+	parallel.parallel = true
+	grammars := []grammar{jsonReply{person}, jsonReply{&schema{types: []string{"object"}}}, choice.grammar(), parallel.grammar(),
+		afterThinking{jsonReply{person}}, jsonReply{numbers}, jsonReply{nil}}
+	for _, seed := range []string{`{"a": [1, -2.5e+3], "b": "x"}`, `{"a": []}`, "<tool_call>\n<function=get_weather>\n<parameter=days>\n-0\n</parameter>\n", "x</think> {\"a\": [0]}", `{"\u00e9": "\\u12`,
+		"<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n<\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=",
+		"12", "1.5 ", `[1, 2]`, `"1"`, ` 0.5e-3`} {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, g := range grammars {
 			viable, complete := check(g, b)
+			if rv, rc := refCheck(g, b); rv != viable || rc != complete {
+				t.Errorf("%q: the parser says viable %v complete %v, the reference %v %v", b, viable, complete, rv, rc)
+			}
 			if complete && !viable {
 				t.Errorf("%q complete but not viable", b)
 			}
@@ -106,9 +121,10 @@ func FuzzGrammarCheck(f *testing.F) {
 	})
 }
 
-// maskEachToken is the reference mask: every token checked on its own.
+// maskEachToken is the reference mask: every token checked on its own,
+// with the recursive-descent reference.
 func maskEachToken(c *grammarConstraint, tok *tokenizer.Dir, reply string, row []float32) {
-	_, complete := check(c.g, []byte(reply))
+	_, complete := refCheck(c.g, []byte(reply))
 	for id := range row {
 		b, err := tok.TokenBytes(int32(id))
 		ok := false
@@ -116,7 +132,7 @@ func maskEachToken(c *grammarConstraint, tok *tokenizer.Dir, reply string, row [
 		case slices.Contains(c.stops, int32(id)):
 			ok = complete
 		case err == nil && !tok.IsSpecial(int32(id)):
-			ok, _ = check(c.g, append([]byte(reply), b...))
+			ok, _ = refCheck(c.g, append([]byte(reply), b...))
 		}
 		if !ok {
 			row[id] = float32(math.Inf(-1))
@@ -155,28 +171,111 @@ func TestMaskMatchesEachToken(t *testing.T) {
 	}
 }
 
-// BenchmarkConstraintMask compares the grouped mask with checking each
-// token, over the tiny vocabulary (report the ratio of the two).
-func BenchmarkConstraintMask(b *testing.B) {
-	_, _, tok := modelDirs(b)
-	c := personConstraint(b, tok)
-	row := make([]float32, tok.VocabSize())
-	outputs := make([][]int32, len(maskReplies))
-	for i, r := range maskReplies {
-		outputs[i] = tok.Encode(r)
+// maskReparse is the mask as it was before the incremental parser: every
+// vocabulary entry (grouped by first byte) re-reads the whole reply with
+// the reference. BenchmarkConstraintMask measures against it.
+func maskReparse(c *grammarConstraint, output []int32, row []float32) {
+	var prefix []byte
+	for _, id := range output {
+		prefix = append(prefix, c.vocab.bytes(id)...)
 	}
-	b.Run("grouped", func(b *testing.B) {
-		for b.Loop() {
-			for _, out := range outputs {
-				c.Mask(out, row)
+	scratch := slices.Clone(prefix)
+	viable := func(b []byte) bool {
+		scratch = append(scratch[:len(prefix)], b...)
+		ok, _ := refCheck(c.g, scratch)
+		return ok
+	}
+	for first, group := range c.vocab.byFirst {
+		firstOK := viable([]byte{byte(first)})
+		for _, id := range group {
+			if !firstOK || !(len(c.vocab.table[id]) == 1 || viable(c.vocab.table[id])) {
+				row[id] = float32(math.Inf(-1))
 			}
 		}
-	})
-	b.Run("each-token", func(b *testing.B) {
-		for b.Loop() {
-			for _, r := range maskReplies {
-				maskEachToken(c, tok, r, row)
+	}
+}
+
+// syntheticVocab is a vocabulary of n tokens: every single byte, then
+// random 2–8-byte strings of JSON-ish text (Qwen3.6 has 248,320 entries).
+func syntheticVocab(n int) *vocabBytes {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \"{}[]:,.-_\n\\<>/="
+	v := &vocabBytes{table: make([][]byte, n)}
+	for id := range v.table {
+		b := []byte{byte(id)}
+		if id >= 256 {
+			b = make([]byte, 2+rng.IntN(7))
+			for i := range b {
+				b[i] = alphabet[rng.IntN(len(alphabet))]
 			}
 		}
-	})
+		v.table[id] = b
+		v.byFirst[b[0]] = append(v.byFirst[b[0]], int32(id))
+	}
+	return v
+}
+
+// BenchmarkConstraintMask compares one step's mask of a JSON-schema reply
+// at Qwen3.6's vocabulary size (248,320 synthetic entries), incremental
+// (the parser copied per token) against re-reading the reply per entry,
+// after a short reply and inside a 1 KiB string; report the ratios.
+func BenchmarkConstraintMask(b *testing.B) {
+	person, err := compileSchema(json.RawMessage(`{"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}}, "additionalProperties": false}`), "schema")
+	if err != nil {
+		b.Fatal(err)
+	}
+	const vocab = 248320
+	c := &grammarConstraint{g: jsonReply{person}, vocab: syntheticVocab(vocab), stops: []int32{vocab - 1}}
+	row := make([]float32, vocab)
+	for _, reply := range []struct{ name, text string }{{"short", `{"na`}, {"1KiB", `{"n": 12, "name": "` + strings.Repeat("ab cd ", 171)}} {
+		output := make([]int32, len(reply.text)) // single-byte tokens
+		for i := range reply.text {
+			output[i] = int32(reply.text[i])
+		}
+		b.Run("incremental/"+reply.name, func(b *testing.B) {
+			for b.Loop() {
+				c.Mask(output, row)
+			}
+		})
+		b.Run("reparse/"+reply.name, func(b *testing.B) {
+			for b.Loop() {
+				maskReparse(c, output, row)
+			}
+		})
+	}
+}
+
+// TestMaskMatchesReparse: at the synthetic 248,320-entry vocabulary, the
+// incremental mask equals re-reading the reply for every entry.
+func TestMaskMatchesReparse(t *testing.T) {
+	if testing.Short() {
+		t.Skip("re-reads a 248,320-entry vocabulary")
+	}
+	choice, err := readToolChoice(json.RawMessage(`"required"`), json.RawMessage(`[`+weatherTool+`]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const vocab = 248320
+	v := syntheticVocab(vocab)
+	for _, c := range []struct {
+		g     grammar
+		reply string
+	}{
+		{choice.grammar(), "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar"},
+		{choice.grammar(), "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=d"},
+		{jsonReply{&schema{types: []string{"object"}}}, `{"a": [1, 2.`},
+	} {
+		gc := &grammarConstraint{g: c.g, vocab: v, stops: []int32{vocab - 1}}
+		output := make([]int32, len(c.reply))
+		for i := range c.reply {
+			output[i] = int32(c.reply[i])
+		}
+		got, want := make([]float32, vocab), make([]float32, vocab)
+		gc.Mask(output, got)
+		maskReparse(gc, output, want)
+		want[vocab-1] = float32(math.Inf(-1)) // incomplete: the stop token is masked
+		if !slices.Equal(got, want) {
+			t.Errorf("after %q: the incremental mask differs from re-reading", c.reply)
+		}
+	}
 }

@@ -417,6 +417,84 @@ func TestStopStrings(t *testing.T) {
 	waitIdle(t, h.model.Scheduler) // a stop string cancels the request in the engine
 }
 
+// TestStopTokenIDsSetStopReason stops a greedy completion on a token of its
+// reference answer given in stop_token_ids: finish_reason is stop and
+// stop_reason is that id (a JSON number, as vLLM answers), plainly and in
+// the streamed final chunk, and the output ends with that token.
+func TestStopTokenIDsSetStopReason(t *testing.T) {
+	h := serveTiny(t, harnessOptions{spec: specModes[3], sched: engine.SchedulerOptions{MaxRunning: 2}})
+	_, _, tok := modelDirs(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(5, 6))
+	tested := 0
+	for tries := 0; tested < 3 && tries < 40; tries++ {
+		prompt := randomPrompt(rng, 2, 12)
+		full := referenceAnswer(t, tok.Encode(prompt), 30)
+		at := -1 // the first output token from the third on that did not come before
+		for i := 2; i < len(full.tokens) && at < 0; i++ {
+			if !slices.Contains(full.tokens[:i], full.tokens[i]) {
+				at = i
+			}
+		}
+		if at < 0 {
+			continue
+		}
+		tested++
+		id := full.tokens[at]
+		params := completionParams(prompt, 30)
+		stopIDs := option.WithJSONSet("stop_token_ids", []int32{id})
+		got, err := h.client.Completions.New(ctx, params, stopIDs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := got.Choices[0]
+		if c.FinishReason != "stop" || got.Usage.CompletionTokens != int64(at+1) {
+			t.Errorf("stop token %d: finish %s after %d tokens, want stop after %d", id, c.FinishReason, got.Usage.CompletionTokens, at+1)
+		}
+		if reason := c.JSON.ExtraFields["stop_reason"].Raw(); reason != fmt.Sprint(id) {
+			t.Errorf("stop token %d: stop_reason %s", id, reason)
+		}
+		s := h.client.Completions.NewStreaming(ctx, params, stopIDs)
+		streamedReason := ""
+		for s.Next() {
+			if ch := s.Current().Choices; len(ch) > 0 && ch[0].FinishReason != "" {
+				streamedReason = ch[0].JSON.ExtraFields["stop_reason"].Raw()
+			}
+		}
+		if err := s.Err(); err != nil || streamedReason != fmt.Sprint(id) {
+			t.Errorf("stop token %d streamed: stop_reason %s, %v", id, streamedReason, err)
+		}
+	}
+	if tested < 3 {
+		t.Fatalf("only %d usable answers to take stop tokens from", tested)
+	}
+}
+
+// TestStopTokenID: which stops name their token in stop_reason. An
+// end-of-sequence id stops as the model's end (no stop_reason, as vLLM)
+// unless ignore_eos, even when stop_token_ids lists it too.
+func TestStopTokenID(t *testing.T) {
+	const eos, stop, other = 9, 4, 5
+	for _, c := range []struct {
+		finish    string
+		last      int32
+		ignoreEOS bool
+		want      int32
+		ok        bool
+	}{
+		{engine.FinishStop, stop, false, stop, true},
+		{engine.FinishStop, eos, false, 0, false},
+		{engine.FinishStop, eos, true, eos, true},
+		{engine.FinishStop, other, false, 0, false},
+		{engine.FinishLength, stop, false, 0, false},
+	} {
+		gen := &generation{g: &genRequest{req: engine.Request{StopTokenIDs: []int32{stop, eos}, IgnoreEOS: c.ignoreEOS}}, eos: []int32{eos}}
+		if id, ok := gen.stopTokenID(c.finish, []int32{other, c.last}); id != c.want || ok != c.ok {
+			t.Errorf("%+v: got %d, %v", c, id, ok)
+		}
+	}
+}
+
 // tokensUntil is how many tokens are generated up to the one that completes
 // a stop string first.
 func tokensUntil(t *testing.T, tok *tokenizer.Dir, ids []int32, stops ...string) int {

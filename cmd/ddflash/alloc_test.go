@@ -5,6 +5,7 @@ import (
 	"flag"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 
@@ -42,14 +43,21 @@ func (c *countingBackend) Free(b kernels.Buffer) {
 // same plan and load steps as serve) on a counting CPU backend, runs one
 // full batch of speculative requests, and checks that the peak of all
 // allocations is within 2 % (or 64 MiB) of what the plan assigns to
-// weights, caches, state slots and rollback; Close returns all of it.
+// weights, caches, state slots and rollback; Close returns all of it. Once
+// per recurrent-state dtype.
 func TestServeAllocatesThePlan(t *testing.T) {
+	for _, ssm := range []string{"fp32", "bf16"} {
+		t.Run(ssm, func(t *testing.T) { checkServeAllocatesThePlan(t, ssm) })
+	}
+}
+
+func checkServeAllocatesThePlan(t *testing.T, ssmDtype string) {
 	target, draft := tinyModelDirs(t)
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	var c serveConfig
 	c.register(fs)
 	if err := fs.Parse([]string{"--model", target, "--draft", draft, "--spec", "ddtree", "--budget", "4", "--gpu-mem", "1GiB",
-		"--max-running-requests", "3", "--context", "256", "--kv-dtype", "bf16", "--threads", "1"}); err != nil {
+		"--max-running-requests", "3", "--context", "256", "--kv-dtype", "bf16", "--ssm-dtype", ssmDtype, "--threads", "1"}); err != nil {
 		t.Fatal(err)
 	}
 	counter := &countingBackend{}
@@ -61,6 +69,9 @@ func TestServeAllocatesThePlan(t *testing.T) {
 	model, err := c.load(sizing, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got, want := model.Engine.Model.States.SSM(0, 0, 0).DType(), map[string]kernels.DType{"fp32": kernels.F32, "bf16": kernels.BF16}[ssmDtype]; got != want {
+		t.Fatalf("--ssm-dtype %s allocated a %v recurrent state", ssmDtype, got)
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -97,10 +108,11 @@ func TestServeAllocatesThePlan(t *testing.T) {
 
 // TestBenchSizingFollowsThePlan: given --gpu-mem, the in-process bench sizes
 // each degree's engine by the same plan serve computes for those flags (and
-// loads exactly its KV tokens); on the CPU without it, by concurrency alone.
+// loads exactly its KV tokens and its recurrent-state dtype); on the CPU
+// without it, by concurrency alone.
 func TestBenchSizingFollowsThePlan(t *testing.T) {
 	target, draft := tinyModelDirs(t)
-	mf := modelFlags{model: target, draft: draft, spec: "ddtree", budget: 4, rollback: "replay", context: 256, device: "cpu", tp: 1, threads: 1}
+	mf := modelFlags{model: target, draft: draft, spec: "ddtree", budget: 4, rollback: "replay", context: 256, device: "cpu", tp: 1, threads: 1, ssmDtype: "bf16"}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	got, err := benchSizing(&mf, fs, 3, "1GiB")
 	if err != nil {
@@ -109,15 +121,15 @@ func TestBenchSizingFollowsThePlan(t *testing.T) {
 	var c serveConfig
 	c.register(fs)
 	if err := fs.Parse([]string{"--model", target, "--draft", draft, "--spec", "ddtree", "--budget", "4", "--context", "256",
-		"--max-running-requests", "3", "--gpu-mem", "1GiB"}); err != nil {
+		"--max-running-requests", "3", "--gpu-mem", "1GiB", "--ssm-dtype", "bf16"}); err != nil {
 		t.Fatal(err)
 	}
 	want, p, err := c.plan(fs, slog.New(slog.NewTextHandler(io.Discard, nil)), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != want {
-		t.Fatalf("bench sizing %+v, serve's %+v", got, want)
+	if got != want || got.SSMDType != engine.SSMBF16 {
+		t.Fatalf("bench sizing %+v, serve's %+v (both want a bf16 recurrent state)", got, want)
 	}
 	e, err := mf.load(got)
 	if err != nil {
@@ -127,7 +139,12 @@ func TestBenchSizingFollowsThePlan(t *testing.T) {
 	if kv := e.Model.KV; int64(kv.Pages()*kv.PageSize()) < p.KVTokens || int64((kv.Pages()-1)*kv.PageSize()) >= p.KVTokens {
 		t.Errorf("engine KV of %d pages of %d tokens for a plan of %d tokens", kv.Pages(), kv.PageSize(), p.KVTokens)
 	}
-	if unplanned, err := benchSizing(&mf, fs, 3, ""); err != nil || unplanned != unplannedSizing(3) {
-		t.Errorf("on the CPU without --gpu-mem: %+v, %v; want %+v", unplanned, err, unplannedSizing(3))
+	want3 := engine.Options{MaxSeqs: 3, KVDType: kernels.BF16, ConvDType: kernels.BF16, SSMDType: engine.SSMBF16}
+	if unplanned, err := benchSizing(&mf, fs, 3, ""); err != nil || unplanned != want3 {
+		t.Errorf("on the CPU without --gpu-mem: %+v, %v; want %+v", unplanned, err, want3)
+	}
+	mf.ssmDtype = "fp16"
+	if _, err := benchSizing(&mf, fs, 3, ""); err == nil || !strings.Contains(err.Error(), "--ssm-dtype fp16") {
+		t.Errorf("--ssm-dtype fp16: %v, want a refusal naming it", err)
 	}
 }

@@ -27,6 +27,7 @@ func runGenerate(args []string) error {
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
 	var mf modelFlags
 	mf.register(fs)
+	mf.registerSSMDtype(fs)
 	prompt := fs.String("prompt", "", "prompt text (encoded with the model's tokenizer)")
 	tokens := fs.String("tokens", "", "prompt as comma-separated token ids (instead of --prompt)")
 	maxTokens := fs.Int("max-tokens", 64, "maximum number of new tokens")
@@ -42,7 +43,11 @@ func runGenerate(args []string) error {
 	if (*prompt == "") == (*tokens == "") {
 		return errors.New("give the prompt as --prompt TEXT or --tokens 1,2,3")
 	}
-	eng, err := mf.load(unplannedSizing(1))
+	sizing, err := mf.unplannedSizing(1)
+	if err != nil {
+		return err
+	}
+	eng, err := mf.load(sizing)
 	if err != nil {
 		return err
 	}

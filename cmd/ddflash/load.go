@@ -9,6 +9,7 @@ import (
 	"ddflash/adaptive"
 	"ddflash/dflash"
 	"ddflash/engine"
+	"ddflash/engine/planner"
 	"ddflash/kernels"
 	"ddflash/kernels/cpu"
 	"ddflash/kernels/device"
@@ -20,6 +21,9 @@ import (
 type modelFlags struct {
 	model, draft, spec, rollback, device string
 	budget, context, threads, tp         int
+	// ssmDtype is --ssm-dtype of the commands that size an engine without
+	// serve's memory flags (generate, bench; see registerSSMDtype).
+	ssmDtype string
 
 	// wrapBackend, when set, wraps each rank's backend (tests count allocations).
 	wrapBackend func(kernels.Backend) kernels.Backend
@@ -188,8 +192,32 @@ func (m *modelFlags) load(opts engine.Options) (*engine.Engine, error) {
 	return e, nil
 }
 
+// registerSSMDtype registers --ssm-dtype for generate and bench (serve and
+// plan have it among the memory flags).
+func (m *modelFlags) registerSSMDtype(fs *flag.FlagSet) {
+	fs.StringVar(&m.ssmDtype, "ssm-dtype", "", "GDN recurrent state dtype: fp32 or bf16 (default: the config's mamba_ssm_dtype)")
+}
+
+// ssmChoice is the engine's recurrent-state choice for --ssm-dtype.
+func (m *modelFlags) ssmChoice() (engine.SSMDType, error) {
+	if m.ssmDtype == "" {
+		return engine.SSMFromConfig, nil
+	}
+	d, err := planner.ParseDType(m.ssmDtype, false)
+	if err != nil {
+		return 0, err
+	}
+	ssm, ok := planner.EngineSSMDType(d)
+	if !ok {
+		return 0, fmt.Errorf("--ssm-dtype %s: the engine keeps the GDN recurrent state in bf16 or fp32", d.Name)
+	}
+	return ssm, nil
+}
+
 // unplannedSizing sizes an engine for sequences requests without a memory
-// plan (generate, bench): KV and conv state in bf16, as plan assumes by default.
-func unplannedSizing(sequences int) engine.Options {
-	return engine.Options{MaxSeqs: sequences, KVDType: kernels.BF16, ConvDType: kernels.BF16}
+// plan (generate, bench): KV and conv state in bf16, as plan assumes by
+// default, and the recurrent state as --ssm-dtype says.
+func (m *modelFlags) unplannedSizing(sequences int) (engine.Options, error) {
+	ssm, err := m.ssmChoice()
+	return engine.Options{MaxSeqs: sequences, KVDType: kernels.BF16, ConvDType: kernels.BF16, SSMDType: ssm}, err
 }

@@ -293,24 +293,19 @@ func (c *serveConfig) load(sizing engine.Options, log *slog.Logger) (*server.Mod
 	if e.Tokenizer == nil {
 		return nil, fmt.Errorf("serving text needs the model's tokenizer: %s has no tokenizer.json", c.model.model)
 	}
-	defaults, err := c.samplingDefaults(log)
-	if err != nil {
-		return nil, err
-	}
+	defaults := c.samplingDefaults(e.Generation, log)
 	sched := engine.NewScheduler(e, engine.SchedulerOptions{MaxRunning: sizing.MaxSeqs, MaxQueue: c.maxQueue, StepPrefill: c.chunk})
 	return &server.Model{Engine: e, Scheduler: sched, Tokenizer: e.Tokenizer, Defaults: defaults, Parsers: c.parsers}, nil
 }
 
-// samplingDefaults reads the model's generation_config.json sampling
-// defaults (--generation-config auto) and logs which are in force.
-func (c *serveConfig) samplingDefaults(log *slog.Logger) (engine.GenerationConfig, error) {
+// samplingDefaults returns the sampling defaults of the model's
+// generation_config.json as the engine read it (gen, nil when the model
+// ships none) under --generation-config auto, and logs which are in force.
+func (c *serveConfig) samplingDefaults(gen *engine.GenerationConfig, log *slog.Logger) engine.GenerationConfig {
 	var g engine.GenerationConfig
-	found := false
-	if c.generationConfig == "auto" {
-		var err error
-		if g, found, err = engine.LoadGenerationConfig(c.model.model); err != nil {
-			return g, err
-		}
+	found := c.generationConfig == "auto" && gen != nil
+	if found {
+		g = *gen
 	}
 	g.EOS = nil // the engine's stop set; these are the sampling defaults only
 	var inForce []any
@@ -334,5 +329,5 @@ func (c *serveConfig) samplingDefaults(log *slog.Logger) (engine.GenerationConfi
 	default:
 		log.Info("sampling defaults: OpenAI's (temperature 1, top_p 1)", "generation_config", c.generationConfig)
 	}
-	return g, nil
+	return g
 }

@@ -4,32 +4,28 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"ddflash/engine"
 )
 
-// TestServeSamplingDefaults reads Qwen3.6's generation_config.json (as
-// published; see server/testdata) under --generation-config auto and none,
-// and checks the defaults returned and the start-up log line.
+// TestServeSamplingDefaults takes Qwen3.6's generation_config.json (as
+// published; see server/testdata) as the engine reads it, under
+// --generation-config auto and none, and checks the defaults returned and
+// the start-up log line. serve reads no file itself: the model directory
+// here has none.
 func TestServeSamplingDefaults(t *testing.T) {
-	dir := t.TempDir()
-	data, err := os.ReadFile(filepath.Join("..", "..", "server", "testdata", "qwen3.6-27b", "generation_config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "generation_config.json"), data, 0o644); err != nil {
-		t.Fatal(err)
+	gen, found, err := engine.LoadGenerationConfig(filepath.Join("..", "..", "server", "testdata", "qwen3.6-27b"))
+	if err != nil || !found {
+		t.Fatalf("Qwen's generation_config.json: found %v, %v", found, err)
 	}
 	for _, mode := range []string{"auto", "none"} {
 		var buf bytes.Buffer
 		c := serveConfig{generationConfig: mode}
-		c.model.model = dir
-		g, err := c.samplingDefaults(slog.New(slog.NewTextHandler(&buf, nil)))
-		if err != nil {
-			t.Fatal(err)
-		}
+		c.model.model = t.TempDir()
+		g := c.samplingDefaults(&gen, slog.New(slog.NewTextHandler(&buf, nil)))
 		log := buf.String()
 		switch mode {
 		case "auto":
@@ -44,6 +40,14 @@ func TestServeSamplingDefaults(t *testing.T) {
 				t.Errorf("none: defaults %+v, log %q", g, log)
 			}
 		}
+	}
+	if len(gen.EOS) == 0 {
+		t.Errorf("the engine's eos list was cleared: %+v", gen)
+	}
+	var buf bytes.Buffer
+	c := serveConfig{generationConfig: "auto"}
+	if g := c.samplingDefaults(nil, slog.New(slog.NewTextHandler(&buf, nil))); g.Temperature != nil || !strings.Contains(buf.String(), "OpenAI's") {
+		t.Errorf("auto without a generation_config.json: defaults %+v, log %q", g, buf.String())
 	}
 	for _, args := range [][]string{{"--reasoning-parser", "deepseek"}, {"--tool-call-parser", "hermes"}, {"--generation-config", "vllm"}} {
 		if err := serve(context.Background(), args, nil); err == nil || !strings.Contains(err.Error(), args[1]) {

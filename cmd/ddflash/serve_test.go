@@ -108,12 +108,13 @@ func TestServeRefusesWhatCannotFit(t *testing.T) {
 // TestServeRunsThePrintedPlan runs the serve line `ddflash plan --json`
 // prints for a small model and a memory budget, as printed, and checks
 // that serve's start-up log states the same plan: KV tokens, state slots,
-// running requests, cache dtypes and the same serve line.
+// running requests, cache dtypes (a bf16 recurrent state asked of plan) and
+// the same serve line.
 func TestServeRunsThePrintedPlan(t *testing.T) {
 	target, draft := tinyModelDirs(t)
 	var planOut bytes.Buffer
 	if err := planTo(&planOut, []string{"--model", target, "--draft", draft, "--gpu-mem", "1GiB", "--max-running-requests", "2",
-		"--spec", "ddtree", "--budget", "4", "--context", "256", "--json"}); err != nil {
+		"--spec", "ddtree", "--budget", "4", "--context", "256", "--ssm-dtype", "bf16", "--json"}); err != nil {
 		t.Fatal(err)
 	}
 	var plan struct {
@@ -126,6 +127,7 @@ func TestServeRunsThePrintedPlan(t *testing.T) {
 		Settings struct {
 			KVDtype   string `json:"kv_dtype"`
 			ConvDtype string `json:"conv_dtype"`
+			SSMDtype  string `json:"ssm_dtype"`
 		} `json:"settings"`
 	}
 	if err := json.Unmarshal(planOut.Bytes(), &plan); err != nil {
@@ -164,6 +166,8 @@ func TestServeRunsThePrintedPlan(t *testing.T) {
 		fmt.Sprintf("max_running_requests=%d ", plan.MaxRunning.Effective),
 		fmt.Sprintf("kv_dtype=%s ", plan.Settings.KVDtype),
 		fmt.Sprintf("conv_dtype=%s ", plan.Settings.ConvDtype),
+		fmt.Sprintf("ssm_dtype=%s ", plan.Settings.SSMDtype),
+		"ssm_dtype=bf16 ",
 		fmt.Sprintf("flags=%q", plan.Flags),
 	} {
 		if !strings.Contains(logged, want) {

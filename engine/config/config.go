@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 )
 
 // LayerKind says which token mixer a decoder layer uses.
@@ -56,12 +58,15 @@ type Config struct {
 
 	TieWordEmbeddings bool
 	EOSTokenIDs       []int
-	BOSTokenID        int  // -1 when absent
-	SSMStateFP32      bool // mamba_ssm_dtype == float32 (the default)
+	BOSTokenID        int    // -1 when absent
+	SSMDtype          string // mamba_ssm_dtype: float32 (the default), bfloat16 or float16
 	Dtype             string
 
 	Quant *Quantization // quantization_config; nil for unquantised checkpoints
 }
+
+// ssmDtypes are the mamba_ssm_dtype values a config may name.
+var ssmDtypes = []string{"float32", "bfloat16", "float16"}
 
 // RotaryDim is the number of leading head dimensions that RoPE rotates.
 func (c *Config) RotaryDim() int { return int(float64(c.HeadDim) * c.PartialRotary) }
@@ -148,7 +153,7 @@ func parseArchitecture(data []byte) (*Config, error) {
 }
 
 func parseText(f fields) (*Config, error) {
-	c := &Config{ModelType: "qwen3_5_text", BOSTokenID: -1, SSMStateFP32: true}
+	c := &Config{ModelType: "qwen3_5_text", BOSTokenID: -1, SSMDtype: "float32"}
 	if err := refuseUnsupportedMath(f); err != nil {
 		return nil, err
 	}
@@ -217,11 +222,12 @@ func parseText(f fields) (*Config, error) {
 		}
 	}
 	if f.has("mamba_ssm_dtype") {
-		dt, err := f.str("mamba_ssm_dtype")
-		if err != nil {
+		if c.SSMDtype, err = f.str("mamba_ssm_dtype"); err != nil {
 			return nil, err
 		}
-		c.SSMStateFP32 = dt == "float32"
+		if !slices.Contains(ssmDtypes, c.SSMDtype) {
+			return nil, fmt.Errorf("field %smamba_ssm_dtype: unsupported %q (want one of %s)", f.prefix, c.SSMDtype, strings.Join(ssmDtypes, ", "))
+		}
 	}
 	if f.has("dtype") {
 		c.Dtype, _ = f.str("dtype")
@@ -269,10 +275,34 @@ func parseLayers(f fields, c *Config) error {
 	return nil
 }
 
-// parseRope reads the RoPE settings as transformers does: a legacy
-// rope_scaling object replaces rope_parameters; rope_theta and
-// partial_rotary_factor fall back to top-level fields, then to the defaults.
+// parseRope sets the target's RoPE settings (see readRope).
 func parseRope(f fields, c *Config) error {
+	r, err := readRope(f, c.MaxPositions, Rope{Theta: defaultRopeTheta, PartialRotary: defaultPartialRotary})
+	c.RopeTheta, c.PartialRotary, c.YaRN = r.Theta, r.PartialRotary, r.YaRN
+	return err
+}
+
+// Rope is a config's rotary embedding: theta, the rotated fraction of each
+// head and, for the yarn rope type, its scaling.
+type Rope struct {
+	Theta         float64
+	PartialRotary float64
+	YaRN          *YaRN // nil for plain RoPE
+}
+
+// ParseRope reads the RoPE settings of a config.json object (its top-level
+// keys, as raw JSON) as the target's parser does, for other models (the
+// drafter): def gives theta and the rotary fraction when absent (Theta 0:
+// rope_theta is required); maxPositions is max_position_embeddings.
+func ParseRope(object map[string]json.RawMessage, maxPositions int, def Rope) (Rope, error) {
+	return readRope(fields{m: object}, maxPositions, def)
+}
+
+// readRope reads the RoPE settings as transformers does: a legacy
+// rope_scaling object replaces rope_parameters; rope_theta and
+// partial_rotary_factor fall back to top-level fields, then to def.
+func readRope(f fields, maxPositions int, def Rope) (Rope, error) {
+	var r Rope
 	var objects []fields // rope_scaling, then rope_parameters, where set and not empty
 	for _, key := range []string{"rope_scaling", "rope_parameters"} {
 		if !f.has(key) || f.isNull(key) {
@@ -280,7 +310,7 @@ func parseRope(f fields, c *Config) error {
 		}
 		var inner map[string]json.RawMessage
 		if err := json.Unmarshal(f.m[key], &inner); err != nil {
-			return fmt.Errorf("field %s%s: want an object: %w", f.prefix, key, err)
+			return r, fmt.Errorf("field %s%s: want an object: %w", f.prefix, key, err)
 		}
 		if len(inner) > 0 {
 			objects = append(objects, fields{m: inner, prefix: f.prefix + key + "."})
@@ -298,32 +328,42 @@ func parseRope(f fields, c *Config) error {
 		if rf.has(key) {
 			var err error
 			if ropeType, err = rf.str(key); err != nil {
-				return err
+				return r, err
 			}
 			break
 		}
 	}
 	known, ok := ropeKeys[ropeType]
 	if !ok {
-		return fmt.Errorf("field %srope_type: unsupported %q (ddflash runs default and yarn RoPE)", rf.prefix, ropeType)
+		return r, fmt.Errorf("field %srope_type: unsupported %q (ddflash runs default and yarn RoPE)", rf.prefix, ropeType)
 	}
 	for key := range rf.m {
 		if !known[key] && !ropeKeys["default"][key] {
-			return fmt.Errorf("field %s%s: not supported with rope_type %q", rf.prefix, key, ropeType)
+			return r, fmt.Errorf("field %s%s: not supported with rope_type %q", rf.prefix, key, ropeType)
 		}
 	}
 	var err error
 	read := []fields{rf, f}
-	if c.RopeTheta, err = agreedNumber(defaultRopeTheta, "rope_theta", read, shadowed...); err != nil {
-		return err
+	if r.Theta, err = agreedNumber(def.Theta, "rope_theta", read, shadowed...); err != nil {
+		return r, err
 	}
-	if c.PartialRotary, err = agreedNumber(defaultPartialRotary, "partial_rotary_factor", read, shadowed...); err != nil {
-		return err
+	if r.Theta <= 0 {
+		where := f.prefix
+		if len(objects) > 0 {
+			where = rf.prefix
+		}
+		if def.Theta == 0 && r.Theta == 0 { // required, and absent
+			return r, fmt.Errorf("field %srope_theta: missing", where)
+		}
+		return r, fmt.Errorf("field %srope_theta: %g, want a positive number", where, r.Theta)
+	}
+	if r.PartialRotary, err = agreedNumber(def.PartialRotary, "partial_rotary_factor", read, shadowed...); err != nil {
+		return r, err
 	}
 	if ropeType == "yarn" {
-		c.YaRN, err = parseYaRN(rf, f, c.MaxPositions)
+		r.YaRN, err = parseYaRN(rf, f, maxPositions)
 	}
-	return err
+	return r, err
 }
 
 // ropeKeys are the keys of a RoPE object that ddflash reads, by rope type

@@ -37,8 +37,8 @@ func TestQwen36Preset(t *testing.T) {
 			t.Fatalf("layer %d is %v", i, kind)
 		}
 	}
-	if c.RopeTheta != 1e7 || !c.AttnOutputGate || c.TieWordEmbeddings || !c.SSMStateFP32 {
-		t.Fatalf("theta %g, gate %v, tied %v, fp32 state %v", c.RopeTheta, c.AttnOutputGate, c.TieWordEmbeddings, c.SSMStateFP32)
+	if c.RopeTheta != 1e7 || !c.AttnOutputGate || c.TieWordEmbeddings || c.SSMDtype != "float32" {
+		t.Fatalf("theta %g, gate %v, tied %v, state %s", c.RopeTheta, c.AttnOutputGate, c.TieWordEmbeddings, c.SSMDtype)
 	}
 }
 
@@ -83,6 +83,7 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"gqa", `"num_key_value_heads":2`, `"num_key_value_heads":3`, "num_key_value_heads: 3 does not divide"},
 		{"architecture", `"qwen3_5_text"`, `"llama"`, `field model_type: unsupported architecture "llama"`},
 		{"bad json", `{"model_type"`, `{model_type`, "invalid JSON"},
+		{"ssm dtype", `"eos_token_id":7`, `"eos_token_id":7,"mamba_ssm_dtype":"float8"`, `field mamba_ssm_dtype: unsupported "float8"`},
 	}
 	for _, c := range cases {
 		src := strings.Replace(flat, c.from, c.to, 1)
@@ -100,5 +101,18 @@ func TestErrorsNameTheField(t *testing.T) {
 	wrapped := `{"model_type":"qwen3_5","tie_word_embeddings":true,"text_config":` + strings.Replace(flat, `"head_dim":16`, `"head_dim":"x"`, 1) + `}`
 	if _, err := Parse([]byte(wrapped)); err == nil || !strings.Contains(err.Error(), "field text_config.head_dim") {
 		t.Errorf("nested field error should carry the text_config. prefix: %v", err)
+	}
+}
+
+// TestSSMDtype: mamba_ssm_dtype is read as given, float32 when absent.
+func TestSSMDtype(t *testing.T) {
+	for _, c := range []struct{ extra, want string }{{``, "float32"}, {`,"mamba_ssm_dtype":"bfloat16"`, "bfloat16"}, {`,"mamba_ssm_dtype":"float32"`, "float32"}} {
+		cfg, err := Parse([]byte(strings.Replace(flat, `"eos_token_id":7`, `"eos_token_id":7`+c.extra, 1)))
+		if err != nil {
+			t.Fatalf("config with %q: %v", c.extra, err)
+		}
+		if cfg.SSMDtype != c.want {
+			t.Errorf("config with %q: dtype %s, want %s", c.extra, cfg.SSMDtype, c.want)
+		}
 	}
 }

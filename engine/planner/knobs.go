@@ -165,10 +165,7 @@ func (k Knobs) withDefaults(t *Target) (Knobs, error) {
 		}
 	}
 	if k.SSMDtype == (DType{}) {
-		k.SSMDtype = BF16
-		if t.Config.SSMStateFP32 {
-			k.SSMDtype = FP32
-		}
+		k.SSMDtype = dtypeAliases[t.Config.SSMDtype] // the config parser admits only float32, bfloat16 and float16
 	}
 	if k.ConvDtype == (DType{}) {
 		k.ConvDtype = BF16

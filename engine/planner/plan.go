@@ -364,24 +364,32 @@ func (p *Plan) limit(maxPositions int) {
 	p.Warnings = p.warnings(maxPositions)
 }
 
+// EngineSSMDType is the engine's recurrent-state choice for d; false for
+// a dtype the engine cannot store it in.
+func EngineSSMDType(d DType) (engine.SSMDType, bool) {
+	ssm, ok := map[DType]engine.SSMDType{FP32: engine.SSMF32, BF16: engine.SSMBF16}[d]
+	return ssm, ok
+}
+
 // EngineOptions is the engine sizing the plan sets: its KV tokens, one
 // state slot per running request, the context and the cache dtypes. It
-// refuses what the engine cannot store (fp16 or fp8 caches, a non-fp32
-// recurrent state, prefix-cache slots).
+// refuses what the engine cannot store (fp16 or fp8 caches and states,
+// prefix-cache slots).
 func (p *Plan) EngineOptions() (engine.Options, error) {
 	k := p.Settings
 	storage := map[DType]kernels.DType{FP32: kernels.F32, BF16: kernels.BF16}
 	kv, okKV := storage[k.KVDtype]
 	conv, okConv := storage[k.ConvDtype]
+	ssm, okSSM := EngineSSMDType(k.SSMDtype)
 	switch {
 	case !okKV:
 		return engine.Options{}, fmt.Errorf("--kv-dtype %s: the engine stores the KV cache in bf16 or fp32", k.KVDtype.Name)
 	case !okConv:
 		return engine.Options{}, fmt.Errorf("--conv-dtype %s: the engine stores the conv state in bf16 or fp32", k.ConvDtype.Name)
-	case k.SSMDtype != FP32:
-		return engine.Options{}, fmt.Errorf("--ssm-dtype %s: the engine keeps the GDN recurrent state in fp32", k.SSMDtype.Name)
+	case !okSSM:
+		return engine.Options{}, fmt.Errorf("--ssm-dtype %s: the engine keeps the GDN recurrent state in bf16 or fp32", k.SSMDtype.Name)
 	case k.PrefixSlots > 0:
 		return engine.Options{}, fmt.Errorf("--prefix-slots %d: the engine has no prefix cache", k.PrefixSlots)
 	}
-	return engine.Options{Context: k.Context, MaxSeqs: p.MaxRunning.Effective, KVTokens: int(p.KVTokens), KVDType: kv, ConvDType: conv}, nil
+	return engine.Options{Context: k.Context, MaxSeqs: p.MaxRunning.Effective, KVTokens: int(p.KVTokens), KVDType: kv, ConvDType: conv, SSMDType: ssm}, nil
 }

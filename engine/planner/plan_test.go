@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"ddflash/engine"
 	"ddflash/kernels"
 	"ddflash/mamba"
 )
@@ -457,7 +458,9 @@ func TestEngineOptions(t *testing.T) {
 		{FP16, BF16, FP32, 0, "--kv-dtype fp16"},
 		{FP8, BF16, FP32, 0, "--kv-dtype fp8"},
 		{BF16, FP16, FP32, 0, "--conv-dtype fp16"},
-		{BF16, BF16, BF16, 0, "--ssm-dtype bf16"},
+		{BF16, BF16, BF16, 0, ""},
+		{FP32, FP32, BF16, 0, ""},
+		{BF16, BF16, FP16, 0, "--ssm-dtype fp16"},
 		{BF16, BF16, FP32, 2, "--prefix-slots 2"},
 	} {
 		p := &Plan{KVTokens: 1234, Settings: Knobs{KVDtype: c.kv, ConvDtype: c.conv, SSMDtype: c.ssm, PrefixSlots: c.prefix, Context: 99}}
@@ -469,11 +472,14 @@ func TestEngineOptions(t *testing.T) {
 			}
 			continue
 		}
-		wantKV, wantConv := kernels.BF16, kernels.BF16
+		wantKV, wantConv, wantSSM := kernels.BF16, kernels.BF16, engine.SSMF32
 		if c.kv == FP32 {
 			wantKV, wantConv = kernels.F32, kernels.F32
 		}
-		if err != nil || opts.KVTokens != 1234 || opts.MaxSeqs != 3 || opts.Context != 99 || opts.KVDType != wantKV || opts.ConvDType != wantConv {
+		if c.ssm == BF16 {
+			wantSSM = engine.SSMBF16
+		}
+		if err != nil || opts.KVTokens != 1234 || opts.MaxSeqs != 3 || opts.Context != 99 || opts.KVDType != wantKV || opts.ConvDType != wantConv || opts.SSMDType != wantSSM {
 			t.Errorf("%+v: options %+v, %v", c, opts, err)
 		}
 	}

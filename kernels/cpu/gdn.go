@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"ddflash/internal/half"
 	"ddflash/kernels"
 )
 
@@ -112,48 +113,133 @@ func axpy(y, x []float32, a float32) {
 	}
 }
 
-// GDNRecurrence runs the gated delta rule token by token, as a chain or a tree.
+// GDNRecurrence runs the gated delta rule token by token, as a chain or a
+// tree. A BF16 state is rounded to nearest even after every token, so that
+// a T-token call computes exactly what T one-token calls do.
 func (be *Backend) GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeStates, parents kernels.Buffer, T int, shape kernels.GDNShape) {
 	a := gdnInputs("GDNRecurrence", out, q, k, v, g, beta, T, shape)
 	sl := shape.StateLen()
-	st := f32s("GDNRecurrence state", state, sl)
+	dt := stateDType("GDNRecurrence state", state)
+	st := recurrentStates("GDNRecurrence state", state, dt, sl)
 	par := treeParents("GDNRecurrence", parents, T)
-	var nodes, final []float32
+	var nodes, final recurrentState
 	if nodeStates != nil || par != nil {
-		nodes = f32s("GDNRecurrence nodeStates", nodeStates, T*sl)
+		nodes = recurrentStates("GDNRecurrence nodeStates", nodeStates, dt, T*sl)
 	}
 	if par == nil {
-		final = f32s("GDNRecurrence stateOut", stateOut, sl)
+		final = recurrentStates("GDNRecurrence stateOut", stateOut, dt, sl)
 	}
 	headLen := shape.KeyDim * shape.ValueDim
 	be.pool.parallelFor(shape.ValueHeads, T*headLen, func(lo, hi int) {
 		delta := make([]float32, shape.ValueDim)
+		var work []float32 // a BF16 head's working copy
+		if dt == kernels.BF16 {
+			work = make([]float32, headLen)
+		}
 		for h := lo; h < hi; h++ {
-			headOf := func(buf []float32, node int) []float32 {
-				return buf[node*sl+h*headLen : node*sl+(h+1)*headLen]
+			head := h * headLen
+			step := func(S []float32, t int) {
+				qt, kt, vt, gt, bt := a.token(t, h)
+				be.kern.deltaStep(S, qt, kt, vt, gt, bt, a.outRow(t, h), delta)
+				if dt == kernels.BF16 {
+					roundToBF16(S) // the state as stored between tokens
+				}
 			}
 			if par == nil {
-				S := headOf(final, 0)
-				copy(S, headOf(st, 0)) // a no-op when stateOut is state
+				S := final.working(head, headLen, work)
+				st.load(S, head) // a no-op when stateOut is state
 				for t := range T {
-					qt, kt, vt, gt, bt := a.token(t, h)
-					be.kern.deltaStep(S, qt, kt, vt, gt, bt, a.outRow(t, h), delta)
-					if nodes != nil {
-						copy(headOf(nodes, t), S)
+					step(S, t)
+					if nodes.present() {
+						nodes.store(t*sl+head, S)
 					}
 				}
+				final.store(head, S)
 				continue
 			}
 			for t := range T {
-				S := headOf(nodes, t)
+				S := nodes.working(t*sl+head, headLen, work)
 				if p := par[t]; p < 0 {
-					copy(S, headOf(st, 0))
+					st.load(S, head)
 				} else {
-					copy(S, headOf(nodes, int(p)))
+					nodes.load(S, int(p)*sl+head)
 				}
-				qt, kt, vt, gt, bt := a.token(t, h)
-				be.kern.deltaStep(S, qt, kt, vt, gt, bt, a.outRow(t, h), delta)
+				step(S, t)
+				nodes.store(t*sl+head, S)
 			}
 		}
 	})
+}
+
+// recurrentState is a GDN recurrent-state buffer (state, stateOut or
+// nodeStates) as the kernels use it: an F32 state is updated in place; a
+// BF16 one is widened into a working copy and rounded back on store.
+type recurrentState struct {
+	f32  []float32
+	bf16 []uint16
+}
+
+// stateDType is the recurrent state's storage dtype, F32 or BF16; the
+// other state buffers of a call must have the same.
+func stateDType(op string, state kernels.Buffer) kernels.DType {
+	dt := asBuffer(state).dt
+	if dt != kernels.F32 && dt != kernels.BF16 {
+		panic(fmt.Sprintf("cpu: %s needs an F32 or BF16 buffer, got %v", op, dt))
+	}
+	return dt
+}
+
+// recurrentStates returns the first n elements of a state buffer of dtype dt.
+func recurrentStates(op string, b kernels.Buffer, dt kernels.DType, n int) recurrentState {
+	buf := asBuffer(b)
+	checkDType(op, buf, dt)
+	checkLen(op, buf, n)
+	if dt == kernels.BF16 {
+		return recurrentState{bf16: buf.u16[:n]}
+	}
+	return recurrentState{f32: buf.f32[:n]}
+}
+
+func (s recurrentState) present() bool { return s.f32 != nil || s.bf16 != nil }
+
+// working is where n elements at off are updated: an F32 buffer's own
+// elements, else work.
+func (s recurrentState) working(off, n int, work []float32) []float32 {
+	if s.f32 != nil {
+		return s.f32[off : off+n]
+	}
+	return work[:n]
+}
+
+// load puts the len(dst) elements at off into dst, widening BF16.
+func (s recurrentState) load(dst []float32, off int) {
+	if s.f32 != nil {
+		if &s.f32[off] != &dst[0] {
+			copy(dst, s.f32[off:])
+		}
+		return
+	}
+	for i, h := range s.bf16[off : off+len(dst)] {
+		dst[i] = half.BF16ToFloat32(h)
+	}
+}
+
+// store writes src at off, rounding to nearest even for BF16.
+func (s recurrentState) store(off int, src []float32) {
+	if s.f32 != nil {
+		if &s.f32[off] != &src[0] {
+			copy(s.f32[off:], src)
+		}
+		return
+	}
+	for i, v := range src {
+		s.bf16[off+i] = half.Float32ToBF16(v)
+	}
+}
+
+// roundToBF16 rounds every value to the nearest bfloat16, ties to even.
+func roundToBF16(x []float32) {
+	for i, v := range x {
+		x[i] = half.BF16ToFloat32(half.Float32ToBF16(v))
+	}
 }

@@ -10,22 +10,30 @@ import (
 // GDNChunked runs a chain of T tokens in chunks of the given length with the
 // WY/UT form of HF's torch_chunk_gated_delta_rule: inside a chunk the delta
 // rule becomes a triangular solve, and the state is touched once per chunk.
+// A BF16 state is widened on load and rounded once, when the final state is
+// stored: prefill need not match token-by-token decoding bit for bit.
 func (be *Backend) GDNChunked(out, q, k, v, g, beta, state, stateOut kernels.Buffer, T, chunk int, shape kernels.GDNShape) {
 	if chunk <= 0 {
 		panic(fmt.Sprintf("cpu: GDNChunked chunk %d must be positive", chunk))
 	}
 	a := gdnInputs("GDNChunked", out, q, k, v, g, beta, T, shape)
 	sl := shape.StateLen()
-	st, final := f32s("GDNChunked state", state, sl), f32s("GDNChunked stateOut", stateOut, sl)
+	dt := stateDType("GDNChunked state", state)
+	st, final := recurrentStates("GDNChunked state", state, dt, sl), recurrentStates("GDNChunked stateOut", stateOut, dt, sl)
 	headLen := shape.KeyDim * shape.ValueDim
 	be.pool.parallelFor(shape.ValueHeads, T*headLen, func(lo, hi int) {
 		w := newChunkScratch(be.kern, min(chunk, max(T, 1)), shape.KeyDim, shape.ValueDim)
+		var work []float32 // a BF16 head's working copy
+		if dt == kernels.BF16 {
+			work = make([]float32, headLen)
+		}
 		for h := lo; h < hi; h++ {
-			S := final[h*headLen : (h+1)*headLen]
-			copy(S, st[h*headLen:(h+1)*headLen]) // a no-op when stateOut is state
+			S := final.working(h*headLen, headLen, work)
+			st.load(S, h*headLen) // a no-op when stateOut is state
 			for start := 0; start < T; start += chunk {
 				w.run(&a, S, h, start, min(chunk, T-start))
 			}
+			final.store(h*headLen, S)
 		}
 	})
 }

@@ -10,8 +10,9 @@
 //
 // Semantics follow the CPU reference backend (kernels/cpu) op by op;
 // kernels/kerneltest is the conformance suite, run against this backend by
-// the tests under the build tag cuda (scripts/gpu-check.sh). Activations and
-// states are F32. MatMul keeps F32 accuracy: decode-sized matmuls (up to
+// the tests under the build tag cuda (scripts/gpu-check.sh). Activations are
+// F32; KV caches and GDN states F32 or BF16 (widened in registers, rounded
+// to nearest even on store). MatMul keeps F32 accuracy: decode-sized matmuls (up to
 // gemvMaxRows rows) run a kernel that widens BF16/F16/F32 weights exactly
 // and accumulates in F32; larger ones with BF16 weights run on cuBLASLt's
 // bf16 tensor cores with each F32 activation split into two bf16 terms

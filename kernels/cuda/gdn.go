@@ -47,18 +47,29 @@ func gdnOperands(op string, out, q, k, v, g, beta kernels.Buffer, T int, shape k
 func (be *Backend) GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeStates, parents kernels.Buffer, T int, shape kernels.GDNShape) {
 	args := gdnOperands("GDNRecurrence", out, q, k, v, g, beta, T, shape)
 	sl := shape.StateLen()
-	st := f32s("GDNRecurrence state", state, sl)
+	st, stBF16 := recurrentState("GDNRecurrence state", state, nil, sl)
 	var final, nodes any
 	if parents == nil {
-		final = f32s("GDNRecurrence stateOut", stateOut, sl)
+		final, _ = recurrentState("GDNRecurrence stateOut", stateOut, st, sl)
 	}
 	if nodeStates != nil || parents != nil {
-		nodes = f32s("GDNRecurrence nodeStates", nodeStates, T*sl)
+		nodes, _ = recurrentState("GDNRecurrence nodeStates", nodeStates, st, T*sl)
 	}
 	par := optI32s("GDNRecurrence parents", parents, T)
 	be.mu.Lock()
 	defer be.mu.Unlock()
-	be.gdnRecurrence(append(args, st, final, nodes, par), T, shape)
+	be.gdnRecurrence(append(args, st, final, nodes, stBF16, par), T, shape)
+}
+
+// recurrentState checks an F32 or BF16 recurrent state of at least n
+// elements, of like's dtype when like is set, and returns the kernels'
+// state_bf16 flag.
+func recurrentState(op string, state kernels.Buffer, like *buffer, n int) (*buffer, int32) {
+	st, flag := convState(op, state, n)
+	if like != nil && st.dt != like.dt {
+		panic(fmt.Sprintf("cuda: %s is %v but the state is %v: the states must share one dtype", op, st.dt, like.dt))
+	}
+	return st, flag
 }
 
 // gdnChunk is GDN_CHUNK in gdn.cu; gdnChunkedMaxKeyDim keeps the chunked
@@ -78,18 +89,19 @@ func (be *Backend) GDNChunked(out, q, k, v, g, beta, state, stateOut kernels.Buf
 	}
 	args := gdnOperands("GDNChunked", out, q, k, v, g, beta, T, shape)
 	sl := shape.StateLen()
-	st, final := f32s("GDNChunked state", state, sl), f32s("GDNChunked stateOut", stateOut, sl)
+	st, stBF16 := recurrentState("GDNChunked state", state, nil, sl)
+	final, _ := recurrentState("GDNChunked stateOut", stateOut, st, sl)
 	be.mu.Lock()
 	defer be.mu.Unlock()
 	if shape.KeyDim > gdnChunkedMaxKeyDim {
-		be.gdnRecurrence(append(args, st, final, nil, nil), T, shape)
+		be.gdnRecurrence(append(args, st, final, nil, stBF16, nil), T, shape)
 		return
 	}
 	groups := (shape.KeyDim + 31) / 32
 	grid := dim3{shape.ValueHeads, (shape.ValueDim + 31) / 32, 1}
 	const c = gdnChunk
 	smem := (3*c*shape.KeyDim + 2*c*c + 2*c + 32*c + 2*groups*c*32) * 4
-	args = append(args, st, final, i32(T), i32(shape.KeyHeads), i32(shape.ValueHeads), i32(shape.KeyDim), i32(shape.ValueDim))
+	args = append(args, st, final, stBF16, i32(T), i32(shape.KeyHeads), i32(shape.ValueHeads), i32(shape.KeyDim), i32(shape.ValueDim))
 	be.launch("gdn_chunked", grid, dim3{32, groups, 1}, smem, args...)
 }
 

@@ -39,3 +39,7 @@ func TestModelLogits(t *testing.T) {
 // TestSpecGeneration compares greedy DFlash and DDTree decoding with the
 // CPU backend's, on the GPU.
 func TestSpecGeneration(t *testing.T) { checkSpecGeneration(t, gpu(t)) }
+
+// TestSpecLosslessBF16State: with a BF16 recurrent state, greedy DFlash and
+// DDTree decoding equal autoregressive decoding on the GPU.
+func TestSpecLosslessBF16State(t *testing.T) { checkSpecLosslessBF16State(t, gpu(t)) }

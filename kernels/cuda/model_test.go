@@ -38,6 +38,7 @@ func TestEmulatedModel(t *testing.T) {
 	t.Run("LogitsFP8", func(t *testing.T) { checkModelLogits(t, be, "tiny", "fp8") })
 	t.Run("LogitsH256", func(t *testing.T) { checkModelLogits(t, be, "tiny-h256", "bf16") })
 	t.Run("Spec", func(t *testing.T) { checkSpecGeneration(t, be) })
+	t.Run("SpecBF16State", func(t *testing.T) { checkSpecLosslessBF16State(t, be) })
 	t.Run("Close", func(t *testing.T) { checkCloseReleases(t, be) })
 	t.Run("PlannedAllocation", func(t *testing.T) { checkPlannedAllocation(t, be) })
 }
@@ -180,12 +181,32 @@ func checkSpecGeneration(t *testing.T, be kernels.Backend) {
 		{Mode: engine.SpecTree, Budget: 16},
 	} {
 		t.Run(fmt.Sprintf("%v-%d", spec.Mode, spec.Budget), func(t *testing.T) {
-			want := generate(t, cpu.New(0), target, draft, spec, prompt)
-			got := generate(t, be, target, draft, spec, prompt)
+			want := generate(t, cpu.New(0), target, draft, spec, prompt, engine.SSMFromConfig)
+			got := generate(t, be, target, draft, spec, prompt, engine.SSMFromConfig)
 			if !slices.Equal(got, want) {
 				t.Errorf("tokens differ from the CPU backend's\n got %v\nwant %v", got, want)
 			}
 		})
+	}
+}
+
+// checkSpecLosslessBF16State decodes greedily on be with a BF16 recurrent
+// state, autoregressively and with a random DFlash drafter (chains and
+// trees, replay and snapshot rollback): every speculative output must equal
+// the autoregressive one, since the kernels round the state after every
+// token on every path.
+func checkSpecLosslessBF16State(t *testing.T, be kernels.Backend) {
+	target, draft := tinyBF16Pair(t, 4)
+	prompt := []int32{9, 31, 200, 5, 77, 140}
+	want := generate(t, be, target, draft, engine.SpecOptions{Mode: engine.SpecAuto}, prompt, engine.SSMBF16)
+	for _, spec := range []engine.SpecOptions{
+		{Mode: engine.SpecLinear, Rollback: mamba.Replay},
+		{Mode: engine.SpecTree, Budget: 8, Rollback: mamba.Replay},
+		{Mode: engine.SpecTree, Budget: 8, Rollback: mamba.Snapshot},
+	} {
+		if got := generate(t, be, target, draft, spec, prompt, engine.SSMBF16); !slices.Equal(got, want) {
+			t.Errorf("%v budget %d %v: tokens differ from autoregressive decoding\n got %v\nwant %v", spec.Mode, spec.Budget, spec.Rollback, got, want)
+		}
 	}
 }
 
@@ -200,14 +221,22 @@ func tinyBF16Pair(t *testing.T, seed uint64) (target, draft string) {
 	return target, draft
 }
 
-func generate(t *testing.T, be kernels.Backend, target, draft string, spec engine.SpecOptions, prompt []int32) []int32 {
+// generate decodes greedily on be, with the drafter unless spec is SpecAuto.
+func generate(t *testing.T, be kernels.Backend, target, draft string, spec engine.SpecOptions, prompt []int32, ssm engine.SSMDType) []int32 {
 	t.Helper()
 	const maxTokens = 24
-	verify, err := dflash.VerifyTokens(draft, spec)
+	opts := engine.Options{Context: len(prompt) + maxTokens + 1, SSMDType: ssm}
+	var err error
+	if spec.Mode != engine.SpecAuto {
+		opts.VerifyTokens, err = dflash.VerifyTokens(draft, spec)
+		must(t, err)
+	}
+	e, err := engine.Load(be, target, opts)
 	must(t, err)
-	e, err := engine.Load(be, target, engine.Options{Context: len(prompt) + maxTokens + 1, VerifyTokens: verify})
-	must(t, err)
-	must(t, dflash.Attach(e, draft, spec))
+	defer e.Close()
+	if spec.Mode != engine.SpecAuto {
+		must(t, dflash.Attach(e, draft, spec))
+	}
 	res, err := e.Generate(context.Background(), engine.Request{Prompt: prompt, MaxTokens: maxTokens, IgnoreEOS: true})
 	must(t, err)
 	return res.Tokens

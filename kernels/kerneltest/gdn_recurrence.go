@@ -53,10 +53,19 @@ func normalise(x []float32, scale float64) {
 	}
 }
 
+// stateIn uploads the initial state as a state of dtype dt; in.state
+// becomes the values the device holds (rounded for BF16).
+func (h *harness) stateIn(in *gdnInputs, dt kernels.DType) kernels.Buffer {
+	b, held := h.stateOf(dt, in.state)
+	in.state = held
+	return b
+}
+
 // refGDN runs the token path of every listed node in float64 from the
 // initial state: the output of each path's last token and the state after it.
-// For a chain pass the prefix paths 0..t.
-func (in *gdnInputs) refGDN(paths [][]int) (out, states []float64) {
+// For a chain pass the prefix paths 0..t. roundEach rounds the state to
+// bfloat16 after every token, as a BF16 state is stored between tokens.
+func (in *gdnInputs) refGDN(paths [][]int, roundEach bool) (out, states []float64) {
 	s := gdnShape
 	group := s.ValueHeads / s.KeyHeads
 	out = make([]float64, len(paths)*s.ValueHeads*s.ValueDim)
@@ -70,6 +79,9 @@ func (in *gdnInputs) refGDN(paths [][]int) (out, states []float64) {
 				qk := (t*s.KeyHeads + hd/group) * s.KeyDim
 				vo := (t*s.ValueHeads + hd) * s.ValueDim
 				o = S.step(in.q[qk:qk+s.KeyDim], in.k[qk:qk+s.KeyDim], in.v[vo:vo+s.ValueDim], in.g[t*s.ValueHeads+hd], in.beta[t*s.ValueHeads+hd])
+				if roundEach {
+					S.roundToBF16()
+				}
 			}
 			copy(out[(n*s.ValueHeads+hd)*s.ValueDim:], o)
 			copy(states[n*s.StateLen()+hd*headLen:], S.flat())
@@ -88,78 +100,137 @@ func chainPaths(T int) [][]int {
 
 // expectGDN compares a GDN result with its float64 reference. Bound,
 // normwise: 2e-5 of the tensor's largest magnitude, a few hundred float32
-// roundings over the longest (65-token) run.
-func (h *harness) expectGDN(what string, got []float32, want []float64) {
+// roundings over the longest (65-token) run. With a BF16 state, float32
+// error can tip a rounding the other way: one bfloat16 step (2^-7 relative)
+// more per state element, and 2^-8 of the largest output.
+func (h *harness) expectGDN(what string, got []float32, want []float64, state kernels.DType, isState bool) {
 	h.t.Helper()
-	h.expectClose(what, got, want, nil, tolerance{2e-5 * maxAbs(want), 0})
+	tol := tolerance{2e-5 * maxAbs(want), 0}
+	switch {
+	case state == kernels.BF16 && isState:
+		tol.rtol = 1.0 / 128
+	case state == kernels.BF16:
+		tol.atol += maxAbs(want) / 256
+	}
+	h.expectClose(what, got, want, nil, tol)
+}
+
+// stateTypes are the recurrent state's storage dtypes.
+var stateTypes = []kernels.DType{kernels.F32, kernels.BF16}
+
+// stepByStep runs the tokens of path one GDNRecurrence call each from the
+// initial state (stored as dt): each token's output and the state after it,
+// as decoding stores them. Chain and tree calls must match it bit for bit.
+func (h *harness) stepByStep(in *gdnInputs, path []int, dt kernels.DType) (outs, states [][]float32) {
+	s := gdnShape
+	qkDim, vDim, sl := s.KeyHeads*s.KeyDim, s.ValueHeads*s.ValueDim, s.StateLen()
+	state, _ := h.stateOf(dt, in.state)
+	out := h.alloc(kernels.F32, vDim)
+	for _, t := range path {
+		row := func(x []float32, width int) kernels.Buffer { return h.f32(x[t*width : (t+1)*width]) }
+		h.be.GDNRecurrence(out, row(in.q, qkDim), row(in.k, qkDim), row(in.v, vDim), row(in.g, s.ValueHeads), row(in.beta, s.ValueHeads),
+			state, state, nil, nil, 1, s)
+		outs = append(outs, h.read(out, vDim))
+		states = append(states, h.read(state, sl))
+	}
+	return outs, states
 }
 
 // testGDNChain runs chains with per-token states and a separate stateOut,
-// then as a replay (out nil, no nodeStates) with stateOut aliasing state.
+// then as a replay (out nil, no nodeStates) with stateOut aliasing state,
+// for each state dtype; each equals decoding the tokens one call at a time.
 func testGDNChain(h *harness) {
 	s := gdnShape
 	vDim, sl := s.ValueHeads*s.ValueDim, s.StateLen()
-	for _, T := range []int{1, 9} {
-		in := h.newGDNInputs(T)
-		wantOut, wantStates := in.refGDN(chainPaths(T))
-		final := wantStates[(T-1)*sl:]
+	for _, dt := range stateTypes {
+		for _, T := range []int{1, 9} {
+			in := h.newGDNInputs(T)
+			stateb := h.stateIn(in, dt)
+			wantOut, wantStates := in.refGDN(chainPaths(T), dt == kernels.BF16)
+			final := wantStates[(T-1)*sl:]
 
-		out, stateb := h.alloc(kernels.F32, T*vDim), h.f32(in.state)
-		stateOut, nodes := h.alloc(kernels.F32, sl), h.alloc(kernels.F32, T*sl)
-		h.be.GDNRecurrence(out, in.qb, in.kb, in.vb, in.gb, in.bb, stateb, stateOut, nodes, nil, T, s)
-		h.expectGDN(fmt.Sprintf("chain T=%d out", T), h.read(out, T*vDim), wantOut)
-		h.expectGDN(fmt.Sprintf("chain T=%d nodeStates", T), h.read(nodes, T*sl), wantStates)
-		h.expectGDN(fmt.Sprintf("chain T=%d stateOut", T), h.read(stateOut, sl), final)
-		h.expectEqual(fmt.Sprintf("chain T=%d state untouched", T), h.read(stateb, sl), in.state)
+			out := h.alloc(kernels.F32, T*vDim)
+			stateOut, nodes := h.alloc(dt, sl), h.alloc(dt, T*sl)
+			h.be.GDNRecurrence(out, in.qb, in.kb, in.vb, in.gb, in.bb, stateb, stateOut, nodes, nil, T, s)
+			name := fmt.Sprintf("chain %v T=%d", dt, T)
+			gotOut, gotNodes, gotFinal := h.read(out, T*vDim), h.read(nodes, T*sl), h.read(stateOut, sl)
+			h.expectGDN(name+" out", gotOut, wantOut, dt, false)
+			h.expectGDN(name+" nodeStates", gotNodes, wantStates, dt, true)
+			h.expectGDN(name+" stateOut", gotFinal, final, dt, true)
+			h.expectEqual(name+" state untouched", h.read(stateb, sl), in.state)
 
-		h.be.GDNRecurrence(nil, in.qb, in.kb, in.vb, in.gb, in.bb, stateb, stateb, nil, nil, T, s)
-		h.expectGDN(fmt.Sprintf("replay T=%d state in place", T), h.read(stateb, sl), final)
+			stepOuts, stepStates := h.stepByStep(in, pathTo(nil, T-1), dt)
+			for t := range T {
+				h.expectEqual(fmt.Sprintf("%s out[%d] = token by token", name, t), gotOut[t*vDim:(t+1)*vDim], stepOuts[t])
+				h.expectEqual(fmt.Sprintf("%s nodeStates[%d] = token by token", name, t), gotNodes[t*sl:(t+1)*sl], stepStates[t])
+			}
+			h.expectEqual(name+" stateOut = token by token", gotFinal, stepStates[T-1])
+
+			h.be.GDNRecurrence(nil, in.qb, in.kb, in.vb, in.gb, in.bb, stateb, stateb, nil, nil, T, s)
+			h.expectEqual(name+" replay in place = token by token", h.read(stateb, sl), stepStates[T-1])
+		}
 	}
 }
 
-// testGDNTree checks that every node of a random tree equals running its
-// root-to-node path sequentially, and that the committed state is only read.
+// testGDNTree checks, for each state dtype, that every node of a random
+// tree equals running its root-to-node path sequentially (the float64
+// reference, and one call per token bit for bit), and that the committed
+// state is only read.
 func testGDNTree(h *harness) {
 	s := gdnShape
 	const T = 11
 	vDim, sl := s.ValueHeads*s.ValueDim, s.StateLen()
-	in := h.newGDNInputs(T)
-	parents := h.randomTree(T)
-	paths := make([][]int, T)
-	for t := range paths {
-		paths[t] = pathTo(parents, t)
+	for _, dt := range stateTypes {
+		in := h.newGDNInputs(T)
+		stateb := h.stateIn(in, dt)
+		parents := h.randomTree(T)
+		paths := make([][]int, T)
+		for t := range paths {
+			paths[t] = pathTo(parents, t)
+		}
+		wantOut, wantStates := in.refGDN(paths, dt == kernels.BF16)
+		out, nodes := h.alloc(kernels.F32, T*vDim), h.alloc(dt, T*sl)
+		h.be.GDNRecurrence(out, in.qb, in.kb, in.vb, in.gb, in.bb, stateb, nil, nodes, h.i32(parents), T, s)
+		name := fmt.Sprintf("tree %v", dt)
+		gotOut, gotNodes := h.read(out, T*vDim), h.read(nodes, T*sl)
+		h.expectGDN(name+" out", gotOut, wantOut, dt, false)
+		h.expectGDN(name+" nodeStates", gotNodes, wantStates, dt, true)
+		h.expectEqual(name+" state untouched", h.read(stateb, sl), in.state)
+		for t, path := range paths {
+			stepOuts, stepStates := h.stepByStep(in, path, dt)
+			h.expectEqual(fmt.Sprintf("%s out[%d] = its path token by token", name, t), gotOut[t*vDim:(t+1)*vDim], stepOuts[len(path)-1])
+			h.expectEqual(fmt.Sprintf("%s nodeStates[%d] = its path token by token", name, t), gotNodes[t*sl:(t+1)*sl], stepStates[len(path)-1])
+		}
 	}
-	wantOut, wantStates := in.refGDN(paths)
-	out, stateb, nodes := h.alloc(kernels.F32, T*vDim), h.f32(in.state), h.alloc(kernels.F32, T*sl)
-	h.be.GDNRecurrence(out, in.qb, in.kb, in.vb, in.gb, in.bb, stateb, nil, nodes, h.i32(parents), T, s)
-	h.expectGDN("tree out", h.read(out, T*vDim), wantOut)
-	h.expectGDN("tree nodeStates", h.read(nodes, T*sl), wantStates)
-	h.expectEqual("tree state untouched", h.read(stateb, sl), in.state)
 }
 
 // testGDNChunked compares the chunked form with the float64 token loop for
 // T below, equal to, and not a multiple of the chunk, once with stateOut
-// aliasing state.
+// aliasing state, for each state dtype (BF16: widened on load, rounded
+// once on store).
 func testGDNChunked(h *harness) {
 	s := gdnShape
 	vDim, sl := s.ValueHeads*s.ValueDim, s.StateLen()
-	for _, c := range []struct {
-		T, chunk int
-		inPlace  bool
-	}{{1, 64, false}, {5, 4, false}, {16, 16, true}, {37, 8, false}, {65, 64, true}} {
-		in := h.newGDNInputs(c.T)
-		wantOut, wantStates := in.refGDN(chainPaths(c.T))
-		out, stateb := h.alloc(kernels.F32, c.T*vDim), h.f32(in.state)
-		stateOut := stateb
-		if !c.inPlace {
-			stateOut = h.alloc(kernels.F32, sl)
-		}
-		h.be.GDNChunked(out, in.qb, in.kb, in.vb, in.gb, in.bb, stateb, stateOut, c.T, c.chunk, s)
-		name := fmt.Sprintf("chunked T=%d chunk=%d inPlace=%v", c.T, c.chunk, c.inPlace)
-		h.expectGDN(name+" out", h.read(out, c.T*vDim), wantOut)
-		h.expectGDN(name+" state", h.read(stateOut, sl), wantStates[(c.T-1)*sl:])
-		if !c.inPlace {
-			h.expectEqual(name+" state untouched", h.read(stateb, sl), in.state)
+	for _, dt := range stateTypes {
+		for _, c := range []struct {
+			T, chunk int
+			inPlace  bool
+		}{{1, 64, false}, {5, 4, false}, {16, 16, true}, {37, 8, false}, {65, 64, true}} {
+			in := h.newGDNInputs(c.T)
+			stateb := h.stateIn(in, dt)
+			wantOut, wantStates := in.refGDN(chainPaths(c.T), false)
+			out := h.alloc(kernels.F32, c.T*vDim)
+			stateOut := stateb
+			if !c.inPlace {
+				stateOut = h.alloc(dt, sl)
+			}
+			h.be.GDNChunked(out, in.qb, in.kb, in.vb, in.gb, in.bb, stateb, stateOut, c.T, c.chunk, s)
+			name := fmt.Sprintf("chunked %v T=%d chunk=%d inPlace=%v", dt, c.T, c.chunk, c.inPlace)
+			h.expectGDN(name+" out", h.read(out, c.T*vDim), wantOut, kernels.F32, false)
+			h.expectGDN(name+" state", h.read(stateOut, sl), wantStates[(c.T-1)*sl:], dt, true)
+			if !c.inPlace {
+				h.expectEqual(name+" state untouched", h.read(stateb, sl), in.state)
+			}
 		}
 	}
 }

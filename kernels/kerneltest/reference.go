@@ -109,6 +109,15 @@ func (s gdnState) step(q, k, v []float32, g, beta float32) []float64 {
 	return out
 }
 
+// roundToBF16 rounds every element to bfloat16, as a BF16 state stores it.
+func (s gdnState) roundToBF16() {
+	for _, row := range s {
+		for j, v := range row {
+			_, row[j] = roundBF16(float32(v))
+		}
+	}
+}
+
 // flat returns S row-major.
 func (s gdnState) flat() []float64 {
 	var out []float64

@@ -18,6 +18,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dflash  # noqa: E402
 import qwen36  # noqa: E402
+from safetensors_io import write_golden  # noqa: E402
 
 CONTEXT = 40  # committed tokens before the anchor
 TARGET_TOKENS = 64
@@ -25,12 +26,6 @@ TARGET_TOKENS = 64
 
 def rounded(rows):
     return [[round(v, 6) for v in row] for row in rows]
-
-
-def write(path, value):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(value, f, separators=(",", ":"))
 
 
 def main():
@@ -42,11 +37,11 @@ def main():
     held_out = (prompts[1]["prompt_ids"] + prompts[1]["greedy_ids"])[:TARGET_TOKENS]
     with torch.no_grad():
         logits, _ = qwen36.forward(target_cfg, target, torch.tensor([held_out]))
-    write("models/testdata/golden-default.json", {
+    write_golden("models/testdata/golden-default.json", {
         "generator": "tools/reference/make_default_goldens.py (float64, the training model's math)",
         "ids": held_out,
         "logits": rounded(logits[0].tolist()),
-    })
+    }, newline=False)
 
     ids = (prompts[0]["prompt_ids"] + prompts[0]["greedy_ids"])[: CONTEXT + 1]
     with torch.no_grad():
@@ -55,12 +50,12 @@ def main():
         logits = dflash.draft_block(
             draft_cfg, draft, target["embed_tokens.weight"], target["lm_head.weight"], features, torch.tensor([ids[CONTEXT]]),
         )
-    write("dflash/testdata/golden-default-draft.json", {
+    write_golden("dflash/testdata/golden-default-draft.json", {
         "generator": "tools/reference/make_default_goldens.py (float64 references of the target and the drafter)",
         "context": ids[:CONTEXT],
         "anchor": ids[CONTEXT],
         "logits": rounded(logits[0].tolist()),
-    })
+    }, newline=False)
 
 
 if __name__ == "__main__":

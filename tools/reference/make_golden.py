@@ -6,7 +6,6 @@ hidden states for three fixed token sequences.
 Usage: make_golden.py [OUTPUT_DIR]   (default engine/testdata/golden-tiny)
 """
 
-import json
 import math
 import os
 import sys
@@ -16,6 +15,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dflash  # noqa: E402
 import qwen36  # noqa: E402
+from safetensors_io import write_golden  # noqa: E402
 
 SEED = 20260
 SEQUENCE_LENGTHS = (1, 7, 40)
@@ -170,9 +170,7 @@ def main():
             "blocks": draft_blocks,
         },
     }
-    with open(os.path.join(out_dir, "golden.json"), "w") as f:
-        json.dump(golden, f, separators=(",", ":"))
-        f.write("\n")
+    write_golden(os.path.join(out_dir, "golden.json"), golden)
     print(f"wrote {out_dir}: delta rule chunked-vs-loop {rule_diff:.2e}, model {model_rule_diff:.2e}, "
           f"incremental {incremental_diff:.2e}, "
           f"float32 vs float64: logits {float32_logits_diff:.2e}, hidden {float32_hidden_diff:.2e}, "

@@ -15,6 +15,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qwen36  # noqa: E402
+from safetensors_io import write_golden  # noqa: E402
 
 BLOCK = 128
 SCALE_SUFFIX = "_scale_inv"
@@ -55,9 +56,7 @@ def main():
         "checks": {"bf16_golden_logits_max_abs": from_bf16},
         "sequences": records,
     }
-    with open(os.path.join(fp8_dir, "golden.json"), "w") as f:
-        json.dump(golden, f, separators=(",", ":"))
-        f.write("\n")
+    write_golden(os.path.join(fp8_dir, "golden.json"), golden)
     print(f"wrote {fp8_dir}/golden.json: {quantized} FP8 matrices; logits differ from the bf16 golden by up to {from_bf16:.3g}")
 
 

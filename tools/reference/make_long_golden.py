@@ -13,8 +13,6 @@ Usage (from the repository root, Debian's python3):
   tools/reference/make_long_golden.py /tmp/long-h256 engine/testdata/long-h256.json
 """
 
-import hashlib
-import json
 import os
 import sys
 
@@ -22,6 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qwen36  # noqa: E402
+from safetensors_io import file_sha256, write_golden  # noqa: E402
 
 SEED = 32768
 PROMPT = 32768
@@ -53,13 +52,10 @@ def main():
             logits, _ = qwen36.forward(cfg, weights, torch.tensor([[token]]), qwen36.delta_rule_recurrent, cache)
             row = logits[0, 0]
             continuation_logits.append(row)
-    sha = hashlib.sha256()
-    with open(os.path.join(checkpoint_dir, "model.safetensors"), "rb") as f:
-        sha.update(f.read())
     golden = {
         "generator": "tools/reference/make_long_golden.py (float64 reference tools/reference/qwen36.py)",
         "checkpoint": "ddflash testmodel --preset long-h256 --dtype bf16 --seed 1",
-        "model_safetensors_sha256": sha.hexdigest(),
+        "model_safetensors_sha256": file_sha256(os.path.join(checkpoint_dir, "model.safetensors")),
         "layout": "prompt_logits[i] are the logits at prompt position positions[i]; continuation_logits[i] are "
                   "those after feeding continuation[i] (the reference's greedy choice over ids below 300) "
                   "after the prompt and continuation[:i]",
@@ -69,10 +65,7 @@ def main():
         "continuation": continuation,
         "continuation_logits": [r.tolist() for r in continuation_logits],
     }
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(golden, f, separators=(",", ":"))
-        f.write("\n")
+    write_golden(out, golden)
     print(f"wrote {out}: continuation {continuation}")
 
 

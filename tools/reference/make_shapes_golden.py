@@ -15,7 +15,6 @@ Usage (from the repository root, Debian's python3):
   tools/reference/make_shapes_golden.py /tmp/qwen36-shapes engine/realshape/testdata/qwen36-shapes.json
 """
 
-import hashlib
 import json
 import os
 import sys
@@ -25,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qwen36  # noqa: E402
-from safetensors_io import _bf16_bits_to_float32, read_header, read_safetensors  # noqa: E402
+from safetensors_io import _bf16_bits_to_float32, file_sha256, read_header, read_safetensors, write_golden  # noqa: E402
 
 IDS = [5, 80, 33, 140, 7, 250, 18, 99]
 LM_HEAD_BLOCK = 16384  # rows of the LM head widened to float64 at a time
@@ -90,14 +89,10 @@ def main():
         logits = torch.cat([final @ checkpoint.rows("lm_head.weight", start, min(start + LM_HEAD_BLOCK, cfg.vocab_size)).T
                             for start in range(0, cfg.vocab_size, LM_HEAD_BLOCK)], 1)
     columns = sorted(set(range(256)) | set(range(0, cfg.vocab_size, SAMPLED_EVERY)) | {cfg.vocab_size - 1})
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            sha.update(block)
     golden = {
         "generator": "tools/reference/make_shapes_golden.py (float64 reference tools/reference/qwen36.py)",
         "checkpoint": "ddflash testmodel --preset qwen36-shapes --dtype bf16 --seed 1",
-        "model_safetensors_sha256": sha.hexdigest(),
+        "model_safetensors_sha256": file_sha256(path),
         "ids": IDS,
         "columns": columns,
         "layout": "logits[position][i] is the logit of vocabulary id columns[i]; logsumexp and argmax are over the "
@@ -107,10 +102,7 @@ def main():
         "argmax": logits.argmax(-1).tolist(),
         "max": logits.max(-1).values.tolist(),
     }
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(golden, f, separators=(",", ":"))
-        f.write("\n")
+    write_golden(out, golden)
     print(f"wrote {out}: {len(IDS)} positions, {len(columns)} sampled columns, argmax {golden['argmax']}")
 
 

@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qwen36  # noqa: E402
+from safetensors_io import write_golden  # noqa: E402
 
 TINY = os.path.join("engine", "testdata", "golden-tiny")
 OUT = os.path.join("engine", "testdata", "golden-yarn")
@@ -56,9 +57,7 @@ def main():
         "layout": {"logits": "[position][vocab], float64, a fresh request starting at position 0"},
         "sequences": records,
     }
-    with open(os.path.join(OUT, "golden.json"), "w") as f:
-        json.dump(golden, f, separators=(",", ":"))
-        f.write("\n")
+    write_golden(os.path.join(OUT, "golden.json"), golden)
     print(f"wrote {OUT}: inv_freq {inv_freq.tolist()}, scale {scale}")
 
 

@@ -5,7 +5,9 @@ Format: u64 little-endian header length, a JSON header mapping each tensor name 
 little-endian bytes.
 """
 
+import hashlib
 import json
+import os
 import struct
 
 import numpy as np
@@ -70,6 +72,26 @@ def read_safetensors(path, names=None):
                 raise ValueError(f"{path}: tensor {name}: unsupported dtype {dtype}")
             tensors[name] = torch.from_numpy(values.reshape(info["shape"]).copy())
     return tensors
+
+
+def file_sha256(path):
+    """The file's SHA-256, read 16 MiB at a time (checkpoints run to gigabytes). Goldens record
+    it so that a test knows it regenerated the same checkpoint."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def write_golden(path, golden, newline=True):
+    """Writes a golden as compact JSON (and a final newline unless told not to), creating its
+    directory."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(golden, f, separators=(",", ":"))
+        if newline:
+            f.write("\n")
 
 
 def write_safetensors(path, tensors, dtypes):

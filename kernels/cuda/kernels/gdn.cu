@@ -18,16 +18,28 @@ WEIGHT_KERNELS(gdn_gates, (float *a, float *b, const void *a_log, const void *dt
 
 #define ROWS_PER_THREAD 32  // state rows one thread keeps in registers
 
-// load_state and store_state move one thread's column j of rows r0.. of a
-// head's state [kd, vd].
-INLINE void load_state(float *S, const float *src, int r0, int j, int kd, int vd, bool col) {
+// Recurrent states (state, state_out, node_states) are F32 or, when
+// state_bf16 != 0, BF16: widened as they are loaded and rounded to nearest
+// even when stored. load_state and store_state move one thread's column j
+// of rows r0.. of the head whose state [kd, vd] starts at element head.
+INLINE void load_state(float *S, const void *src, int state_bf16, i64 head, int r0, int j, int kd, int vd, bool col) {
 #pragma unroll
-  for (int e = 0; e < ROWS_PER_THREAD; e++) S[e] = col && r0 + e < kd ? src[(i64)(r0 + e) * vd + j] : 0.0f;
+  for (int e = 0; e < ROWS_PER_THREAD; e++) {
+    i64 i = head + (i64)(r0 + e) * vd + j;
+    bool in = col && r0 + e < kd;
+    S[e] = !in ? 0.0f : state_bf16 ? to_f32(((const bf16 *)src)[i]) : ((const float *)src)[i];
+  }
 }
-INLINE void store_state(const float *S, float *dst, int r0, int j, int kd, int vd, bool col) {
+INLINE void store_state(const float *S, void *dst, int state_bf16, i64 head, int r0, int j, int kd, int vd, bool col) {
 #pragma unroll
-  for (int e = 0; e < ROWS_PER_THREAD; e++)
-    if (col && r0 + e < kd) dst[(i64)(r0 + e) * vd + j] = S[e];
+  for (int e = 0; e < ROWS_PER_THREAD; e++) {
+    if (!col || r0 + e >= kd) continue;
+    i64 i = head + (i64)(r0 + e) * vd + j;
+    if (state_bf16)
+      ((bf16 *)dst)[i].bits = to_bf16_rne(S[e]);
+    else
+      ((float *)dst)[i] = S[e];
+  }
 }
 
 // gdn_recurrence runs one value head's state S [kd, vd] over T tokens.
@@ -37,14 +49,16 @@ INLINE void store_state(const float *S, float *dst, int r0, int j, int kd, int v
 // Chain (parents null): S starts from state and ends in state_out; with
 // node_states, S after token t is also stored there. Tree: token t starts
 // from node_states[parents[t]] (or state when -1; a token whose parent is
-// the token before keeps S in registers) and stores its S there.
+// the token before keeps S in registers) and stores its S there. A BF16
+// state is rounded after every token's output, in registers too, so that a
+// chain or tree computes exactly what one launch per token does.
 // A thread only ever touches its own state elements, so state_out may be
 // state and the tree needs no synchronisation beyond the block.
 // Shared memory (dynamic): q and k of two tokens [2][2*kd] (the next
 // token's load overlaps this one's work), then partial sums [blockDim.y * 32].
 KERNEL gdn_recurrence(float *out, const float *q, const float *k, const float *v, const float *g, const float *beta,
-                      const float *state, float *state_out, float *node_states, const int *parents, int T,
-                      int key_heads, int value_heads, int kd, int vd) {
+                      const void *state, void *state_out, void *node_states, int state_bf16, const int *parents,
+                      int T, int key_heads, int value_heads, int kd, int vd) {
   DYNAMIC_SHARED(float, smem);
   float *part = smem + 4 * kd;
   int h = blockIdx.x, kh = h / (value_heads / key_heads);
@@ -59,14 +73,15 @@ KERNEL gdn_recurrence(float *out, const float *q, const float *k, const float *v
     for (int i = tid; i < kd; i += threads) buf[i] = qt[i], buf[kd + i] = kt[i];
   };
   float S[ROWS_PER_THREAD];
-  if (!parents) load_state(S, state + head, r0, j, kd, vd, col);
+  if (!parents) load_state(S, state, state_bf16, head, r0, j, kd, vd, col);
   if (T > 0) load_qk(0);
   sync_threads();
   for (int t = 0; t < T; t++) {
     if (parents) {
       int p = parents[t];
       if (p < -1 || p >= t) trap();
-      if (t == 0 || p != t - 1) load_state(S, (p < 0 ? state : node_states + p * state_len) + head, r0, j, kd, vd, col);
+      if (t == 0 || p != t - 1)
+        load_state(S, p < 0 ? state : node_states, state_bf16, p < 0 ? head : p * state_len + head, r0, j, kd, vd, col);
     }
     if (t + 1 < T) load_qk(t + 1);  // the other buffer: last read by token t-1
     const float *q_s = smem + (t & 1) * 2 * kd, *k_s = q_s + kd;
@@ -95,10 +110,14 @@ KERNEL gdn_recurrence(float *out, const float *q, const float *k, const float *v
       for (int yy = 0; yy < (int)blockDim.y; yy++) o += part[yy * 32 + x];
       out[((i64)t * value_heads + h) * vd + j] = o;
     }
-    if (node_states) store_state(S, node_states + t * state_len + head, r0, j, kd, vd, col);
+    if (state_bf16) {
+#pragma unroll
+      for (int e = 0; e < ROWS_PER_THREAD; e++) S[e] = to_f32(bf16{to_bf16_rne(S[e])});
+    }
+    if (node_states) store_state(S, node_states, state_bf16, t * state_len + head, r0, j, kd, vd, col);
     sync_threads();  // part is rewritten, and token t+1's q and k are in place
   }
-  if (!parents) store_state(S, state_out + head, r0, j, kd, vd, col);
+  if (!parents) store_state(S, state_out, state_bf16, head, r0, j, kd, vd, col);
 }
 
 #define GDN_CHUNK 16  // tokens per chunk of gdn_chunked
@@ -112,8 +131,10 @@ KERNEL gdn_recurrence(float *out, const float *q, const float *k, const float *v
 // matrices for its 32 columns. Shared memory (dynamic, floats):
 //   qc, kc, wk [GDN_CHUNK][kd]; tri, qk [GDN_CHUNK][GDN_CHUNK];
 //   gc, bt [GDN_CHUNK]; u [GDN_CHUNK][32]; pw, pq [blockDim.y][GDN_CHUNK][32].
+// A BF16 state is widened on load and rounded once, on store.
 KERNEL gdn_chunked(float *out, const float *q, const float *k, const float *v, const float *g, const float *beta,
-                   const float *state, float *state_out, int T, int key_heads, int value_heads, int kd, int vd) {
+                   const void *state, void *state_out, int state_bf16, int T, int key_heads, int value_heads, int kd,
+                   int vd) {
   DYNAMIC_SHARED(float, smem);
   const int C = GDN_CHUNK;
   int groups = blockDim.y;
@@ -125,7 +146,7 @@ KERNEL gdn_chunked(float *out, const float *q, const float *k, const float *v, c
   bool col = j < vd;
   i64 head = (i64)h * kd * vd;
   float S[ROWS_PER_THREAD];
-  load_state(S, state + head, r0, j, kd, vd, col);
+  load_state(S, state, state_bf16, head, r0, j, kd, vd, col);
   for (int s = 0; s < T; s += C) {
     int n = T - s < C ? T - s : C;
     // The chunk's q, k, cumulative log-decay and beta.
@@ -224,5 +245,5 @@ KERNEL gdn_chunked(float *out, const float *q, const float *k, const float *v, c
     }
     sync_threads();  // the next chunk overwrites the shared matrices
   }
-  store_state(S, state_out + head, r0, j, kd, vd, col);
+  store_state(S, state_out, state_bf16, head, r0, j, kd, vd, col);
 }
