@@ -59,25 +59,32 @@ func TestMonotone(t *testing.T) {
 
 func TestCostModelMedians(t *testing.T) {
 	var c CostModel
+	c.ObserveDraft(9*time.Millisecond, false) // catching up: the estimate until a steady draft
+	if _, draft, _ := c.Curve(); draft != 9 {
+		t.Errorf("after one catch-up draft of 9 ms the estimate is %v", draft)
+	}
 	for _, ms := range []time.Duration{10, 30, 11} { // a burst of load in between
 		c.ObserveStep(4, ms*time.Millisecond)
 	}
-	c.ObserveStep(1, 6*time.Millisecond)
-	c.ObserveStep(1, 5*time.Millisecond)
-	c.ObserveStep(0, time.Second) // no rows: ignored
-	c.ObserveDraft(3 * time.Millisecond)
+	for _, ms := range []time.Duration{6, 40, 5} {
+		c.ObserveStep(1, ms*time.Millisecond)
+	}
+	c.ObserveStep(9, 100*time.Millisecond) // once: not a point yet
+	c.ObserveStep(0, time.Second)          // no rows: ignored
+	c.ObserveDraft(3*time.Millisecond, true)
+	c.ObserveDraft(20*time.Millisecond, false)
 	c.ObserveCommit(2 * time.Millisecond)
 	points, draft, commit := c.Curve()
-	want := []Point{{1, 5.5}, {4, 11}}
+	want := []Point{{1, 6}, {4, 11}}
 	if !slices.EqualFunc(points, want, func(a, b Point) bool { return a.Rows == b.Rows && near(a.Ms, b.Ms) }) || !near(draft, 3) || !near(commit, 2) {
 		t.Errorf("curve %v draft %v commit %v, want %v, 3 and 2", points, draft, commit, want)
 	}
-	if s := c.String(); s != "step [1:5.5ms 4:11ms] draft 3ms commit 2ms" {
+	if s := c.String(); s != "step [1:6ms 4:11ms] draft 3ms commit 2ms" {
 		t.Errorf("String() = %q", s)
 	}
 	// Only the last window measurements count: a lasting slowdown is followed.
 	for range window {
-		c.ObserveDraft(50 * time.Millisecond)
+		c.ObserveDraft(50*time.Millisecond, true)
 	}
 	if _, draft, _ := c.Curve(); draft != 50 {
 		t.Errorf("after %d drafts of 50 ms the estimate is %v", window, draft)
@@ -92,7 +99,7 @@ func TestCostModelStepOverhead(t *testing.T) {
 	c.ForwardEnds(at(10), false)
 	c.ForwardStarts(at(15), true) // the first decode step: no decode step before it
 	c.ForwardEnds(at(20), true)
-	c.ObserveDraft(2 * time.Millisecond)
+	c.ObserveDraft(2*time.Millisecond, false) // catching up or steady, drafting is not overhead
 	c.ObserveCommit(time.Millisecond)
 	c.ForwardStarts(at(24), true) // 4 ms since the last forward, 3 of them drafting and committing
 	c.ForwardEnds(at(30), true)
@@ -170,23 +177,26 @@ func TestAllotMatchesExhaustiveSearch(t *testing.T) {
 	}
 }
 
-func TestPaysToDraft(t *testing.T) {
+func TestDraftGains(t *testing.T) {
 	strong, weak := []float64{0.9, 0.8, 0.7}, []float64{0.3}
 	reqs := []Request{{Probs: strong}, {Probs: weak}, {Probs: strong}}
 	n := []int{3, 1, 0}
 	cost := linearCost(10, 1)
 	// With the drafter at 2 ms: the strong request's 2.4 tokens pay for it,
-	// the weak one's 0.3 do not; the third got no nodes.
-	got := PaysToDraft(reqs, Rest{}, n, cost, 2)
-	if want := []bool{true, false, false}; !slices.Equal(got, want) {
-		t.Errorf("PaysToDraft = %v, want %v", got, want)
+	// the weak one's 0.3 do not; the third got no nodes for its draft.
+	got := DraftGains(reqs, Rest{Rows: 1, Tokens: 1}, n, cost, 2)
+	// Directly: the batch (4 tokens, 8 rows) commits 6.7 tokens in
+	// 10 + 8 + 3·2 ms with every draft; without the strong request's, 4.3 in
+	// 10 + 5 + 2·2, without the weak one's 6.4 in 10 + 7 + 2·2, without the
+	// third's 6.7 in 10 + 8 + 2·2.
+	want := []float64{6.7/4.3 - 24.0/19, 6.7/6.4 - 24.0/21, 1 - 24.0/22}
+	if !slices.EqualFunc(got, want, near) {
+		t.Fatalf("DraftGains = %v, want %v", got, want)
 	}
-	rate := func(n []int) float64 { return rateOf(reqs, Rest{}, n, cost, 2) }
-	for i := range reqs {
-		without := slices.Clone(n)
-		without[i] = 0
-		if n[i] > 0 && got[i] != (rate(n) > rate(without)) {
-			t.Errorf("request %d: pays %v, rate with %v, without %v", i, got[i], rate(n), rate(without))
+	// A gain is positive exactly when the batch's rate is higher with the draft.
+	for i, g := range got {
+		if (g > 0) != (i == 0) {
+			t.Errorf("request %d: gain %v, want it positive only for the strong request", i, g)
 		}
 	}
 }
@@ -268,48 +278,130 @@ func TestCalibrationLearnsPerDepth(t *testing.T) {
 	}
 }
 
-func TestBackoffSpacesOutDrafts(t *testing.T) {
-	var b Backoff
+func TestProbeInterval(t *testing.T) {
+	for _, c := range []struct {
+		batch           int
+		draftMs, stepMs float64
+		want            int
+	}{
+		{1, 1.6, 1, 52},    // one request, a draft of 1.6 steps: 32 × 1.6 steps apart
+		{4, 1, 1, 128},     // four requests probing share one step's time
+		{0, 1, 1, 32},      // no batch counts as one request
+		{1, 0, 1, 1},       // a free drafter probes every step
+		{8, 10, 1, 1024},   // at most maxInterval
+		{1, 1, 0, 1024},    // an unmeasured step
+		{2, 0.5, 100, 1},   // a cheap drafter beside a slow step
+		{3, 2, 6, 32},      // 3 · 2 / (6 / 32)
+		{1, 0.125, 8.0, 1}, // under one step
+	} {
+		if got := ProbeInterval(c.batch, c.draftMs, c.stepMs); got != c.want {
+			t.Errorf("ProbeInterval(%d, %v, %v) = %d, want %d", c.batch, c.draftMs, c.stepMs, got, c.want)
+		}
+	}
+}
+
+// drafts runs a schedule for steps steps, drafts[k] being the gain of its
+// k-th draft, and traces them: D for a draft, . for an autoregressive step.
+func drafts(b Backoff, steps, interval int, gains func(k int) float64) string {
 	var trace strings.Builder
-	// Drafts that never pay but the sixth.
-	drafts := 0
-	for range 60 {
+	k := 0
+	for range steps {
 		if !b.Draft() {
 			trace.WriteByte('.')
 			continue
 		}
 		trace.WriteByte('D')
-		drafts++
-		b.Drafted(drafts == 6)
+		b.Drafted(gains(k), interval)
+		k++
 	}
-	// Skips of 1, 2, 4, 8, 16 after failed drafts; after the paying draft
-	// it drafts again at once and backs off from 1 again.
-	want := "D.D..D....D........D" + strings.Repeat(".", 16) + "D" + "D.D..D....D........D" + "..."
-	if got := trace.String(); got != want {
-		t.Errorf("drafts\n got %s\nwant %s", got, want)
+	return trace.String()
+}
+
+func TestBackoffSchedule(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		start    Backoff
+		interval int
+		gains    func(k int) float64
+		want     string
+	}{
+		{
+			// Running gain 0.5 → 0.5625 → 0.117 → −0.273: it stops after its
+			// third draft, probes after 4, 8 and 16 steps while probes lose,
+			// and drafts every step again from the probe that pays.
+			"stops, backs off, resumes", StartBackoff(0.5, 4), 4,
+			func(k int) float64 { return map[int]float64{0: 1, 1: -3, 2: -3, 3: -3, 4: -3}[k] + 2*boolTo(k >= 5) },
+			"DDD" + "...." + "D" + strings.Repeat(".", 8) + "D" + strings.Repeat(".", 16) + strings.Repeat("D", 27),
+		},
+		{
+			// An unlucky draft among paying ones does not stop it (its
+			// running gain stays above 0.09).
+			"one bad draft in four", StartBackoff(1, 4), 4,
+			func(k int) float64 { return []float64{1, -2, 1, 1}[k%4] },
+			strings.Repeat("D", 60),
+		},
+		{
+			// Started where the engine's drafts do not pay: decodes for the
+			// interval first; its probes never pay, each wait doubles.
+			"starts autoregressive", StartBackoff(-0.2, 5), 5,
+			func(int) float64 { return -1 },
+			"....." + "D" + strings.Repeat(".", 10) + "D" + strings.Repeat(".", 20) + "D" + strings.Repeat(".", 23),
+		},
+		{
+			// No wait is longer than maxInterval.
+			"at most maxInterval", StartBackoff(-1, 600), 600,
+			func(int) float64 { return -1 },
+			strings.Repeat(".", 600) + "D" + strings.Repeat(".", maxInterval) + "D" + strings.Repeat(".", 10),
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := drafts(c.start, len(c.want), c.interval, c.gains); got != c.want {
+				t.Errorf("drafts\n got %s\nwant %s", got, c.want)
+			}
+		})
 	}
+}
+
+func boolTo(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func TestPolicyModes(t *testing.T) {
 	p := &Policy{}
-	p.Cost.ObserveStep(1, 10*time.Millisecond)
-	p.Cost.ObserveStep(16, 20*time.Millisecond)
+	for range minSamples {
+		p.Cost.ObserveStep(1, 10*time.Millisecond)
+		p.Cost.ObserveStep(16, 20*time.Millisecond)
+	}
+	p.Cost.ObserveDraft(5*time.Millisecond, true)
+	if b := p.StartBackoff(); !b.Draft() {
+		t.Error("before any draft a request should draft")
+	}
 	weak := [][]float64{{0.01, 0.001}}
 	depths := [][]int32{{1, 2}}
-	if got, keep := p.Allot(weak, depths, Rest{}); !slices.Equal(got, []int{1}) || keep[0] || p.Name() != "ddtree-auto" {
-		t.Errorf("%s: %v %v, want one node and to stop drafting", p.Name(), got, keep)
+	if got, gains, _ := p.Allot(weak, depths, Rest{}); !slices.Equal(got, []int{1}) || gains[0] >= 0 || p.Name() != "ddtree-auto" {
+		t.Errorf("%s: %v %v, want one node and a loss", p.Name(), got, gains)
 	}
 	p.Autoregressive = true
-	if got, keep := p.Allot(weak, depths, Rest{}); !slices.Equal(got, []int{0}) || keep[0] || p.Name() != "adaptive" {
-		t.Errorf("%s: %v %v, want none", p.Name(), got, keep)
+	// The drafter costs half a step and wins nothing: each draft loses half a step.
+	for range 20 {
+		got, gains, interval := p.Allot(weak, depths, Rest{})
+		if !slices.Equal(got, []int{0}) || !near(gains[0], -0.5) || p.Name() != "adaptive" || interval != 16 {
+			t.Fatalf("%s: %v %v %d, want no nodes, a loss of 0.5 and probes 16 steps apart", p.Name(), got, gains, interval)
+		}
 	}
-	p.Cost.ObserveDraft(time.Millisecond)
+	// The engine's drafts do not pay: a new request starts autoregressive.
+	if b := p.StartBackoff(); b.Draft() {
+		t.Error("a new request drafted at once where drafts do not pay")
+	}
 	strong := [][]float64{{0.9, 0.8, 0.7}}
-	if got, keep := p.Allot(strong, [][]int32{{1, 2, 3}}, Rest{}); !slices.Equal(got, []int{3}) || !keep[0] {
-		t.Errorf("confident drafts: %v %v, want all three nodes and to keep drafting", got, keep)
+	if got, gains, _ := p.Allot(strong, [][]int32{{1, 2, 3}}, Rest{}); !slices.Equal(got, []int{3}) || gains[0] <= 0 {
+		t.Errorf("confident drafts: %v %v, want all three nodes and a gain", got, gains)
 	}
 	s := p.Snapshot()
-	if s.Mode != "adaptive" || len(s.StepMs) != 2 || s.Calibration.Steps != 0 {
+	if s.Mode != "adaptive" || len(s.StepMs) != 2 || s.Calibration.Steps != 0 || s.DraftMs != 5 {
 		t.Errorf("snapshot %+v", s)
 	}
 }

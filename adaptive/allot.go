@@ -79,20 +79,24 @@ func outcome(reqs []Request, rest Rest, n []int) (tokens float64, rows, speculat
 	return tokens, rows, speculating
 }
 
-// PaysToDraft says, for each request, whether speculating for it pays: the
-// batch's Rate with its nodes of allotment n and its overhead (draft and
-// commit) exceeds the Rate with it decoding autoregressively instead.
-func PaysToDraft(reqs []Request, rest Rest, n []int, stepMs func(rows int) float64, overheadMs float64) []bool {
-	pays := make([]bool, len(reqs))
-	tokens, rows, spec := outcome(reqs, rest, n)
-	with := Rate(tokens, rows, spec, stepMs, overheadMs)
+// DraftGains is, for each drafted request, what its draft gains the
+// batch, in batch steps: the tokens the batch commits with the allotment n
+// over those it commits with the request decoding autoregressively without
+// a draft, less the step's time with it (every drafted request paying
+// overheadMs, its draft and commit) over the time without. Gains add up:
+// over many steps their sum is the steps drafting saved, and a request
+// whose draft pays has a positive gain (its Rate is higher with it). A
+// request that got no nodes paid for its draft in vain.
+func DraftGains(reqs []Request, rest Rest, n []int, stepMs func(rows int) float64, overheadMs float64) []float64 {
+	tokens, rows, _ := outcome(reqs, rest, n)
+	with := stepMs(rows) + float64(len(reqs))*overheadMs
+	gains := make([]float64, len(reqs))
 	for i, r := range reqs {
-		if n[i] > 0 {
-			without := Rate(tokens-sum(r.Probs[:n[i]]), rows-n[i], spec-1, stepMs, overheadMs)
-			pays[i] = with > without
-		}
+		accepted := sum(r.Probs[:n[i]])
+		without := stepMs(rows-n[i]) + float64(len(reqs)-1)*overheadMs
+		gains[i] = tokens/(tokens-accepted) - with/math.Max(without, 1e-9)
 	}
-	return pays
+	return gains
 }
 
 func sum(xs []float64) float64 {
@@ -103,15 +107,56 @@ func sum(xs []float64) float64 {
 	return s
 }
 
-// maxSkip is the most steps a request decodes autoregressively before it
-// drafts again to see whether speculation pays by now.
-const maxSkip = 16
+// gainSmoothing is the weight of a draft's gain in a request's running
+// gain: about the last 8 drafts decide whether it keeps drafting, so a few
+// unlucky drafts (a reply's first tokens, a new line of thought) do not
+// stop a request whose drafts pay on the whole.
+const gainSmoothing = 1.0 / 8
 
-// Backoff spaces out a request's drafting while speculation does not pay:
-// after each draft that got no nodes it skips twice as many steps as the
-// last time (1, 2, 4, ... up to maxSkip), and it drafts every step again
-// once a draft gets nodes.
-type Backoff struct{ skip, last int }
+// optimism is the running gain a request starts from before anything was
+// measured: it drafts until a few drafts have shown that drafting does not pay.
+const optimism = 1.0
+
+// probeShare is the most of the batch's time that probing drafts (drafts
+// made while speculation does not pay, to see whether it pays by now) may
+// take; maxInterval bounds the steps between a request's probes.
+const (
+	probeShare  = 1.0 / 32
+	maxInterval = 1024
+)
+
+// ProbeInterval is how many steps a request decodes autoregressively
+// before its first probe: batch requests, each probing once per interval
+// with a draft of draftMs, take at most probeShare of the batch's steps of
+// stepMs.
+func ProbeInterval(batch int, draftMs, stepMs float64) int {
+	steps := float64(max(batch, 1)) * draftMs / (probeShare * math.Max(stepMs, 1e-9))
+	return int(math.Min(math.Ceil(math.Max(steps, 1)), maxInterval))
+}
+
+// Backoff decides, step by step, whether a request drafts. While the
+// running gain of its drafts (see DraftGains) is positive it drafts every
+// step; once it is not, the request decodes autoregressively and probes:
+// it drafts again after the interval, then after twice that after each
+// probe that did not pay either (exponential back-off, up to maxInterval),
+// and drafts every step again from a probe that pays.
+type Backoff struct {
+	gain     float64 // running gain of its drafts (EWMA)
+	skip     int     // autoregressive steps left before the next probe
+	failures int     // unprofitable drafts since drafting last paid
+	interval int     // steps before the first probe, from the latest cost
+}
+
+// StartBackoff is a new request's schedule: it drafts at once while drafts
+// pay (gain > 0) across the engine's requests, or starts by decoding
+// autoregressively for the interval.
+func StartBackoff(gain float64, interval int) Backoff {
+	b := Backoff{gain: gain, interval: interval}
+	if gain <= 0 {
+		b.failures, b.skip = 1, interval
+	}
+	return b
+}
 
 // Draft reports whether the request drafts this step.
 func (b *Backoff) Draft() bool {
@@ -122,12 +167,19 @@ func (b *Backoff) Draft() bool {
 	return true
 }
 
-// Drafted records whether this step's draft got nodes.
-func (b *Backoff) Drafted(paid bool) {
-	if paid {
-		b.last = 0
+// Drafted records this step's draft's gain and the current probe interval
+// (ProbeInterval of this step's batch).
+func (b *Backoff) Drafted(gain float64, interval int) {
+	b.interval = interval
+	if b.failures == 0 {
+		b.gain += gainSmoothing * (gain - b.gain)
+	} else { // a probe: it alone says whether drafting pays again
+		b.gain = gain
+	}
+	if b.gain > 0 {
+		b.failures = 0
 		return
 	}
-	b.last = min(max(1, 2*b.last), maxSkip)
-	b.skip = b.last
+	b.skip = min(b.interval<<min(b.failures, 10), maxInterval)
+	b.failures++
 }

@@ -63,6 +63,9 @@ type CostModel struct {
 	rows          []int // measured row counts, ascending
 	steps         []samples
 	draft, commit samples
+	// catchUp are drafts that also took in the context of autoregressive
+	// steps: the estimate until a steady draft is seen.
+	catchUp samples
 	// overhead is a decode step's time outside the forward, its drafts and
 	// its commits (sampling, emitting, scheduling): from one decode
 	// forward's end (lastEnd; zero after other forwards) to the next one's
@@ -87,11 +90,19 @@ func (c *CostModel) ObserveStep(rows int, d time.Duration) {
 	c.steps[i].add(millis(d))
 }
 
-// ObserveDraft records one drafter call that took d.
-func (c *CostModel) ObserveDraft(d time.Duration) {
+// ObserveDraft records one drafter call that took d. A steady draft took
+// in no more context than one verify commits, as when drafting every step;
+// one after autoregressive steps also caught up on their context, a debt
+// that any later draft pays, so only steady drafts say what drafting the
+// next step costs (the others do until a steady one is seen).
+func (c *CostModel) ObserveDraft(d time.Duration, steady bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.draft.add(millis(d))
+	if steady {
+		c.draft.add(millis(d))
+	} else {
+		c.catchUp.add(millis(d))
+	}
 	c.inside += d
 }
 
@@ -133,15 +144,27 @@ func (c *CostModel) ObserveCommit(d time.Duration) {
 
 func millis(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 
-// Curve returns the estimated step time per measured row count, and the
-// drafter's and the commit's time (0 until measured).
+// minSamples is how many measurements a row count needs to be a point of
+// the curve: the median of three ignores one step slowed by other programs,
+// which would otherwise stand for its row count until measured again.
+const minSamples = 3
+
+// Curve returns the estimated step time per row count measured at least
+// minSamples times, and the drafter's and the commit's time (0 until
+// measured).
 func (c *CostModel) Curve() (points []Point, draftMs, commitMs float64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, r := range c.rows {
-		points = append(points, Point{Rows: r, Ms: c.steps[i].median()})
+		if len(c.steps[i].ms) >= minSamples {
+			points = append(points, Point{Rows: r, Ms: c.steps[i].median()})
+		}
 	}
-	return points, c.draft.median(), c.commit.median()
+	draftMs = c.draft.median()
+	if len(c.draft.ms) == 0 {
+		draftMs = c.catchUp.median()
+	}
+	return points, draftMs, c.commit.median()
 }
 
 // StepMs predicts a forward's time over rows rows from the measured points:

@@ -1,5 +1,10 @@
 package adaptive
 
+import (
+	"math"
+	"sync"
+)
+
 // Policy is an engine's adaptive speculation: the measured cost model and
 // the acceptance calibration that every request's allotment uses.
 type Policy struct {
@@ -10,6 +15,13 @@ type Policy struct {
 	// adaptive). Without it every drafted request gets at least one node
 	// (--spec ddtree --budget auto).
 	Autoregressive bool
+
+	mu sync.Mutex
+	// gain is the running gain of every request's drafts and interval the
+	// latest probe interval: where a new request starts (StartBackoff).
+	gain     float64
+	drafts   int
+	interval int
 }
 
 // Name is the policy's mode name in stats and reports.
@@ -47,10 +59,10 @@ func (p *Policy) Snapshot() Snapshot {
 // Allot chooses the node counts of a step's drafted requests, whose raw
 // (drafter) path probabilities and depths are given in tree order, with the
 // rest of the batch as given. The drafts are made, so their time does not
-// count against verifying them (a commit does: it follows any node); it does
-// count in keepDrafting, which says for each request whether the next step
-// should draft too.
-func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest) (nodes []int, keepDrafting []bool) {
+// count against verifying them (a commit does: it follows any node). It
+// also returns each request's gain from its draft (DraftGains, where the
+// draft does count) and the batch's probe interval, for its Backoff.
+func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest) (nodes []int, gains []float64, interval int) {
 	points, draft, commit := p.Cost.Curve()
 	points, overhead := Monotone(points), p.Cost.OverheadMs()
 	stepMs := func(rows int) float64 { return overhead + StepMs(points, rows) }
@@ -59,5 +71,29 @@ func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest) (nodes []
 		reqs[i] = Request{Probs: p.Calibration.Calibrate(probs[i], depths[i]), Min: p.MinNodes()}
 	}
 	nodes = Allot(reqs, rest, stepMs, commit)
-	return nodes, PaysToDraft(reqs, rest, nodes, stepMs, draft+commit)
+	gains = DraftGains(reqs, rest, nodes, stepMs, draft+commit)
+	batch := len(reqs) + int(math.Round(rest.Tokens))
+	interval = ProbeInterval(batch, draft, stepMs(rest.Rows+len(reqs)))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drafts == 0 {
+		p.gain = optimism
+	}
+	for _, g := range gains {
+		p.gain += gainSmoothing * (g - p.gain)
+		p.drafts++
+	}
+	p.interval = interval
+	return nodes, gains, interval
+}
+
+// StartBackoff is a new request's drafting schedule: drafting at once until
+// the engine's drafts are seen not to pay.
+func (p *Policy) StartBackoff() Backoff {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drafts == 0 {
+		return StartBackoff(optimism, 1)
+	}
+	return StartBackoff(p.gain, p.interval)
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"ddflash/adaptive"
 	"ddflash/mamba"
@@ -69,6 +70,43 @@ func TestAdaptiveGreedyIsLossless(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestAdaptiveResumesDrafting starts a request where the policy has seen
+// drafts not pay: it decodes autoregressively for the probe interval (5
+// steps at the preset cost), then its probe draft takes in those steps'
+// hidden states at once and, with perfect drafts, pays, so it drafts on.
+// Output and every step's proposal stay lossless.
+func TestAdaptiveResumesDrafting(t *testing.T) {
+	const ctxLen = 64
+	prompt := randomTokens(rand.New(rand.NewPCG(5, 6)), 6, 290)
+	req := Request{Prompt: prompt, MaxTokens: 40}
+	want, err := newTestEngine(t, "tiny", 3, Options{Context: ctxLen}).Generate(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, p := adaptiveEngine(t, 3, true, mamba.Replay, pathOracle(concat(prompt, want.Tokens)), 0, ctxLen, Options{})
+	// A flat, slow step (a full window of samples, which this run's fast
+	// steps do not move) and a drafter at 5/32 of a step.
+	for range 16 {
+		p.Cost.ObserveStep(1, 32*time.Millisecond)
+		p.Cost.ObserveStep(33, 33*time.Millisecond)
+		p.Cost.ObserveDraft(5*time.Millisecond, true)
+	}
+	for range 40 { // hopeless drafts
+		p.Allot([][]float64{{1e-4}}, [][]int32{{1}}, adaptive.Rest{})
+	}
+	got, err := e.Generate(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.Tokens, want.Tokens) {
+		t.Fatalf("output differs from autoregressive\n got %v\nwant %v", got.Tokens, want.Tokens)
+	}
+	lengths := got.Stats.SpecStats.AcceptanceLengths
+	if len(lengths) < 6 || slices.Max(lengths[:5]) != 1 || slices.Max(lengths[5:]) < 2 {
+		t.Errorf("steps' committed tokens %v: want 5 autoregressive steps, then accepted drafts", lengths)
 	}
 }
 
