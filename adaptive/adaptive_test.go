@@ -57,7 +57,7 @@ func TestMonotone(t *testing.T) {
 	}
 }
 
-func TestCostModelMedians(t *testing.T) {
+func TestCostModelEstimates(t *testing.T) {
 	var c CostModel
 	c.ObserveDraft(9*time.Millisecond, false) // catching up: the estimate until a steady draft
 	if _, draft, _ := c.Curve(); draft != 9 {
@@ -69,17 +69,20 @@ func TestCostModelMedians(t *testing.T) {
 	for _, ms := range []time.Duration{6, 40, 5} {
 		c.ObserveStep(1, ms*time.Millisecond)
 	}
+	for ms := 17; ms >= 10; ms-- { // of 8, the 2nd smallest
+		c.ObserveStep(2, time.Duration(ms)*time.Millisecond)
+	}
 	c.ObserveStep(9, 100*time.Millisecond) // once: not a point yet
 	c.ObserveStep(0, time.Second)          // no rows: ignored
 	c.ObserveDraft(3*time.Millisecond, true)
 	c.ObserveDraft(20*time.Millisecond, false)
 	c.ObserveCommit(2 * time.Millisecond)
 	points, draft, commit := c.Curve()
-	want := []Point{{1, 6}, {4, 11}}
+	want := []Point{{1, 5}, {2, 11}, {4, 10}} // lower quartiles; of 3, the smallest
 	if !slices.EqualFunc(points, want, func(a, b Point) bool { return a.Rows == b.Rows && near(a.Ms, b.Ms) }) || !near(draft, 3) || !near(commit, 2) {
 		t.Errorf("curve %v draft %v commit %v, want %v, 3 and 2", points, draft, commit, want)
 	}
-	if s := c.String(); s != "step [1:6ms 4:11ms] draft 3ms commit 2ms" {
+	if s := c.String(); s != "step [1:5ms 2:11ms 4:10ms] draft 3ms commit 2ms" {
 		t.Errorf("String() = %q", s)
 	}
 	// Only the last window measurements count: a lasting slowdown is followed.
@@ -106,8 +109,8 @@ func TestCostModelStepOverhead(t *testing.T) {
 	c.ForwardStarts(at(32), true)
 	c.ForwardEnds(at(40), false) // a batch with a prompt chunk: the next gap is not a step's
 	c.ForwardStarts(at(90), true)
-	if got := c.OverheadMs(); !near(got, 1.5) { // the median of 1 and 2
-		t.Errorf("step overhead %v ms, want 1.5", got)
+	if got := c.OverheadMs(); !near(got, 1) { // the lower of 1 and 2
+		t.Errorf("step overhead %v ms, want 1", got)
 	}
 }
 
@@ -300,8 +303,8 @@ func TestProbeInterval(t *testing.T) {
 	}
 }
 
-// drafts runs a schedule for steps steps, drafts[k] being the gain of its
-// k-th draft, and traces them: D for a draft, . for an autoregressive step.
+// drafts runs a schedule for steps steps, gains(k) being the expected gain
+// after its k-th draft, and traces them: D for a draft, . for a plain step.
 func drafts(b Backoff, steps, interval int, gains func(k int) float64) string {
 	var trace strings.Builder
 	k := 0
@@ -311,6 +314,7 @@ func drafts(b Backoff, steps, interval int, gains func(k int) float64) string {
 			continue
 		}
 		trace.WriteByte('D')
+		b.record([]float64{0.5})
 		b.Drafted(gains(k), interval)
 		k++
 	}
@@ -318,6 +322,8 @@ func drafts(b Backoff, steps, interval int, gains func(k int) float64) string {
 }
 
 func TestBackoffSchedule(t *testing.T) {
+	losing := func(int) float64 { return -1 }
+	eight := slices.Repeat([][]float64{{0.5}}, 8)
 	for _, c := range []struct {
 		name     string
 		start    Backoff
@@ -326,31 +332,32 @@ func TestBackoffSchedule(t *testing.T) {
 		want     string
 	}{
 		{
-			// Running gain 0.5 → 0.5625 → 0.117 → −0.273: it stops after its
-			// third draft, probes after 4, 8 and 16 steps while probes lose,
-			// and drafts every step again from the probe that pays.
-			"stops, backs off, resumes", StartBackoff(0.5, 4), 4,
-			func(k int) float64 { return map[int]float64{0: 1, 1: -3, 2: -3, 3: -3, 4: -3}[k] + 2*boolTo(k >= 5) },
-			"DDD" + "...." + "D" + strings.Repeat(".", 8) + "D" + strings.Repeat(".", 16) + strings.Repeat("D", 27),
+			// It stops on the evidence of 4 drafts, probes after 4, 8 and 16
+			// steps while probes lose, and drafts every step from the probe
+			// that pays.
+			"stops, backs off, resumes", StartBackoff(nil, 1, 4), 4,
+			func(k int) float64 { return map[bool]float64{false: -1, true: 2}[k >= 6] },
+			"DDDD" + "...." + "D" + strings.Repeat(".", 8) + "D" + strings.Repeat(".", 16) + strings.Repeat("D", 26),
 		},
 		{
-			// An unlucky draft among paying ones does not stop it (its
-			// running gain stays above 0.09).
-			"one bad draft in four", StartBackoff(1, 4), 4,
-			func(k int) float64 { return []float64{1, -2, 1, 1}[k%4] },
-			strings.Repeat("D", 60),
+			// Started with the engine's recent drafts as evidence, it stops at once.
+			"inherited evidence", StartBackoff(eight, 1, 4), 4, losing,
+			"D" + "...." + "D" + strings.Repeat(".", 8) + "D" + strings.Repeat(".", 5),
+		},
+		{
+			// A draft expected to lose a little does not stop it.
+			"near zero", StartBackoff(eight, 1, 4), 4,
+			func(int) float64 { return stopBelow / 2 },
+			strings.Repeat("D", 40),
 		},
 		{
 			// Started where the engine's drafts do not pay: decodes for the
 			// interval first; its probes never pay, each wait doubles.
-			"starts autoregressive", StartBackoff(-0.2, 5), 5,
-			func(int) float64 { return -1 },
+			"starts autoregressive", StartBackoff(eight, -0.2, 5), 5, losing,
 			"....." + "D" + strings.Repeat(".", 10) + "D" + strings.Repeat(".", 20) + "D" + strings.Repeat(".", 23),
 		},
 		{
-			// No wait is longer than maxInterval.
-			"at most maxInterval", StartBackoff(-1, 600), 600,
-			func(int) float64 { return -1 },
+			"at most maxInterval", StartBackoff(nil, -1, 600), 600, losing,
 			strings.Repeat(".", 600) + "D" + strings.Repeat(".", maxInterval) + "D" + strings.Repeat(".", 10),
 		},
 	} {
@@ -362,11 +369,31 @@ func TestBackoffSchedule(t *testing.T) {
 	}
 }
 
-func boolTo(b bool) float64 {
-	if b {
-		return 1
+func TestExpectedGain(t *testing.T) {
+	cost := linearCost(10, 1)
+	good, bad := []float64{0.9, 0.9, 0.8, 0.8}, []float64{0.05}
+	// Alone, a good draft's best allotment is its 4 nodes: 4.4 tokens in
+	// 10 + 5 + 2 ms (a 2 ms draft) against 1 token in 11 ms.
+	alone := 4.4 - 17.0/11
+	// A bad draft is best verified with no node: 1 token in 11 + 2 ms.
+	wasted := 1 - 13.0/11
+	for _, c := range []struct {
+		name   string
+		recent [][]float64
+		rest   Rest
+		want   float64
+	}{
+		{"none", nil, Rest{}, 0},
+		{"one good draft", [][]float64{good}, Rest{}, alone},
+		{"the mean of each draft's best", [][]float64{good, bad}, Rest{}, (alone + wasted) / 2},
+		// Beside 40 other rows (40 tokens), only 2 nodes are worth their
+		// rows, and the draft no longer pays: 42.8/41 − (10+43+2)/(10+41).
+		{"in a big batch", [][]float64{good}, Rest{Rows: 40, Tokens: 40}, 42.8/41 - 55.0/51},
+	} {
+		if got := ExpectedGain(c.recent, c.rest, cost, 0, 2); !near(got, c.want) {
+			t.Errorf("%s: ExpectedGain = %v, want %v", c.name, got, c.want)
+		}
 	}
-	return 0
 }
 
 func TestPolicyModes(t *testing.T) {
@@ -379,26 +406,33 @@ func TestPolicyModes(t *testing.T) {
 	if b := p.StartBackoff(); !b.Draft() {
 		t.Error("before any draft a request should draft")
 	}
-	weak := [][]float64{{0.01, 0.001}}
+	weak := [][]float64{{1e-4, 1e-5}}
 	depths := [][]int32{{1, 2}}
-	if got, gains, _ := p.Allot(weak, depths, Rest{}); !slices.Equal(got, []int{1}) || gains[0] >= 0 || p.Name() != "ddtree-auto" {
-		t.Errorf("%s: %v %v, want one node and a loss", p.Name(), got, gains)
+	if got := p.Allot(weak, depths, Rest{}, nil); !slices.Equal(got, []int{1}) || p.Name() != "ddtree-auto" {
+		t.Errorf("%s: %v, want one node", p.Name(), got)
 	}
 	p.Autoregressive = true
-	// The drafter costs half a step and wins nothing: each draft loses half a step.
-	for range 20 {
-		got, gains, interval := p.Allot(weak, depths, Rest{})
-		if !slices.Equal(got, []int{0}) || !near(gains[0], -0.5) || p.Name() != "adaptive" || interval != 16 {
-			t.Fatalf("%s: %v %v %d, want no nodes, a loss of 0.5 and probes 16 steps apart", p.Name(), got, gains, interval)
+	// The drafter costs half a step and wins nothing: after minEvidence
+	// drafts the request stops, probing 16 steps later (5 ms · 32 / 10 ms).
+	b := p.StartBackoff()
+	for k := range minEvidence {
+		if !b.Draft() {
+			t.Fatalf("stopped after %d drafts", k)
 		}
+		if got := p.Allot(weak, depths, Rest{}, []*Backoff{&b}); !slices.Equal(got, []int{0}) || p.Name() != "adaptive" {
+			t.Fatalf("%s: %v, want no nodes", p.Name(), got)
+		}
+	}
+	if b.skip != 16 {
+		t.Errorf("after %d losing drafts it waits %d steps, want 16", minEvidence, b.skip)
 	}
 	// The engine's drafts do not pay: a new request starts autoregressive.
 	if b := p.StartBackoff(); b.Draft() {
 		t.Error("a new request drafted at once where drafts do not pay")
 	}
 	strong := [][]float64{{0.9, 0.8, 0.7}}
-	if got, gains, _ := p.Allot(strong, [][]int32{{1, 2, 3}}, Rest{}); !slices.Equal(got, []int{3}) || gains[0] <= 0 {
-		t.Errorf("confident drafts: %v %v, want all three nodes and a gain", got, gains)
+	if got := p.Allot(strong, [][]int32{{1, 2, 3}}, Rest{}, []*Backoff{&b}); !slices.Equal(got, []int{3}) || b.failures != 0 {
+		t.Errorf("confident drafts: %v, failures %d, want all three nodes and to draft on", got, b.failures)
 	}
 	s := p.Snapshot()
 	if s.Mode != "adaptive" || len(s.StepMs) != 2 || s.Calibration.Steps != 0 || s.DraftMs != 5 {

@@ -1,6 +1,9 @@
 package adaptive
 
-import "math"
+import (
+	"math"
+	"slices"
+)
 
 // Request is one drafted request's options in a step.
 type Request struct {
@@ -107,15 +110,43 @@ func sum(xs []float64) float64 {
 	return s
 }
 
-// gainSmoothing is the weight of a draft's gain in a request's running
-// gain: about the last 8 drafts decide whether it keeps drafting, so a few
-// unlucky drafts (a reply's first tokens, a new line of thought) do not
-// stop a request whose drafts pay on the whole.
-const gainSmoothing = 1.0 / 8
+// recentDrafts is how many of a request's latest drafts predict what its
+// next draft gains: a few unlucky drafts (a reply's first tokens, a new line
+// of thought) do not stop a request whose drafts pay on the whole.
+const recentDrafts = 8
 
-// optimism is the running gain a request starts from before anything was
-// measured: it drafts until a few drafts have shown that drafting does not pay.
-const optimism = 1.0
+// A drafting request stops only on the evidence of minEvidence recent
+// drafts (its own, or the engine's it started with), and only when its next
+// draft is expected to lose more than stopBelow batch steps: near zero,
+// drafting on costs next to nothing, while stopping forgoes a whole probe
+// interval of drafts if the estimate was low by chance. A probe is judged
+// alone, and resumes drafting when it pays.
+const (
+	minEvidence = 4
+	stopBelow   = -1.0 / 8
+)
+
+// ExpectedGain is what a request's next draft is expected to gain the
+// batch, in batch steps (as DraftGains): the mean, over its recent drafts'
+// calibrated predictions, of the gain each would have with its best
+// allotment beside the rest of this batch (rest; stepMs includes the other
+// requests' drafts and commits). Every draft is judged in the batch at
+// hand, not in the one it was made in, so a request stops drafting at once
+// when the batch grows to where drafting no longer pays; and each with its
+// own best allotment, which is what drafting every step gets (the mean of
+// the best allotments, not the best allotment of the mean draft).
+func ExpectedGain(recent [][]float64, rest Rest, stepMs func(rows int) float64, commitMs, draftMs float64) float64 {
+	if len(recent) == 0 {
+		return 0
+	}
+	total := 0.0
+	for _, probs := range recent {
+		reqs := []Request{{Probs: probs}}
+		n := Allot(reqs, rest, stepMs, commitMs) // the draft made: only the commit weighs against nodes
+		total += DraftGains(reqs, rest, n, stepMs, draftMs+commitMs)[0]
+	}
+	return total / float64(len(recent))
+}
 
 // probeShare is the most of the batch's time that probing drafts (drafts
 // made while speculation does not pay, to see whether it pays by now) may
@@ -134,28 +165,27 @@ func ProbeInterval(batch int, draftMs, stepMs float64) int {
 	return int(math.Min(math.Ceil(math.Max(steps, 1)), maxInterval))
 }
 
-// Backoff decides, step by step, whether a request drafts. While the
-// running gain of its drafts (see DraftGains) is positive it drafts every
-// step; once it is not, the request decodes autoregressively and probes:
+// Backoff decides, step by step, whether a request drafts. While its next
+// draft is expected to pay (ExpectedGain over its recent drafts) it drafts
+// every step; once not, the request decodes autoregressively and probes:
 // it drafts again after the interval, then after twice that after each
 // probe that did not pay either (exponential back-off, up to maxInterval),
-// and drafts every step again from a probe that pays.
+// and drafts every step again from a probe that pays. A probe is judged
+// alone: the drafts before the wait are forgotten.
 type Backoff struct {
-	gain     float64 // running gain of its drafts (EWMA)
-	skip     int     // autoregressive steps left before the next probe
-	failures int     // unprofitable drafts since drafting last paid
-	interval int     // steps before the first probe, from the latest cost
+	recent   [][]float64 // its latest drafts' calibrated predictions, oldest first
+	skip     int         // autoregressive steps left before the next probe
+	failures int         // unprofitable probes since drafting last paid, and the stop before them
 }
 
-// StartBackoff is a new request's schedule: it drafts at once while drafts
-// pay (gain > 0) across the engine's requests, or starts by decoding
-// autoregressively for the interval.
-func StartBackoff(gain float64, interval int) Backoff {
-	b := Backoff{gain: gain, interval: interval}
+// StartBackoff is a new request's schedule: it drafts at once, with the
+// engine's recent drafts as its own, while a draft is expected to pay
+// (gain > 0), or starts by decoding autoregressively for the interval.
+func StartBackoff(recent [][]float64, gain float64, interval int) Backoff {
 	if gain <= 0 {
-		b.failures, b.skip = 1, interval
+		return Backoff{skip: interval, failures: 1}
 	}
-	return b
+	return Backoff{recent: slices.Clone(recent)}
 }
 
 // Draft reports whether the request drafts this step.
@@ -167,19 +197,24 @@ func (b *Backoff) Draft() bool {
 	return true
 }
 
-// Drafted records this step's draft's gain and the current probe interval
-// (ProbeInterval of this step's batch).
-func (b *Backoff) Drafted(gain float64, interval int) {
-	b.interval = interval
-	if b.failures == 0 {
-		b.gain += gainSmoothing * (gain - b.gain)
-	} else { // a probe: it alone says whether drafting pays again
-		b.gain = gain
+// record adds a draft's calibrated predictions to the recent ones.
+func (b *Backoff) record(probs []float64) {
+	b.recent = append(b.recent, probs)
+	if len(b.recent) > recentDrafts {
+		b.recent = slices.Delete(b.recent, 0, 1)
 	}
-	if b.gain > 0 {
+}
+
+// Drafted records, after this step's draft (see record), its next draft's
+// expected gain and the current probe interval (ProbeInterval of this
+// step's batch).
+func (b *Backoff) Drafted(gain float64, interval int) {
+	drafting := b.failures == 0
+	if gain > 0 || (drafting && (gain >= stopBelow || len(b.recent) < minEvidence)) {
 		b.failures = 0
 		return
 	}
-	b.skip = min(b.interval<<min(b.failures, 10), maxInterval)
+	b.recent = nil
+	b.skip = min(interval<<min(b.failures, 10), maxInterval)
 	b.failures++
 }

@@ -17,10 +17,12 @@ type Policy struct {
 	Autoregressive bool
 
 	mu sync.Mutex
-	// gain is the running gain of every request's drafts and interval the
-	// latest probe interval: where a new request starts (StartBackoff).
+	// Where a new request starts (StartBackoff): the engine's latest
+	// drafts, the mean expected gain of the drafting requests of the latest
+	// step that had any (seen), and that step's probe interval.
+	recent   [][]float64
 	gain     float64
-	drafts   int
+	seen     bool
 	interval int
 }
 
@@ -59,10 +61,10 @@ func (p *Policy) Snapshot() Snapshot {
 // Allot chooses the node counts of a step's drafted requests, whose raw
 // (drafter) path probabilities and depths are given in tree order, with the
 // rest of the batch as given. The drafts are made, so their time does not
-// count against verifying them (a commit does: it follows any node). It
-// also returns each request's gain from its draft (DraftGains, where the
-// draft does count) and the batch's probe interval, for its Backoff.
-func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest) (nodes []int, gains []float64, interval int) {
+// count against verifying them (a commit does: it follows any node). Under
+// --spec adaptive, backoffs are the drafted requests' schedules: each
+// learns whether its next draft is expected to pay in this batch.
+func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest, backoffs []*Backoff) []int {
 	points, draft, commit := p.Cost.Curve()
 	points, overhead := Monotone(points), p.Cost.OverheadMs()
 	stepMs := func(rows int) float64 { return overhead + StepMs(points, rows) }
@@ -70,30 +72,39 @@ func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest) (nodes []
 	for i := range probs {
 		reqs[i] = Request{Probs: p.Calibration.Calibrate(probs[i], depths[i]), Min: p.MinNodes()}
 	}
-	nodes = Allot(reqs, rest, stepMs, commit)
-	gains = DraftGains(reqs, rest, nodes, stepMs, draft+commit)
-	batch := len(reqs) + int(math.Round(rest.Tokens))
-	interval = ProbeInterval(batch, draft, stepMs(rest.Rows+len(reqs)))
+	nodes := Allot(reqs, rest, stepMs, commit)
+	if backoffs == nil {
+		return nodes
+	}
+	tokens, rows, _ := outcome(reqs, rest, nodes)
+	interval := ProbeInterval(len(reqs)+int(math.Round(rest.Tokens)), draft, stepMs(rest.Rows+len(reqs)))
+	// Each request's next draft is judged beside the others as allotted.
+	othersMs := func(rows int) float64 { return stepMs(rows) + float64(len(reqs)-1)*(draft+commit) }
+	meanGain := 0.0
+	for i, r := range reqs {
+		others := Rest{Rows: rows - 1 - nodes[i], Tokens: tokens - 1 - sum(r.Probs[:nodes[i]])}
+		backoffs[i].record(r.Probs)
+		gain := ExpectedGain(backoffs[i].recent, others, othersMs, commit, draft)
+		backoffs[i].Drafted(gain, interval)
+		meanGain += gain / float64(len(reqs))
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.drafts == 0 {
-		p.gain = optimism
+	for _, r := range reqs {
+		p.recent = append(p.recent, r.Probs)
 	}
-	for _, g := range gains {
-		p.gain += gainSmoothing * (g - p.gain)
-		p.drafts++
-	}
-	p.interval = interval
-	return nodes, gains, interval
+	p.recent = p.recent[max(0, len(p.recent)-recentDrafts):]
+	p.gain, p.seen, p.interval = meanGain, true, interval
+	return nodes
 }
 
-// StartBackoff is a new request's drafting schedule: drafting at once until
-// the engine's drafts are seen not to pay.
+// StartBackoff is a new request's drafting schedule: drafting at once
+// before any draft was seen.
 func (p *Policy) StartBackoff() Backoff {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.drafts == 0 {
-		return StartBackoff(optimism, 1)
+	if !p.seen {
+		return Backoff{}
 	}
-	return StartBackoff(p.gain, p.interval)
+	return StartBackoff(p.recent, p.gain, p.interval)
 }

@@ -76,14 +76,16 @@ func (e *Engine) allot(p *adaptive.Policy, jobs []*job, inputs []SeqInput) (deco
 	if len(drafted) == 0 {
 		return decoding
 	}
-	nodes, gains, interval := p.Allot(probs, depths, rest)
-	for k, i := range drafted {
-		j := jobs[i]
-		j.tree = j.tree.Prefix(nodes[k])
-		j.setProposal(&inputs[i])
-		if p.Autoregressive {
-			j.backoff.Drafted(gains[k], interval)
+	var backoffs []*adaptive.Backoff
+	if p.Autoregressive {
+		for _, i := range drafted {
+			backoffs = append(backoffs, &jobs[i].backoff)
 		}
+	}
+	nodes := p.Allot(probs, depths, rest, backoffs)
+	for k, i := range drafted {
+		jobs[i].tree = jobs[i].tree.Prefix(nodes[k])
+		jobs[i].setProposal(&inputs[i])
 	}
 	return decoding
 }

@@ -77,7 +77,7 @@ func TestAdaptiveGreedyIsLossless(t *testing.T) {
 // drafts not pay: it decodes autoregressively for the probe interval (5
 // steps at the preset cost), then its probe draft takes in those steps'
 // hidden states at once and, with perfect drafts, pays, so it drafts on.
-// Output and every step's proposal stay lossless.
+// The output stays the autoregressive one.
 func TestAdaptiveResumesDrafting(t *testing.T) {
 	const ctxLen = 64
 	prompt := randomTokens(rand.New(rand.NewPCG(5, 6)), 6, 290)
@@ -87,15 +87,18 @@ func TestAdaptiveResumesDrafting(t *testing.T) {
 		t.Fatal(err)
 	}
 	e, p := adaptiveEngine(t, 3, true, mamba.Replay, pathOracle(concat(prompt, want.Tokens)), 0, ctxLen, Options{})
-	// A flat, slow step (a full window of samples, which this run's fast
-	// steps do not move) and a drafter at 5/32 of a step.
+	// Preset costs that this run's own measurements cannot move (a full
+	// window each, far below them): a flat step and a drafter at 0.156 of
+	// one, so a draft that wins nothing loses 0.156 steps and probes come
+	// 5 steps apart; perfect drafts pay.
 	for range 16 {
-		p.Cost.ObserveStep(1, 32*time.Millisecond)
-		p.Cost.ObserveStep(33, 33*time.Millisecond)
-		p.Cost.ObserveDraft(5*time.Millisecond, true)
+		p.Cost.ObserveStep(1, time.Microsecond)
+		p.Cost.ObserveStep(33, time.Microsecond)
+		p.Cost.ObserveDraft(156*time.Nanosecond, true)
 	}
-	for range 40 { // hopeless drafts
-		p.Allot([][]float64{{1e-4}}, [][]int32{{1}}, adaptive.Rest{})
+	b := p.StartBackoff()
+	for range 4 { // hopeless drafts: the engine's drafts do not pay
+		p.Allot([][]float64{{1e-4}}, [][]int32{{1}}, adaptive.Rest{}, []*adaptive.Backoff{&b})
 	}
 	got, err := e.Generate(context.Background(), req)
 	if err != nil {
