@@ -332,12 +332,12 @@ func TestBackoffSchedule(t *testing.T) {
 		want     string
 	}{
 		{
-			// It stops on the evidence of 4 drafts, probes after 4, 8 and 16
+			// It stops on the evidence of 8 drafts, probes after 4, 8 and 16
 			// steps while probes lose, and drafts every step from the probe
 			// that pays.
 			"stops, backs off, resumes", StartBackoff(nil, 1, 4), 4,
-			func(k int) float64 { return map[bool]float64{false: -1, true: 2}[k >= 6] },
-			"DDDD" + "...." + "D" + strings.Repeat(".", 8) + "D" + strings.Repeat(".", 16) + strings.Repeat("D", 26),
+			func(k int) float64 { return map[bool]float64{false: -1, true: 2}[k >= 10] },
+			"DDDDDDDD" + "...." + "D" + strings.Repeat(".", 8) + "D" + strings.Repeat(".", 16) + strings.Repeat("D", 22),
 		},
 		{
 			// Started with the engine's recent drafts as evidence, it stops at once.

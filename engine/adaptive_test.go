@@ -97,7 +97,7 @@ func TestAdaptiveResumesDrafting(t *testing.T) {
 		p.Cost.ObserveDraft(156*time.Nanosecond, true)
 	}
 	b := p.StartBackoff()
-	for range 4 { // hopeless drafts: the engine's drafts do not pay
+	for range 8 { // a window of hopeless drafts: the engine's drafts do not pay
 		p.Allot([][]float64{{1e-4}}, [][]int32{{1}}, adaptive.Rest{}, []*adaptive.Backoff{&b})
 	}
 	got, err := e.Generate(context.Background(), req)
