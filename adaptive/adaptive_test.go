@@ -332,17 +332,17 @@ func TestBackoffSchedule(t *testing.T) {
 		want     string
 	}{
 		{
-			// It stops on the evidence of 8 drafts, probes after 4, 8 and 16
-			// steps while probes lose, and drafts every step from the probe
-			// that pays.
-			"stops, backs off, resumes", StartBackoff(nil, 1, 4), 4,
+			// It stops on the evidence of 8 drafts, probes after 2, 4 and 8
+			// steps (a quarter, half and all of the interval) while probes
+			// lose, and drafts every step from the probe that pays.
+			"stops, backs off, resumes", StartBackoff(nil, 1, 8), 8,
 			func(k int) float64 { return map[bool]float64{false: -1, true: 2}[k >= 10] },
-			"DDDDDDDD" + "...." + "D" + strings.Repeat(".", 8) + "D" + strings.Repeat(".", 16) + strings.Repeat("D", 22),
+			"DDDDDDDD" + ".." + "D" + "...." + "D" + strings.Repeat(".", 8) + strings.Repeat("D", 26),
 		},
 		{
 			// Started with the engine's recent drafts as evidence, it stops at once.
 			"inherited evidence", StartBackoff(eight, 1, 4), 4, losing,
-			"D" + "...." + "D" + strings.Repeat(".", 8) + "D" + strings.Repeat(".", 5),
+			"D" + "." + "D" + ".." + "D" + "...." + "D" + strings.Repeat(".", 8) + "D" + "...",
 		},
 		{
 			// A draft expected to lose a little does not stop it.
@@ -352,13 +352,14 @@ func TestBackoffSchedule(t *testing.T) {
 		},
 		{
 			// Started where the engine's drafts do not pay: decodes for the
-			// interval first; its probes never pay, each wait doubles.
+			// interval first, as if after a stop and a losing probe; its
+			// probes never pay, each wait doubles.
 			"starts autoregressive", StartBackoff(eight, -0.2, 5), 5, losing,
-			"....." + "D" + strings.Repeat(".", 10) + "D" + strings.Repeat(".", 20) + "D" + strings.Repeat(".", 23),
+			"....." + "D" + "....." + "D" + strings.Repeat(".", 10) + "D" + strings.Repeat(".", 20) + "D" + "..",
 		},
 		{
 			"at most maxInterval", StartBackoff(nil, -1, 600), 600, losing,
-			strings.Repeat(".", 600) + "D" + strings.Repeat(".", maxInterval) + "D" + strings.Repeat(".", 10),
+			strings.Repeat(".", 600) + "D" + strings.Repeat(".", 600) + "D" + strings.Repeat(".", maxInterval) + "D" + "....",
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -413,7 +414,8 @@ func TestPolicyModes(t *testing.T) {
 	}
 	p.Autoregressive = true
 	// The drafter costs half a step and wins nothing: after minEvidence
-	// drafts the request stops, probing 16 steps later (5 ms · 32 / 10 ms).
+	// drafts the request stops, probing a quarter of the interval (5 ms ·
+	// 32 / 10 ms = 16 steps) later.
 	b := p.StartBackoff()
 	for k := range minEvidence {
 		if !b.Draft() {
@@ -423,8 +425,8 @@ func TestPolicyModes(t *testing.T) {
 			t.Fatalf("%s: %v, want no nodes", p.Name(), got)
 		}
 	}
-	if b.skip != 16 {
-		t.Errorf("after %d losing drafts it waits %d steps, want 16", minEvidence, b.skip)
+	if b.skip != 4 {
+		t.Errorf("after %d losing drafts it waits %d steps, want 4", minEvidence, b.skip)
 	}
 	// The engine's drafts do not pay: a new request starts autoregressive.
 	if b := p.StartBackoff(); b.Draft() {

@@ -170,10 +170,12 @@ func ProbeInterval(batch int, draftMs, stepMs float64) int {
 // Backoff decides, step by step, whether a request drafts. While its next
 // draft is expected to pay (ExpectedGain over its recent drafts) it drafts
 // every step; once not, the request decodes autoregressively and probes:
-// it drafts again after the interval, then after twice that after each
-// probe that did not pay either (exponential back-off, up to maxInterval),
-// and drafts every step again from a probe that pays. A probe is judged
-// alone: the drafts before the wait are forgotten.
+// it drafts again after a quarter of the interval (drafting paid until
+// lately: a reply's uncertain stretch may be over soon), then after twice
+// as long after each probe that did not pay either (exponential back-off:
+// half the interval, the interval, twice it, ... up to maxInterval), and
+// drafts every step again from a probe that pays. A probe is judged alone:
+// the drafts before the wait are forgotten.
 type Backoff struct {
 	recent   [][]float64 // its latest drafts' calibrated predictions, oldest first
 	skip     int         // autoregressive steps left before the next probe
@@ -185,7 +187,7 @@ type Backoff struct {
 // (gain > 0), or starts by decoding autoregressively for the interval.
 func StartBackoff(recent [][]float64, gain float64, interval int) Backoff {
 	if gain <= 0 {
-		return Backoff{skip: interval, failures: 1}
+		return Backoff{skip: interval, failures: 2} // as after a stop and a losing probe
 	}
 	return Backoff{recent: slices.Clone(recent)}
 }
@@ -217,6 +219,6 @@ func (b *Backoff) Drafted(gain float64, interval int) {
 		return
 	}
 	b.recent = nil
-	b.skip = min(interval<<min(b.failures, 10), maxInterval)
+	b.skip = min(max(1, interval<<min(b.failures, 10)/4), maxInterval)
 	b.failures++
 }
