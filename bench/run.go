@@ -20,61 +20,98 @@ type measuredRun struct {
 // run measures one run. A run that cannot be measured returns a failure;
 // err is set only when the sweep must stop (interrupted).
 func (s *sweeper) run(ctx context.Context, t Target, key RunKey) (*measuredRun, *RunFailure, error) {
-	plan := s.o.Plan
-	convs := plan.Workload(key.Workload).passConversations(key.Concurrency)
-	requested := plan.Repeats * s.requests(key)
-	failure := func(err error, completed, failed int) *RunFailure {
-		return &RunFailure{RunKey: key, At: now(), Error: err.Error(), Requested: requested, Completed: completed, Failed: failed}
+	r, rf, err := s.startRun(ctx, t, key)
+	if r == nil {
+		return nil, rf, err
 	}
-	for range plan.Warmup {
-		if _, err := s.generate(ctx, t, []Message{{Role: "user", Content: convs[0][0]}}, key.MaxTokens); err != nil {
-			if ctx.Err() != nil {
-				return nil, nil, interrupted(ctx)
-			}
-			return nil, failure(fmt.Errorf("warmup request: %w", err), 0, 0), nil
+	for range s.o.Plan.Repeats {
+		if err := r.pass(ctx, t); err != nil {
+			return nil, nil, err
 		}
-		s.progress.add(float64(key.MaxTokens))
-	}
-	before, err := t.SpecCounters(ctx)
-	if err != nil {
-		return nil, failure(fmt.Errorf("read spec-decode counters: %w", err), 0, 0), nil
-	}
-	run := &measuredRun{Run: Run{RunKey: key, EnableThinking: s.o.Thinking, Started: now(), Requested: requested}}
-	var tel Telemetry
-	tel.Before, tel.Note = telemetry(s.o.GPUs)
-	var passes []pass
-	var firstErr error
-	for p := range plan.Repeats {
-		ps, nfailed, err := s.pass(ctx, t, convs, key)
-		if ctx.Err() != nil {
-			return nil, nil, interrupted(ctx)
-		}
-		run.Failed += nfailed
-		run.Completed += len(ps.reqs)
-		if err != nil && firstErr == nil {
-			firstErr = err
-		}
-		if ps.specAfter, err = t.SpecCounters(ctx); err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("read spec-decode counters: %w", err)
-		}
-		for i := range ps.reqs {
-			ps.reqs[i].pass = p
-		}
-		passes = append(passes, ps)
-		if firstErr != nil {
+		if r.firstErr != nil {
 			break // the run has failed; more passes would only wait on the same fault
 		}
 	}
-	tel.After, _ = telemetry(s.o.GPUs)
-	if firstErr != nil || run.Completed != requested {
-		if firstErr == nil {
-			firstErr = errors.New("requests went missing")
+	run, rf := r.finish()
+	return run, rf, nil
+}
+
+// measuring is a run in progress: warmed up, with the passes so far.
+type measuring struct {
+	s         *sweeper
+	key       RunKey
+	convs     [][]string
+	requested int
+	run       *measuredRun
+	tel       Telemetry
+	before    *SpecCounter
+	passes    []pass
+	firstErr  error
+}
+
+func (r *measuring) failure(err error, completed, failed int) *RunFailure {
+	return &RunFailure{RunKey: r.key, At: now(), Error: err.Error(), Requested: r.requested, Completed: completed, Failed: failed}
+}
+
+// startRun sends a run's warmup requests and reads the counters its
+// passes start from. A run that cannot start returns a failure; err is set
+// only when the sweep must stop (interrupted).
+func (s *sweeper) startRun(ctx context.Context, t Target, key RunKey) (*measuring, *RunFailure, error) {
+	plan := s.o.Plan
+	r := &measuring{s: s, key: key, convs: plan.Workload(key.Workload).passConversations(key.Concurrency), requested: plan.Repeats * s.requests(key)}
+	for range plan.Warmup {
+		if _, err := s.generate(ctx, t, []Message{{Role: "user", Content: r.convs[0][0]}}, key.MaxTokens); err != nil {
+			if ctx.Err() != nil {
+				return nil, nil, interrupted(ctx)
+			}
+			return nil, r.failure(fmt.Errorf("warmup request: %w", err), 0, 0), nil
 		}
-		return nil, failure(fmt.Errorf("%d of %d requests completed, %d failed; first error: %w", run.Completed, requested, run.Failed, firstErr), run.Completed, run.Failed), nil
+		s.progress.add(float64(key.MaxTokens))
 	}
-	run.Metrics, run.Samples = computeMetrics(passes, before)
+	var err error
+	if r.before, err = t.SpecCounters(ctx); err != nil {
+		return nil, r.failure(fmt.Errorf("read spec-decode counters: %w", err), 0, 0), nil
+	}
+	r.run = &measuredRun{Run: Run{RunKey: key, EnableThinking: s.o.Thinking, Started: now(), Requested: r.requested}}
+	r.tel.Before, r.tel.Note = telemetry(s.o.GPUs)
+	return r, nil, nil
+}
+
+// pass measures one pass of the run on t; a failed request sets firstErr.
+// err is set only when the sweep must stop (interrupted).
+func (r *measuring) pass(ctx context.Context, t Target) error {
+	ps, nfailed, err := r.s.pass(ctx, t, r.convs, r.key)
+	if ctx.Err() != nil {
+		return interrupted(ctx)
+	}
+	r.run.Failed += nfailed
+	r.run.Completed += len(ps.reqs)
+	if err != nil && r.firstErr == nil {
+		r.firstErr = err
+	}
+	if ps.specAfter, err = t.SpecCounters(ctx); err != nil && r.firstErr == nil {
+		r.firstErr = fmt.Errorf("read spec-decode counters: %w", err)
+	}
+	for i := range ps.reqs {
+		ps.reqs[i].pass = len(r.passes)
+	}
+	r.passes = append(r.passes, ps)
+	return nil
+}
+
+// finish computes the run's metrics from its passes, or says why it failed.
+func (r *measuring) finish() (*measuredRun, *RunFailure) {
+	run, passes := r.run, r.passes
+	r.tel.After, _ = telemetry(r.s.o.GPUs)
+	if r.firstErr != nil || run.Completed != r.requested {
+		if r.firstErr == nil {
+			r.firstErr = errors.New("requests went missing")
+		}
+		return nil, r.failure(fmt.Errorf("%d of %d requests completed, %d failed; first error: %w", run.Completed, r.requested, run.Failed, r.firstErr), run.Completed, run.Failed)
+	}
+	run.Metrics, run.Samples = computeMetrics(passes, r.before)
 	if tput := run.Metrics.OutputThroughput; !(tput > 0) || math.IsInf(tput, 0) {
-		return nil, failure(fmt.Errorf("output throughput %v tok/s: nothing was generated", tput), run.Completed, 0), nil
+		return nil, r.failure(fmt.Errorf("output throughput %v tok/s: nothing was generated", tput), run.Completed, 0)
 	}
 	var all []measured
 	for _, p := range passes {
@@ -91,8 +128,8 @@ func (s *sweeper) run(ctx context.Context, t Target, key RunKey) (*measuredRun, 
 		run.trace = append(run.trace, traceRequest(m))
 	}
 	run.OutputsSHA256 = outputsHash(all)
-	run.Telemetry = tel
-	return run, nil, nil
+	run.Telemetry = r.tel
+	return run, nil
 }
 
 func interrupted(ctx context.Context) error {

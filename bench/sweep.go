@@ -38,6 +38,9 @@ type Options struct {
 	RequestTimeout     time.Duration // 0: none
 	GPUs               GPUReader
 	Log                io.Writer // progress and one line per saved run
+	// Interleave measures run by run, the configurations' passes in turn
+	// (see interleaved), rather than configuration by configuration.
+	Interleave bool
 }
 
 // Summary is what a sweep did.
@@ -58,6 +61,12 @@ func Sweep(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	for _, tp := range o.Plan.TP {
+		if o.Interleave {
+			if err := s.interleaved(ctx, tp); err != nil {
+				return &s.sum, err
+			}
+			continue
+		}
 		for _, m := range o.Plan.Modes {
 			if err := s.config(ctx, tp, m); err != nil {
 				return &s.sum, err
@@ -278,35 +287,43 @@ func (s *sweeper) config(ctx context.Context, tp int, m Mode) error {
 	}
 	defer target.Close()
 	for _, key := range todo {
-		label := name + " " + key.String()
-		s.progress.begin(label)
+		s.progress.begin(name + " " + key.String())
 		end := s.progress.position() + s.runUnits(key)
 		run, rf, err := s.run(ctx, target, key)
 		s.progress.finish(end)
 		if err != nil {
 			return err
 		}
-		if rf != nil {
-			if err := s.failed(fail, *rf); err != nil {
-				return err
-			}
-			continue
-		}
-		if run.Trace, err = s.o.Store.WriteTrace(name, key, run.trace); err != nil {
+		if err := s.keep(tp, m, fail, run, rf); err != nil {
 			return err
 		}
-		if rec == nil {
-			rec = &Record{Head: Head{Schema: ResultSchema, Config: name, Setup: setup}, Created: now()}
-		}
-		if err := s.save(rec, tp, m, run); err != nil {
-			return err
-		}
-		s.sum.Saved++
-		s.progress.printf("saved %s %s: %.1f tok/s%s", name, key, run.Metrics.OutputThroughput, tauText(run.Metrics.AcceptanceLength))
 	}
 	if len(fail.Failures) == 0 {
 		return s.o.Store.ClearFailure(name)
 	}
+	return nil
+}
+
+// keep saves a measured run in its configuration's record, or its failure
+// in the configuration's failure file.
+func (s *sweeper) keep(tp int, m Mode, fail *Failure, run *measuredRun, rf *RunFailure) error {
+	if rf != nil {
+		return s.failed(fail, *rf)
+	}
+	name := ConfigName(tp, m)
+	var err error
+	if run.Trace, err = s.o.Store.WriteTrace(name, run.RunKey, run.trace); err != nil {
+		return err
+	}
+	rec := s.records[name]
+	if rec == nil {
+		rec = &Record{Head: Head{Schema: ResultSchema, Config: name, Setup: fail.Setup}, Created: now()}
+	}
+	if err := s.save(rec, tp, m, run); err != nil {
+		return err
+	}
+	s.sum.Saved++
+	s.progress.printf("saved %s %s: %.1f tok/s%s", name, run.RunKey, run.Metrics.OutputThroughput, tauText(run.Metrics.AcceptanceLength))
 	return nil
 }
 
