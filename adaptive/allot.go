@@ -117,12 +117,12 @@ const recentDrafts = 8
 
 // A drafting request stops only on the evidence of a full window of recent
 // drafts (its own, or the engine's it started with: the engine's first
-// request does not stop on the first few drafts of its reply, which are
-// the hardest to guess), and only when its next
-// draft is expected to lose more than stopBelow batch steps: near zero,
-// drafting on costs next to nothing, while stopping forgoes a whole probe
-// interval of drafts if the estimate was low by chance. A probe is judged
-// alone, and resumes drafting when it pays.
+// request does not stop on the first few drafts of its reply, which are the
+// hardest to guess), and only when its next draft is expected to lose more
+// than stopBelow batch steps: near zero, drafting on costs next to nothing,
+// while stopping forgoes a whole probe interval of drafts if the estimate
+// was low by chance. A probe is judged alone, and resumes drafting when it
+// pays.
 const (
 	minEvidence = recentDrafts
 	stopBelow   = -1.0 / 8
