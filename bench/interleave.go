@@ -30,8 +30,8 @@ func (s *sweeper) interleaved(ctx context.Context, tp int) error {
 				}
 			}
 		}
-		s.progress.finish(end)
 		for _, c := range cells {
+			s.progress.finish(end)
 			var run *measuredRun
 			rf := c.failure
 			if rf == nil {
