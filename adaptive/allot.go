@@ -131,12 +131,12 @@ const (
 // ExpectedGain is what a request's next draft is expected to gain the
 // batch, in batch steps (as DraftGains): the mean, over its recent drafts'
 // calibrated predictions, of the gain each would have with its best
-// allotment beside the rest of this batch (rest; stepMs includes the other
-// requests' drafts and commits). Every draft is judged in the batch at
-// hand, not in the one it was made in, so a request stops drafting at once
-// when the batch grows to where drafting no longer pays; and each with its
-// own best allotment, which is what drafting every step gets (the mean of
-// the best allotments, not the best allotment of the mean draft).
+// allotment beside the rest of this batch (rest). Every draft is judged in
+// the batch at hand, not in the one it was made in, so a request stops
+// drafting at once when the batch grows to where drafting no longer pays;
+// and each with its own best allotment, which is what drafting every step
+// gets (the mean of the best allotments, not the best allotment of the
+// mean draft).
 func ExpectedGain(recent [][]float64, rest Rest, stepMs func(rows int) float64, commitMs, draftMs float64) float64 {
 	if len(recent) == 0 {
 		return 0

@@ -76,15 +76,15 @@ func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest, backoffs 
 	if backoffs == nil {
 		return nodes
 	}
-	tokens, rows, _ := outcome(reqs, rest, nodes)
 	interval := ProbeInterval(len(reqs)+int(math.Round(rest.Tokens)), draft, stepMs(rest.Rows+len(reqs)))
-	// Each request's next draft is judged beside the others as allotted.
-	othersMs := func(rows int) float64 { return stepMs(rows) + float64(len(reqs)-1)*(draft+commit) }
+	// Each request's next draft is judged beside the rest of the batch
+	// decoding plainly. Beside the others' drafts, whose time dilutes its
+	// own, every request of a batch could go on drafting where none should.
+	others := Rest{Rows: rest.Rows + len(reqs) - 1, Tokens: rest.Tokens + float64(len(reqs)-1)}
 	meanGain := 0.0
 	for i, r := range reqs {
-		others := Rest{Rows: rows - 1 - nodes[i], Tokens: tokens - 1 - sum(r.Probs[:nodes[i]])}
 		backoffs[i].record(r.Probs)
-		gain := ExpectedGain(backoffs[i].recent, others, othersMs, commit, draft)
+		gain := ExpectedGain(backoffs[i].recent, others, stepMs, commit, draft)
 		backoffs[i].Drafted(gain, interval)
 		meanGain += gain / float64(len(reqs))
 	}
