@@ -57,27 +57,37 @@ func TestMonotone(t *testing.T) {
 	}
 }
 
-func TestCostModelMedians(t *testing.T) {
+func TestCostModelEstimates(t *testing.T) {
 	var c CostModel
+	c.ObserveDraft(9*time.Millisecond, false) // catching up: the estimate until a steady draft
+	if _, draft, _ := c.Curve(); draft != 9 {
+		t.Errorf("after one catch-up draft of 9 ms the estimate is %v", draft)
+	}
 	for _, ms := range []time.Duration{10, 30, 11} { // a burst of load in between
 		c.ObserveStep(4, ms*time.Millisecond)
 	}
-	c.ObserveStep(1, 6*time.Millisecond)
-	c.ObserveStep(1, 5*time.Millisecond)
-	c.ObserveStep(0, time.Second) // no rows: ignored
-	c.ObserveDraft(3 * time.Millisecond)
+	for _, ms := range []time.Duration{6, 40, 5} {
+		c.ObserveStep(1, ms*time.Millisecond)
+	}
+	for ms := 17; ms >= 10; ms-- { // of 8, the 2nd smallest
+		c.ObserveStep(2, time.Duration(ms)*time.Millisecond)
+	}
+	c.ObserveStep(9, 100*time.Millisecond) // once: not a point yet
+	c.ObserveStep(0, time.Second)          // no rows: ignored
+	c.ObserveDraft(3*time.Millisecond, true)
+	c.ObserveDraft(20*time.Millisecond, false)
 	c.ObserveCommit(2 * time.Millisecond)
 	points, draft, commit := c.Curve()
-	want := []Point{{1, 5.5}, {4, 11}}
+	want := []Point{{1, 5}, {2, 11}, {4, 10}} // lower quartiles; of 3, the smallest
 	if !slices.EqualFunc(points, want, func(a, b Point) bool { return a.Rows == b.Rows && near(a.Ms, b.Ms) }) || !near(draft, 3) || !near(commit, 2) {
 		t.Errorf("curve %v draft %v commit %v, want %v, 3 and 2", points, draft, commit, want)
 	}
-	if s := c.String(); s != "step [1:5.5ms 4:11ms] draft 3ms commit 2ms" {
+	if s := c.String(); s != "step [1:5ms 2:11ms 4:10ms] draft 3ms commit 2ms" {
 		t.Errorf("String() = %q", s)
 	}
 	// Only the last window measurements count: a lasting slowdown is followed.
 	for range window {
-		c.ObserveDraft(50 * time.Millisecond)
+		c.ObserveDraft(50*time.Millisecond, true)
 	}
 	if _, draft, _ := c.Curve(); draft != 50 {
 		t.Errorf("after %d drafts of 50 ms the estimate is %v", window, draft)
@@ -92,15 +102,15 @@ func TestCostModelStepOverhead(t *testing.T) {
 	c.ForwardEnds(at(10), false)
 	c.ForwardStarts(at(15), true) // the first decode step: no decode step before it
 	c.ForwardEnds(at(20), true)
-	c.ObserveDraft(2 * time.Millisecond)
+	c.ObserveDraft(2*time.Millisecond, false) // catching up or steady, drafting is not overhead
 	c.ObserveCommit(time.Millisecond)
 	c.ForwardStarts(at(24), true) // 4 ms since the last forward, 3 of them drafting and committing
 	c.ForwardEnds(at(30), true)
 	c.ForwardStarts(at(32), true)
 	c.ForwardEnds(at(40), false) // a batch with a prompt chunk: the next gap is not a step's
 	c.ForwardStarts(at(90), true)
-	if got := c.OverheadMs(); !near(got, 1.5) { // the median of 1 and 2
-		t.Errorf("step overhead %v ms, want 1.5", got)
+	if got := c.OverheadMs(); !near(got, 1) { // the lower of 1 and 2
+		t.Errorf("step overhead %v ms, want 1", got)
 	}
 }
 
@@ -170,23 +180,26 @@ func TestAllotMatchesExhaustiveSearch(t *testing.T) {
 	}
 }
 
-func TestPaysToDraft(t *testing.T) {
+func TestDraftGains(t *testing.T) {
 	strong, weak := []float64{0.9, 0.8, 0.7}, []float64{0.3}
 	reqs := []Request{{Probs: strong}, {Probs: weak}, {Probs: strong}}
 	n := []int{3, 1, 0}
 	cost := linearCost(10, 1)
 	// With the drafter at 2 ms: the strong request's 2.4 tokens pay for it,
-	// the weak one's 0.3 do not; the third got no nodes.
-	got := PaysToDraft(reqs, Rest{}, n, cost, 2)
-	if want := []bool{true, false, false}; !slices.Equal(got, want) {
-		t.Errorf("PaysToDraft = %v, want %v", got, want)
+	// the weak one's 0.3 do not; the third got no nodes for its draft.
+	got := DraftGains(reqs, Rest{Rows: 1, Tokens: 1}, n, cost, 2)
+	// Directly: the batch (4 tokens, 8 rows) commits 6.7 tokens in
+	// 10 + 8 + 3·2 ms with every draft; without the strong request's, 4.3 in
+	// 10 + 5 + 2·2, without the weak one's 6.4 in 10 + 7 + 2·2, without the
+	// third's 6.7 in 10 + 8 + 2·2.
+	want := []float64{6.7/4.3 - 24.0/19, 6.7/6.4 - 24.0/21, 1 - 24.0/22}
+	if !slices.EqualFunc(got, want, near) {
+		t.Fatalf("DraftGains = %v, want %v", got, want)
 	}
-	rate := func(n []int) float64 { return rateOf(reqs, Rest{}, n, cost, 2) }
-	for i := range reqs {
-		without := slices.Clone(n)
-		without[i] = 0
-		if n[i] > 0 && got[i] != (rate(n) > rate(without)) {
-			t.Errorf("request %d: pays %v, rate with %v, without %v", i, got[i], rate(n), rate(without))
+	// A gain is positive exactly when the batch's rate is higher with the draft.
+	for i, g := range got {
+		if (g > 0) != (i == 0) {
+			t.Errorf("request %d: gain %v, want it positive only for the strong request", i, g)
 		}
 	}
 }
@@ -268,48 +281,163 @@ func TestCalibrationLearnsPerDepth(t *testing.T) {
 	}
 }
 
-func TestBackoffSpacesOutDrafts(t *testing.T) {
-	var b Backoff
+func TestProbeInterval(t *testing.T) {
+	for _, c := range []struct {
+		batch           int
+		draftMs, stepMs float64
+		want            int
+	}{
+		{1, 1.6, 1, 52},    // one request, a draft of 1.6 steps: 32 × 1.6 steps apart
+		{4, 1, 1, 128},     // four requests probing share one step's time
+		{0, 1, 1, 32},      // no batch counts as one request
+		{1, 0, 1, 1},       // a free drafter probes every step
+		{8, 10, 1, 1024},   // at most maxInterval
+		{1, 1, 0, 1024},    // an unmeasured step
+		{2, 0.5, 100, 1},   // a cheap drafter beside a slow step
+		{3, 2, 6, 32},      // 3 · 2 / (6 / 32)
+		{1, 0.125, 8.0, 1}, // under one step
+	} {
+		if got := ProbeInterval(c.batch, c.draftMs, c.stepMs); got != c.want {
+			t.Errorf("ProbeInterval(%d, %v, %v) = %d, want %d", c.batch, c.draftMs, c.stepMs, got, c.want)
+		}
+	}
+}
+
+// drafts runs a schedule for steps steps, gains(k) being the expected gain
+// after its k-th draft, and traces them: D for a draft, . for a plain step.
+func drafts(b Backoff, steps, interval int, gains func(k int) float64) string {
 	var trace strings.Builder
-	// Drafts that never pay but the sixth.
-	drafts := 0
-	for range 60 {
+	k := 0
+	for range steps {
 		if !b.Draft() {
 			trace.WriteByte('.')
 			continue
 		}
 		trace.WriteByte('D')
-		drafts++
-		b.Drafted(drafts == 6)
+		b.record([]float64{0.5})
+		b.Drafted(gains(k), interval)
+		k++
 	}
-	// Skips of 1, 2, 4, 8, 16 after failed drafts; after the paying draft
-	// it drafts again at once and backs off from 1 again.
-	want := "D.D..D....D........D" + strings.Repeat(".", 16) + "D" + "D.D..D....D........D" + "..."
-	if got := trace.String(); got != want {
-		t.Errorf("drafts\n got %s\nwant %s", got, want)
+	return trace.String()
+}
+
+func TestBackoffSchedule(t *testing.T) {
+	losing := func(int) float64 { return -1 }
+	eight := slices.Repeat([][]float64{{0.5}}, 8)
+	for _, c := range []struct {
+		name     string
+		start    Backoff
+		interval int
+		gains    func(k int) float64
+		want     string
+	}{
+		{
+			// It stops on the evidence of 8 drafts, probes after 2, 4 and 8
+			// steps (a quarter, half and all of the interval) while probes
+			// lose, and drafts every step from the probe that pays.
+			"stops, backs off, resumes", StartBackoff(nil, 1, 8), 8,
+			func(k int) float64 { return map[bool]float64{false: -1, true: 2}[k >= 10] },
+			"DDDDDDDD" + ".." + "D" + "...." + "D" + strings.Repeat(".", 8) + strings.Repeat("D", 26),
+		},
+		{
+			// Started with the engine's recent drafts as evidence, it stops at once.
+			"inherited evidence", StartBackoff(eight, 1, 4), 4, losing,
+			"D" + "." + "D" + ".." + "D" + "...." + "D" + strings.Repeat(".", 8) + "D" + "...",
+		},
+		{
+			// A draft expected to lose a little does not stop it.
+			"near zero", StartBackoff(eight, 1, 4), 4,
+			func(int) float64 { return stopBelow / 2 },
+			strings.Repeat("D", 40),
+		},
+		{
+			// Started where the engine's drafts do not pay: decodes for the
+			// interval first, as if after a stop and a losing probe; its
+			// probes never pay, each wait doubles.
+			"starts autoregressive", StartBackoff(eight, -0.2, 5), 5, losing,
+			"....." + "D" + "....." + "D" + strings.Repeat(".", 10) + "D" + strings.Repeat(".", 20) + "D" + "..",
+		},
+		{
+			"at most maxInterval", StartBackoff(nil, -1, 600), 600, losing,
+			strings.Repeat(".", 600) + "D" + strings.Repeat(".", 600) + "D" + strings.Repeat(".", maxInterval) + "D" + "....",
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := drafts(c.start, len(c.want), c.interval, c.gains); got != c.want {
+				t.Errorf("drafts\n got %s\nwant %s", got, c.want)
+			}
+		})
+	}
+}
+
+func TestExpectedGain(t *testing.T) {
+	cost := linearCost(10, 1)
+	good, bad := []float64{0.9, 0.9, 0.8, 0.8}, []float64{0.05}
+	// Alone, a good draft's best allotment is its 4 nodes: 4.4 tokens in
+	// 10 + 5 + 2 ms (a 2 ms draft) against 1 token in 11 ms.
+	alone := 4.4 - 17.0/11
+	// A bad draft is best verified with no node: 1 token in 11 + 2 ms.
+	wasted := 1 - 13.0/11
+	for _, c := range []struct {
+		name   string
+		recent [][]float64
+		rest   Rest
+		want   float64
+	}{
+		{"none", nil, Rest{}, 0},
+		{"one good draft", [][]float64{good}, Rest{}, alone},
+		{"the mean of each draft's best", [][]float64{good, bad}, Rest{}, (alone + wasted) / 2},
+		// Beside 40 other rows (40 tokens), only 2 nodes are worth their
+		// rows, and the draft no longer pays: 42.8/41 − (10+43+2)/(10+41).
+		{"in a big batch", [][]float64{good}, Rest{Rows: 40, Tokens: 40}, 42.8/41 - 55.0/51},
+	} {
+		if got := ExpectedGain(c.recent, c.rest, cost, 0, 2); !near(got, c.want) {
+			t.Errorf("%s: ExpectedGain = %v, want %v", c.name, got, c.want)
+		}
 	}
 }
 
 func TestPolicyModes(t *testing.T) {
 	p := &Policy{}
-	p.Cost.ObserveStep(1, 10*time.Millisecond)
-	p.Cost.ObserveStep(16, 20*time.Millisecond)
-	weak := [][]float64{{0.01, 0.001}}
+	for range minSamples {
+		p.Cost.ObserveStep(1, 10*time.Millisecond)
+		p.Cost.ObserveStep(16, 20*time.Millisecond)
+	}
+	p.Cost.ObserveDraft(5*time.Millisecond, true)
+	if b := p.StartBackoff(); !b.Draft() {
+		t.Error("before any draft a request should draft")
+	}
+	weak := [][]float64{{1e-4, 1e-5}}
 	depths := [][]int32{{1, 2}}
-	if got, keep := p.Allot(weak, depths, Rest{}); !slices.Equal(got, []int{1}) || keep[0] || p.Name() != "ddtree-auto" {
-		t.Errorf("%s: %v %v, want one node and to stop drafting", p.Name(), got, keep)
+	if got := p.Allot(weak, depths, Rest{}, nil); !slices.Equal(got, []int{1}) || p.Name() != "ddtree-auto" {
+		t.Errorf("%s: %v, want one node", p.Name(), got)
 	}
 	p.Autoregressive = true
-	if got, keep := p.Allot(weak, depths, Rest{}); !slices.Equal(got, []int{0}) || keep[0] || p.Name() != "adaptive" {
-		t.Errorf("%s: %v %v, want none", p.Name(), got, keep)
+	// The drafter costs half a step and wins nothing: after minEvidence
+	// drafts the request stops, probing a quarter of the interval (5 ms ·
+	// 32 / 10 ms = 16 steps) later.
+	b := p.StartBackoff()
+	for k := range minEvidence {
+		if !b.Draft() {
+			t.Fatalf("stopped after %d drafts", k)
+		}
+		if got := p.Allot(weak, depths, Rest{}, []*Backoff{&b}); !slices.Equal(got, []int{0}) || p.Name() != "adaptive" {
+			t.Fatalf("%s: %v, want no nodes", p.Name(), got)
+		}
 	}
-	p.Cost.ObserveDraft(time.Millisecond)
+	if b.skip != 4 {
+		t.Errorf("after %d losing drafts it waits %d steps, want 4", minEvidence, b.skip)
+	}
+	// The engine's drafts do not pay: a new request starts autoregressive.
+	if b := p.StartBackoff(); b.Draft() {
+		t.Error("a new request drafted at once where drafts do not pay")
+	}
 	strong := [][]float64{{0.9, 0.8, 0.7}}
-	if got, keep := p.Allot(strong, [][]int32{{1, 2, 3}}, Rest{}); !slices.Equal(got, []int{3}) || !keep[0] {
-		t.Errorf("confident drafts: %v %v, want all three nodes and to keep drafting", got, keep)
+	if got := p.Allot(strong, [][]int32{{1, 2, 3}}, Rest{}, []*Backoff{&b}); !slices.Equal(got, []int{3}) || b.failures != 0 {
+		t.Errorf("confident drafts: %v, failures %d, want all three nodes and to draft on", got, b.failures)
 	}
 	s := p.Snapshot()
-	if s.Mode != "adaptive" || len(s.StepMs) != 2 || s.Calibration.Steps != 0 {
+	if s.Mode != "adaptive" || len(s.StepMs) != 2 || s.Calibration.Steps != 0 || s.DraftMs != 5 {
 		t.Errorf("snapshot %+v", s)
 	}
 }

@@ -1,6 +1,9 @@
 package adaptive
 
-import "math"
+import (
+	"math"
+	"slices"
+)
 
 // Request is one drafted request's options in a step.
 type Request struct {
@@ -79,20 +82,24 @@ func outcome(reqs []Request, rest Rest, n []int) (tokens float64, rows, speculat
 	return tokens, rows, speculating
 }
 
-// PaysToDraft says, for each request, whether speculating for it pays: the
-// batch's Rate with its nodes of allotment n and its overhead (draft and
-// commit) exceeds the Rate with it decoding autoregressively instead.
-func PaysToDraft(reqs []Request, rest Rest, n []int, stepMs func(rows int) float64, overheadMs float64) []bool {
-	pays := make([]bool, len(reqs))
-	tokens, rows, spec := outcome(reqs, rest, n)
-	with := Rate(tokens, rows, spec, stepMs, overheadMs)
+// DraftGains is, for each drafted request, what its draft gains the
+// batch, in batch steps: the tokens the batch commits with the allotment n
+// over those it commits with the request decoding autoregressively without
+// a draft, less the step's time with it (every drafted request paying
+// overheadMs, its draft and commit) over the time without. Gains add up:
+// over many steps their sum is the steps drafting saved, and a request
+// whose draft pays has a positive gain (its Rate is higher with it). A
+// request that got no nodes paid for its draft in vain.
+func DraftGains(reqs []Request, rest Rest, n []int, stepMs func(rows int) float64, overheadMs float64) []float64 {
+	tokens, rows, _ := outcome(reqs, rest, n)
+	with := stepMs(rows) + float64(len(reqs))*overheadMs
+	gains := make([]float64, len(reqs))
 	for i, r := range reqs {
-		if n[i] > 0 {
-			without := Rate(tokens-sum(r.Probs[:n[i]]), rows-n[i], spec-1, stepMs, overheadMs)
-			pays[i] = with > without
-		}
+		accepted := sum(r.Probs[:n[i]])
+		without := stepMs(rows-n[i]) + float64(len(reqs)-1)*overheadMs
+		gains[i] = tokens/(tokens-accepted) - with/math.Max(without, 1e-9)
 	}
-	return pays
+	return gains
 }
 
 func sum(xs []float64) float64 {
@@ -103,15 +110,87 @@ func sum(xs []float64) float64 {
 	return s
 }
 
-// maxSkip is the most steps a request decodes autoregressively before it
-// drafts again to see whether speculation pays by now.
-const maxSkip = 16
+// recentDrafts is how many of a request's latest drafts predict what its
+// next draft gains: a few unlucky drafts (a reply's first tokens, a new line
+// of thought) do not stop a request whose drafts pay on the whole.
+const recentDrafts = 8
 
-// Backoff spaces out a request's drafting while speculation does not pay:
-// after each draft that got no nodes it skips twice as many steps as the
-// last time (1, 2, 4, ... up to maxSkip), and it drafts every step again
-// once a draft gets nodes.
-type Backoff struct{ skip, last int }
+// A drafting request stops only on the evidence of a full window of recent
+// drafts (its own, or the engine's it started with: the engine's first
+// request does not stop on the first few drafts of its reply, which are the
+// hardest to guess), and only when its next draft is expected to lose more
+// than stopBelow batch steps: near zero, drafting on costs next to nothing,
+// while stopping forgoes a whole probe interval of drafts if the estimate
+// was low by chance. A probe is judged alone, and resumes drafting when it
+// pays.
+const (
+	minEvidence = recentDrafts
+	stopBelow   = -1.0 / 8
+)
+
+// ExpectedGain is what a request's next draft is expected to gain the
+// batch, in batch steps (as DraftGains): the mean, over its recent drafts'
+// calibrated predictions, of the gain each would have with its best
+// allotment beside the rest of this batch (rest). Every draft is judged in
+// the batch at hand, not in the one it was made in, so a request stops
+// drafting at once when the batch grows to where drafting no longer pays;
+// and each with its own best allotment, which is what drafting every step
+// gets (the mean of the best allotments, not the best allotment of the
+// mean draft).
+func ExpectedGain(recent [][]float64, rest Rest, stepMs func(rows int) float64, commitMs, draftMs float64) float64 {
+	if len(recent) == 0 {
+		return 0
+	}
+	total := 0.0
+	for _, probs := range recent {
+		reqs := []Request{{Probs: probs}}
+		n := Allot(reqs, rest, stepMs, commitMs) // the draft made: only the commit weighs against nodes
+		total += DraftGains(reqs, rest, n, stepMs, draftMs+commitMs)[0]
+	}
+	return total / float64(len(recent))
+}
+
+// probeShare is the most of the batch's time that probing drafts (drafts
+// made while speculation does not pay, to see whether it pays by now) may
+// take; maxInterval bounds the steps between a request's probes.
+const (
+	probeShare  = 1.0 / 32
+	maxInterval = 1024
+)
+
+// ProbeInterval is how many steps a request decodes autoregressively
+// before its first probe: batch requests, each probing once per interval
+// with a draft of draftMs, take at most probeShare of the batch's steps of
+// stepMs.
+func ProbeInterval(batch int, draftMs, stepMs float64) int {
+	steps := float64(max(batch, 1)) * draftMs / (probeShare * math.Max(stepMs, 1e-9))
+	return int(math.Min(math.Ceil(math.Max(steps, 1)), maxInterval))
+}
+
+// Backoff decides, step by step, whether a request drafts. While its next
+// draft is expected to pay (ExpectedGain over its recent drafts) it drafts
+// every step; once not, the request decodes autoregressively and probes:
+// it drafts again after a quarter of the interval (drafting paid until
+// lately: a reply's uncertain stretch may be over soon), then after twice
+// as long after each probe that did not pay either (exponential back-off:
+// half the interval, the interval, twice it, ... up to maxInterval), and
+// drafts every step again from a probe that pays. A probe is judged alone:
+// the drafts before the wait are forgotten.
+type Backoff struct {
+	recent   [][]float64 // its latest drafts' calibrated predictions, oldest first
+	skip     int         // autoregressive steps left before the next probe
+	failures int         // unprofitable probes since drafting last paid, and the stop before them
+}
+
+// StartBackoff is a new request's schedule: it drafts at once, with the
+// engine's recent drafts as its own, while a draft is expected to pay
+// (gain > 0), or starts by decoding autoregressively for the interval.
+func StartBackoff(recent [][]float64, gain float64, interval int) Backoff {
+	if gain <= 0 {
+		return Backoff{skip: interval, failures: 2} // as after a stop and a losing probe
+	}
+	return Backoff{recent: slices.Clone(recent)}
+}
 
 // Draft reports whether the request drafts this step.
 func (b *Backoff) Draft() bool {
@@ -122,12 +201,24 @@ func (b *Backoff) Draft() bool {
 	return true
 }
 
-// Drafted records whether this step's draft got nodes.
-func (b *Backoff) Drafted(paid bool) {
-	if paid {
-		b.last = 0
+// record adds a draft's calibrated predictions to the recent ones.
+func (b *Backoff) record(probs []float64) {
+	b.recent = append(b.recent, probs)
+	if len(b.recent) > recentDrafts {
+		b.recent = slices.Delete(b.recent, 0, 1)
+	}
+}
+
+// Drafted records, after this step's draft (see record), its next draft's
+// expected gain and the current probe interval (ProbeInterval of this
+// step's batch).
+func (b *Backoff) Drafted(gain float64, interval int) {
+	drafting := b.failures == 0
+	if gain > 0 || (drafting && (gain >= stopBelow || len(b.recent) < minEvidence)) {
+		b.failures = 0
 		return
 	}
-	b.last = min(max(1, 2*b.last), maxSkip)
-	b.skip = b.last
+	b.recent = nil
+	b.skip = min(max(1, interval<<min(b.failures, 10)/4), maxInterval)
+	b.failures++
 }

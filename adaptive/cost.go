@@ -16,10 +16,12 @@ import (
 )
 
 // window is how many recent measurements each estimate keeps. An estimate
-// is their median: other programs' load comes in bursts, which a median
-// ignores, and unlike a minimum it does not fall the more often a point is
-// measured, so points measured every step (one row, the drafter) and points
-// measured rarely (large trees) stay comparable.
+// is their lower quartile: other programs' load only ever slows a step, and
+// comes in bursts, so a low quantile is nearest the step's own cost; and the
+// order statistic taken, the ((n+1)/4)-th smallest of n, sits at about the
+// same quantile (a quarter) whether a point was measured 3 or 16 times, so
+// points measured every step (one row, the drafter) and points measured
+// rarely (large trees) stay comparable, as they would not with a minimum.
 const window = 16
 
 // samples is one estimate's recent measurements, a ring.
@@ -37,14 +39,13 @@ func (s *samples) add(ms float64) {
 	s.next = (s.next + 1) % window
 }
 
-// median is 0 without measurements.
-func (s *samples) median() float64 {
+// estimate is the lower quartile, 0 without measurements.
+func (s *samples) estimate() float64 {
 	if len(s.ms) == 0 {
 		return 0
 	}
 	m := slices.Sorted(slices.Values(s.ms))
-	n := len(m)
-	return (m[(n-1)/2] + m[n/2]) / 2
+	return m[max(0, (len(m)+1)/4-1)]
 }
 
 // Point is one point of the step-time curve.
@@ -63,6 +64,9 @@ type CostModel struct {
 	rows          []int // measured row counts, ascending
 	steps         []samples
 	draft, commit samples
+	// catchUp are drafts that also took in the context of autoregressive
+	// steps: the estimate until a steady draft is seen.
+	catchUp samples
 	// overhead is a decode step's time outside the forward, its drafts and
 	// its commits (sampling, emitting, scheduling): from one decode
 	// forward's end (lastEnd; zero after other forwards) to the next one's
@@ -87,11 +91,19 @@ func (c *CostModel) ObserveStep(rows int, d time.Duration) {
 	c.steps[i].add(millis(d))
 }
 
-// ObserveDraft records one drafter call that took d.
-func (c *CostModel) ObserveDraft(d time.Duration) {
+// ObserveDraft records one drafter call that took d. A steady draft took
+// in no more context than one verify commits, as when drafting every step;
+// one after autoregressive steps also caught up on their context, a debt
+// that any later draft pays, so only steady drafts say what drafting the
+// next step costs (the others do until a steady one is seen).
+func (c *CostModel) ObserveDraft(d time.Duration, steady bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.draft.add(millis(d))
+	if steady {
+		c.draft.add(millis(d))
+	} else {
+		c.catchUp.add(millis(d))
+	}
 	c.inside += d
 }
 
@@ -120,7 +132,7 @@ func (c *CostModel) ForwardEnds(now time.Time, decoding bool) {
 func (c *CostModel) OverheadMs() float64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.overhead.median()
+	return c.overhead.estimate()
 }
 
 // ObserveCommit records one verify's commit that took d.
@@ -133,15 +145,27 @@ func (c *CostModel) ObserveCommit(d time.Duration) {
 
 func millis(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 
-// Curve returns the estimated step time per measured row count, and the
-// drafter's and the commit's time (0 until measured).
+// minSamples is how many measurements a row count needs to be a point of
+// the curve: one step slowed by other programs would otherwise stand for
+// its row count until measured again.
+const minSamples = 3
+
+// Curve returns the estimated step time per row count measured at least
+// minSamples times, and the drafter's and the commit's time (0 until
+// measured).
 func (c *CostModel) Curve() (points []Point, draftMs, commitMs float64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, r := range c.rows {
-		points = append(points, Point{Rows: r, Ms: c.steps[i].median()})
+		if len(c.steps[i].ms) >= minSamples {
+			points = append(points, Point{Rows: r, Ms: c.steps[i].estimate()})
+		}
 	}
-	return points, c.draft.median(), c.commit.median()
+	draftMs = c.draft.estimate()
+	if len(c.draft.ms) == 0 {
+		draftMs = c.catchUp.estimate()
+	}
+	return points, draftMs, c.commit.estimate()
 }
 
 // StepMs predicts a forward's time over rows rows from the measured points:

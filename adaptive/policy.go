@@ -1,5 +1,10 @@
 package adaptive
 
+import (
+	"math"
+	"sync"
+)
+
 // Policy is an engine's adaptive speculation: the measured cost model and
 // the acceptance calibration that every request's allotment uses.
 type Policy struct {
@@ -10,6 +15,15 @@ type Policy struct {
 	// adaptive). Without it every drafted request gets at least one node
 	// (--spec ddtree --budget auto).
 	Autoregressive bool
+
+	mu sync.Mutex
+	// Where a new request starts (StartBackoff): the engine's latest
+	// drafts, the mean expected gain of the drafting requests of the latest
+	// step that had any (seen), and that step's probe interval.
+	recent   [][]float64
+	gain     float64
+	seen     bool
+	interval int
 }
 
 // Name is the policy's mode name in stats and reports.
@@ -47,10 +61,10 @@ func (p *Policy) Snapshot() Snapshot {
 // Allot chooses the node counts of a step's drafted requests, whose raw
 // (drafter) path probabilities and depths are given in tree order, with the
 // rest of the batch as given. The drafts are made, so their time does not
-// count against verifying them (a commit does: it follows any node); it does
-// count in keepDrafting, which says for each request whether the next step
-// should draft too.
-func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest) (nodes []int, keepDrafting []bool) {
+// count against verifying them (a commit does: it follows any node). Under
+// --spec adaptive, backoffs are the drafted requests' schedules: each
+// learns whether its next draft is expected to pay in this batch.
+func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest, backoffs []*Backoff) []int {
 	points, draft, commit := p.Cost.Curve()
 	points, overhead := Monotone(points), p.Cost.OverheadMs()
 	stepMs := func(rows int) float64 { return overhead + StepMs(points, rows) }
@@ -58,6 +72,39 @@ func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest) (nodes []
 	for i := range probs {
 		reqs[i] = Request{Probs: p.Calibration.Calibrate(probs[i], depths[i]), Min: p.MinNodes()}
 	}
-	nodes = Allot(reqs, rest, stepMs, commit)
-	return nodes, PaysToDraft(reqs, rest, nodes, stepMs, draft+commit)
+	nodes := Allot(reqs, rest, stepMs, commit)
+	if backoffs == nil {
+		return nodes
+	}
+	interval := ProbeInterval(len(reqs)+int(math.Round(rest.Tokens)), draft, stepMs(rest.Rows+len(reqs)))
+	// Each request's next draft is judged beside the rest of the batch
+	// decoding plainly. Beside the others' drafts, whose time dilutes its
+	// own, every request of a batch could go on drafting where none should.
+	others := Rest{Rows: rest.Rows + len(reqs) - 1, Tokens: rest.Tokens + float64(len(reqs)-1)}
+	meanGain := 0.0
+	for i, r := range reqs {
+		backoffs[i].record(r.Probs)
+		gain := ExpectedGain(backoffs[i].recent, others, stepMs, commit, draft)
+		backoffs[i].Drafted(gain, interval)
+		meanGain += gain / float64(len(reqs))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range reqs {
+		p.recent = append(p.recent, r.Probs)
+	}
+	p.recent = p.recent[max(0, len(p.recent)-recentDrafts):]
+	p.gain, p.seen, p.interval = meanGain, true, interval
+	return nodes
+}
+
+// StartBackoff is a new request's drafting schedule: drafting at once
+// before any draft was seen.
+func (p *Policy) StartBackoff() Backoff {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.seen {
+		return Backoff{}
+	}
+	return StartBackoff(p.recent, p.gain, p.interval)
 }

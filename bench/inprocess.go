@@ -69,6 +69,12 @@ type InProcess struct {
 	// interleave).
 	tp      int
 	engines map[string]loaded
+	// Per configuration, what lives as long as its engine would in a
+	// server, across the configuration's openings (a sweep opens it for
+	// every pass): the adaptive mode's policy (its measured costs and
+	// calibration) and the spec-decode counters.
+	policies map[string]*adaptive.Policy
+	counters map[string]*SpecCounter
 }
 
 type loaded struct {
@@ -112,15 +118,30 @@ func (p *InProcess) Validate(plan *Plan) error {
 	return nil
 }
 
-// spec is a mode's decoding. The adaptive mode gets a fresh policy, which
-// measures its cost curve at the configuration's first request.
-func (p *InProcess) spec(m Mode) engine.SpecOptions {
+// spec is a configuration's decoding. The adaptive mode's policy is the
+// configuration's own: it measures its cost curve at the configuration's
+// first request and keeps learning across the configuration's openings.
+func (p *InProcess) spec(c Config) engine.SpecOptions {
+	m := c.Mode
 	mode := map[string]engine.SpecMode{"auto": engine.SpecAuto, "linear": engine.SpecLinear, "ddtree": engine.SpecTree, "adaptive": engine.SpecTree}[m.Kind]
 	o := engine.SpecOptions{Mode: mode, Budget: m.Budget, Rollback: p.Rollback}
 	if m.Kind == "adaptive" {
-		o.Policy = &adaptive.Policy{Autoregressive: true}
+		o.Policy = cached(&p.policies, c.Name(), func() *adaptive.Policy { return &adaptive.Policy{Autoregressive: true} })
 	}
 	return o
+}
+
+// cached returns the map's value for name, made by newValue on first use.
+func cached[V any](m *map[string]*V, name string, newValue func() *V) *V {
+	if *m == nil {
+		*m = map[string]*V{}
+	}
+	v, ok := (*m)[name]
+	if !ok {
+		v = newValue()
+		(*m)[name] = v
+	}
+	return v
 }
 
 // Knobs implements Backend. It loads the degree's engine to read its sizes;
@@ -156,11 +177,11 @@ func (p *InProcess) Open(c Config) (Target, error) {
 	if err := p.Validate(&Plan{TP: []int{c.TP}, Modes: []Mode{m}}); err != nil {
 		return nil, err
 	}
-	e.Spec = p.spec(m)
+	e.Spec = p.spec(c)
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &engineTarget{p: p, sched: engine.NewScheduler(e, engine.SchedulerOptions{}), stop: cancel, done: make(chan struct{})}
 	if m.Kind != "auto" {
-		t.counts = &SpecCounter{}
+		t.counts = cached(&p.counters, c.Name(), func() *SpecCounter { return &SpecCounter{} })
 	}
 	go func() { t.sched.Run(ctx); close(t.done) }()
 	return t, nil

@@ -17,106 +17,82 @@ type measuredRun struct {
 	trace []TraceRequest
 }
 
-// runResult is one target's outcome of a run: a valid run, or a failure.
-type runResult struct {
-	run     *measuredRun
-	failure *RunFailure
+// measuring is a run in progress: warmed up, with the passes so far.
+type measuring struct {
+	s         *sweeper
+	key       RunKey
+	convs     [][]string
+	requested int
+	run       *measuredRun
+	tel       Telemetry
+	before    *SpecCounter
+	passes    []pass
+	firstErr  error
 }
 
-// runs measures one run on each target, their passes interleaved (every
-// target's warmup, then every target's first pass, and so on), so that the
-// targets' ratios hold while the machine's load changes. A target's run that
-// cannot be measured gets a failure; err is set only when the sweep must
-// stop (interrupted).
-func (s *sweeper) runs(ctx context.Context, targets []Target, key RunKey) ([]runResult, error) {
+func (r *measuring) failure(err error, completed, failed int) *RunFailure {
+	return &RunFailure{RunKey: r.key, At: now(), Error: err.Error(), Requested: r.requested, Completed: completed, Failed: failed}
+}
+
+// startRun sends a run's warmup requests and reads the counters its
+// passes start from. A run that cannot start returns a failure; err is set
+// only when the sweep must stop (interrupted).
+func (s *sweeper) startRun(ctx context.Context, t Target, key RunKey) (*measuring, *RunFailure, error) {
 	plan := s.o.Plan
-	convs := plan.Workload(key.Workload).passConversations(key.Concurrency)
-	requested := plan.Repeats * s.requests(key)
-	type state struct {
-		t        Target
-		before   *SpecCounter
-		run      *measuredRun
-		tel      Telemetry
-		passes   []pass
-		firstErr error
-		result   runResult
-	}
-	states := make([]*state, len(targets))
-	for i, t := range targets {
-		states[i] = &state{t: t}
-	}
-	failure := func(err error, completed, failed int) *RunFailure {
-		return &RunFailure{RunKey: key, At: now(), Error: err.Error(), Requested: requested, Completed: completed, Failed: failed}
-	}
-	measuring := func(st *state) bool { return st.result.failure == nil && st.firstErr == nil }
-	for _, st := range states {
-		for range plan.Warmup {
-			if _, err := s.generate(ctx, st.t, []Message{{Role: "user", Content: convs[0][0]}}, key.MaxTokens); err != nil {
-				if ctx.Err() != nil {
-					return nil, interrupted(ctx)
-				}
-				st.result.failure = failure(fmt.Errorf("warmup request: %w", err), 0, 0)
-				break
-			}
-			s.progress.add(float64(key.MaxTokens))
-		}
-	}
-	for _, st := range states {
-		if !measuring(st) {
-			continue
-		}
-		var err error
-		if st.before, err = st.t.SpecCounters(ctx); err != nil {
-			st.result.failure = failure(fmt.Errorf("read spec-decode counters: %w", err), 0, 0)
-			continue
-		}
-		st.run = &measuredRun{Run: Run{RunKey: key, EnableThinking: s.o.Thinking, Started: now(), Requested: requested}}
-		st.tel.Before, st.tel.Note = telemetry(s.o.GPUs)
-	}
-	for p := range plan.Repeats {
-		for _, st := range states {
-			if !measuring(st) {
-				continue // the run has failed; more passes would only wait on the same fault
-			}
-			ps, nfailed, err := s.pass(ctx, st.t, convs, key)
+	r := &measuring{s: s, key: key, convs: plan.Workload(key.Workload).passConversations(key.Concurrency), requested: plan.Repeats * s.requests(key)}
+	for range plan.Warmup {
+		if _, err := s.generate(ctx, t, []Message{{Role: "user", Content: r.convs[0][0]}}, key.MaxTokens); err != nil {
 			if ctx.Err() != nil {
-				return nil, interrupted(ctx)
+				return nil, nil, interrupted(ctx)
 			}
-			st.run.Failed += nfailed
-			st.run.Completed += len(ps.reqs)
-			st.firstErr = err
-			if ps.specAfter, err = st.t.SpecCounters(ctx); err != nil && st.firstErr == nil {
-				st.firstErr = fmt.Errorf("read spec-decode counters: %w", err)
-			}
-			for i := range ps.reqs {
-				ps.reqs[i].pass = p
-			}
-			st.passes = append(st.passes, ps)
+			return nil, r.failure(fmt.Errorf("warmup request: %w", err), 0, 0), nil
 		}
+		s.progress.add(float64(key.MaxTokens))
 	}
-	results := make([]runResult, len(states))
-	for i, st := range states {
-		if st.result.failure == nil {
-			st.tel.After, _ = telemetry(s.o.GPUs)
-			st.result = finishRun(st.run, st.passes, st.before, st.firstErr, st.tel, requested, failure)
-		}
-		results[i] = st.result
+	var err error
+	if r.before, err = t.SpecCounters(ctx); err != nil {
+		return nil, r.failure(fmt.Errorf("read spec-decode counters: %w", err), 0, 0), nil
 	}
-	return results, nil
+	r.run = &measuredRun{Run: Run{RunKey: key, EnableThinking: s.o.Thinking, Started: now(), Requested: r.requested}}
+	r.tel.Before, r.tel.Note = telemetry(s.o.GPUs)
+	return r, nil, nil
 }
 
-// finishRun computes a run's metrics from its passes, or the failure that
-// makes it no result.
-func finishRun(run *measuredRun, passes []pass, before *SpecCounter, firstErr error, tel Telemetry, requested int, failure func(error, int, int) *RunFailure) runResult {
-	if firstErr != nil || run.Completed != requested {
-		if firstErr == nil {
-			firstErr = errors.New("requests went missing")
-		}
-		return runResult{failure: failure(fmt.Errorf("%d of %d requests completed, %d failed; first error: %w", run.Completed, requested, run.Failed, firstErr), run.Completed, run.Failed)}
+// pass measures one pass of the run on t; a failed request sets firstErr.
+// err is set only when the sweep must stop (interrupted).
+func (r *measuring) pass(ctx context.Context, t Target) error {
+	ps, nfailed, err := r.s.pass(ctx, t, r.convs, r.key)
+	if ctx.Err() != nil {
+		return interrupted(ctx)
 	}
-	run.Metrics, run.Samples = computeMetrics(passes, before)
+	r.run.Failed += nfailed
+	r.run.Completed += len(ps.reqs)
+	if err != nil && r.firstErr == nil {
+		r.firstErr = err
+	}
+	if ps.specAfter, err = t.SpecCounters(ctx); err != nil && r.firstErr == nil {
+		r.firstErr = fmt.Errorf("read spec-decode counters: %w", err)
+	}
+	for i := range ps.reqs {
+		ps.reqs[i].pass = len(r.passes)
+	}
+	r.passes = append(r.passes, ps)
+	return nil
+}
+
+// finish computes the run's metrics from its passes, or says why it failed.
+func (r *measuring) finish() (*measuredRun, *RunFailure) {
+	run, passes := r.run, r.passes
+	r.tel.After, _ = telemetry(r.s.o.GPUs)
+	if r.firstErr != nil || run.Completed != r.requested {
+		if r.firstErr == nil {
+			r.firstErr = errors.New("requests went missing")
+		}
+		return nil, r.failure(fmt.Errorf("%d of %d requests completed, %d failed; first error: %w", run.Completed, r.requested, run.Failed, r.firstErr), run.Completed, run.Failed)
+	}
+	run.Metrics, run.Samples = computeMetrics(passes, r.before)
 	if tput := run.Metrics.OutputThroughput; !(tput > 0) || math.IsInf(tput, 0) {
-		return runResult{failure: failure(fmt.Errorf("output throughput %v tok/s: nothing was generated", tput), run.Completed, 0)}
+		return nil, r.failure(fmt.Errorf("output throughput %v tok/s: nothing was generated", tput), run.Completed, 0)
 	}
 	var all []measured
 	for _, p := range passes {
@@ -133,8 +109,8 @@ func finishRun(run *measuredRun, passes []pass, before *SpecCounter, firstErr er
 		run.trace = append(run.trace, traceRequest(m))
 	}
 	run.OutputsSHA256 = outputsHash(all)
-	run.Telemetry = tel
-	return runResult{run: run}
+	run.Telemetry = r.tel
+	return run, nil
 }
 
 func interrupted(ctx context.Context) error {

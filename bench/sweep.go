@@ -38,6 +38,9 @@ type Options struct {
 	RequestTimeout     time.Duration // 0: none
 	GPUs               GPUReader
 	Log                io.Writer // progress and one line per saved run
+	// Interleave measures run by run, the configurations' passes in turn
+	// (see interleaved), rather than configuration by configuration.
+	Interleave bool
 }
 
 // Summary is what a sweep did.
@@ -57,9 +60,8 @@ func Sweep(ctx context.Context, o Options) (*Summary, error) {
 	if err := s.prepare(); err != nil {
 		return nil, err
 	}
-	configs, weights := o.Plan.Configs(), len(o.Plan.WeightsList())
-	for i := 0; i < len(configs); i += weights {
-		if err := s.group(ctx, configs[i:i+weights]); err != nil {
+	for _, g := range s.groups() {
+		if err := s.group(ctx, g); err != nil {
 			return &s.sum, err
 		}
 	}
@@ -250,62 +252,67 @@ func (s *sweeper) runUnits(key RunKey) float64 {
 	return float64((s.o.Plan.Warmup + s.o.Plan.Repeats*s.requests(key)) * key.MaxTokens)
 }
 
-// member is a configuration of a group being measured.
-type member struct {
-	c      Config
-	rec    *Record // nil until its first run is saved
-	fail   *Failure
-	target Target
+// groups splits the plan's configurations into those measured together,
+// their runs' passes in turn: a (TP, mode) pair's weights variants, or with
+// Interleave every configuration of a TP degree.
+func (s *sweeper) groups() [][]Config {
+	configs, size := s.o.Plan.Configs(), len(s.o.Plan.WeightsList())
+	if s.o.Interleave {
+		size *= len(s.o.Plan.Modes)
+	}
+	var out [][]Config
+	for i := 0; i < len(configs); i += size {
+		out = append(out, configs[i:i+size])
+	}
+	return out
 }
 
-// group measures the unfinished runs of one (TP, mode) pair's
-// configurations, one per weights: each run's passes alternate between
-// them (runs), and each finished run is saved at once.
+// member is a configuration of a group being measured.
+type member struct {
+	c    Config
+	rec  *Record // nil until its first run is saved
+	fail *Failure
+}
+
+// group measures the unfinished runs of a group's configurations run by
+// run, the passes of each run in turn across them (every configuration's
+// first pass, then every second pass, ...), each configuration opened for
+// its pass. On a machine whose load changes while the sweep runs, every
+// configuration of a run meets the same load, so their ratios hold. Each
+// finished run is saved at once.
 func (s *sweeper) group(ctx context.Context, cs []Config) error {
 	var members []*member
 	for _, c := range cs {
 		m := &member{c: c, rec: s.records[c.Name()]}
-		todo := slices.DeleteFunc(s.o.Plan.Runs(), m.rec.has)
-		if len(todo) == 0 {
-			continue
+		if slices.ContainsFunc(s.o.Plan.Runs(), func(k RunKey) bool { return !m.rec.has(k) }) {
+			m.fail = &Failure{Head: Head{Schema: FailureSchema, Config: c.Name(), Setup: s.setup(c), Argv: s.o.Argv}}
+			members = append(members, m)
 		}
-		m.fail = &Failure{Head: Head{Schema: FailureSchema, Config: c.Name(), Setup: s.setup(c), Argv: s.o.Argv}}
-		target, err := s.o.Backend.Open(c)
-		if err != nil {
-			for _, key := range todo {
-				s.progress.finish(s.progress.position() + s.runUnits(key))
-				if err := s.failed(m.fail, RunFailure{RunKey: key, At: now(), Error: err.Error()}); err != nil {
+	}
+	for _, key := range s.o.Plan.Runs() {
+		var cells []*cell
+		for _, m := range members {
+			if !m.rec.has(key) {
+				cells = append(cells, &cell{m: m})
+			}
+		}
+		start := s.progress.position()
+		for range s.o.Plan.Repeats {
+			for _, c := range cells {
+				if err := s.cellPass(ctx, key, c); err != nil {
+					s.progress.finish(start + float64(len(cells))*s.runUnits(key))
 					return err
 				}
 			}
-			continue
 		}
-		defer target.Close()
-		m.target = target
-		members = append(members, m)
-	}
-	for _, key := range s.o.Plan.Runs() {
-		var todo []*member
-		var targets []Target
-		var names []string
-		for _, m := range members {
-			if !m.rec.has(key) {
-				todo, targets, names = append(todo, m), append(targets, m.target), append(names, m.c.Name())
-			}
-		}
-		if len(todo) == 0 {
-			continue
-		}
-		start := s.progress.position()
-		s.progress.begin(strings.Join(names, "+") + " " + key.String())
-		results, err := s.runs(ctx, targets, key)
-		if err != nil {
-			s.progress.finish(start + float64(len(todo))*s.runUnits(key))
-			return err
-		}
-		for i, m := range todo {
+		for i, c := range cells {
 			s.progress.finish(start + float64(i+1)*s.runUnits(key))
-			if err := s.record(m, key, results[i]); err != nil {
+			var run *measuredRun
+			rf := c.failure
+			if rf == nil {
+				run, rf = c.run.finish()
+			}
+			if err := s.record(c.m, run, rf); err != nil {
 				return err
 			}
 		}
@@ -320,13 +327,41 @@ func (s *sweeper) group(ctx context.Context, cs []Config) error {
 	return nil
 }
 
-// record writes a member's run result: its trace and record, or its failure.
-func (s *sweeper) record(m *member, key RunKey, r runResult) error {
-	name := m.c.Name()
-	if r.failure != nil {
-		return s.failed(m.fail, *r.failure)
+// cell is one configuration's run in a group: in progress, or failed.
+type cell struct {
+	m       *member
+	run     *measuring
+	failure *RunFailure
+}
+
+// cellPass opens the cell's configuration and measures its next pass,
+// warming up first on its first. A cell that failed is skipped; err is set
+// only when the sweep must stop (interrupted).
+func (s *sweeper) cellPass(ctx context.Context, key RunKey, c *cell) error {
+	if c.failure != nil || (c.run != nil && c.run.firstErr != nil) {
+		return nil
 	}
-	run := r.run
+	s.progress.begin(c.m.c.Name() + " " + key.String())
+	t, err := s.o.Backend.Open(c.m.c)
+	if err != nil {
+		c.failure = &RunFailure{RunKey: key, At: now(), Error: err.Error()}
+		return nil
+	}
+	defer t.Close()
+	if c.run == nil {
+		if c.run, c.failure, err = s.startRun(ctx, t, key); c.run == nil {
+			return err
+		}
+	}
+	return c.run.pass(ctx, t)
+}
+
+// record writes a member's run: its trace and record, or its failure.
+func (s *sweeper) record(m *member, run *measuredRun, rf *RunFailure) error {
+	if rf != nil {
+		return s.failed(m.fail, *rf)
+	}
+	name, key := m.c.Name(), run.RunKey
 	var err error
 	if run.Trace, err = s.o.Store.WriteTrace(name, key, run.trace); err != nil {
 		return err

@@ -322,9 +322,11 @@ func TestInProcessWeightsInterleave(t *testing.T) {
 	requests := len(plan.Workloads[0].passConversations(1)) // one turn each
 	var want []string
 	for _, mode := range []string{"auto", "b6"} {
-		want = append(want, "tp1-"+mode, "tp1-fp8-"+mode) // the warmups
-		for range plan.Repeats {
+		for pass := range plan.Repeats {
 			for _, name := range []string{"tp1-" + mode, "tp1-fp8-" + mode} {
+				if pass == 0 {
+					want = append(want, name) // the warmup
+				}
 				for range requests {
 					want = append(want, name)
 				}
@@ -376,5 +378,50 @@ func TestInProcessWeightsInterleave(t *testing.T) {
 	res.Markdown(&md)
 	if !strings.Contains(md.String(), "| TP | weights | mode |") || !strings.Contains(md.String(), "| 1 | fp8 | b6 |") {
 		t.Errorf("markdown lacks the weights column:\n%s", md.String())
+	}
+}
+
+// openLog records the configurations a backend opens, in order.
+type openLog struct {
+	Backend
+	opened []string
+}
+
+func (o *openLog) Open(c Config) (Target, error) {
+	o.opened = append(o.opened, c.Mode.Name)
+	return o.Backend.Open(c)
+}
+
+// TestInterleavedSweep measures every run's passes in turn across the
+// modes, reopening each mode for its pass; the adaptive policy and the
+// spec-decode counters carry across the openings, so the records match a
+// sequential sweep's: complete, lossless, with acceptance counted.
+func TestInterleavedSweep(t *testing.T) {
+	model, draft := tinyPair(t)
+	dir := t.TempDir()
+	plan := testPlan(t, "auto,b4,adaptive", "fibonacci", []int{10}, []int{1, 2}, 2)
+	backend := &openLog{Backend: inProcess(t, model, draft, AdaptiveBudget, 2)}
+	if _, err := Sweep(context.Background(), Options{Plan: plan, Backend: backend, Store: Store{Dir: dir}, IgnoreEOS: true, GPUs: &fakeGPUs{}, Interleave: true}); err != nil {
+		t.Fatal(err)
+	}
+	// Two runs (concurrency 1 and 2), two passes each, the modes in turn.
+	turn := []string{"auto", "b4", "adaptive"}
+	if want := slices.Concat(turn, turn, turn, turn); !slices.Equal(backend.opened, want) {
+		t.Errorf("opened %v, want %v", backend.opened, want)
+	}
+	if v, err := Verify(dir); err != nil || !v.OK() || len(v.Findings) != 3 {
+		t.Fatalf("verify: %+v, %v", v, err)
+	}
+	res, err := LoadResults([]string{dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range res.Rows {
+		if row.Config == "tp1-auto" {
+			continue
+		}
+		if row.Lossless == nil || !*row.Lossless || row.Run.Metrics.AcceptanceLength == nil || row.Run.Completed != 2*row.Run.RunKey.Concurrency {
+			t.Errorf("%s %s: lossless %v, τ %v, %d requests", row.Config, row.Run.RunKey, row.Lossless, row.Run.Metrics.AcceptanceLength, row.Run.Completed)
+		}
 	}
 }

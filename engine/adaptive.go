@@ -13,9 +13,14 @@ import (
 // tree of the largest budget, and before the forward the policy cuts every
 // job's tree to the prefix that maximises the batch's expected committed
 // tokens per second (Build's tree of a smaller budget is that prefix). A
-// job cut to the root takes an autoregressive step and, under --spec
-// adaptive, stops drafting for a while. Only the proposal changes, never
-// how the target's tokens are chosen, so decoding stays lossless.
+// job cut to the root takes an autoregressive step. Under --spec adaptive a
+// job whose drafts stop paying on the whole stops drafting (adaptive.Backoff):
+// its steps are then plain decoding steps, one row each with no draft, as in
+// auto mode, but for the hidden-state taps, rows the forward computes anyway
+// and that the next draft takes in at once; it drafts again only to probe,
+// rarely enough that probing costs at most a small share of the batch's time.
+// Only the proposal changes, never how the target's tokens are chosen, so
+// decoding stays lossless.
 
 // probeCap bounds the start-up cost measurement: once it has the two ends
 // of the curve it stops adding points after this long.
@@ -71,14 +76,16 @@ func (e *Engine) allot(p *adaptive.Policy, jobs []*job, inputs []SeqInput) (deco
 	if len(drafted) == 0 {
 		return decoding
 	}
-	nodes, keepDrafting := p.Allot(probs, depths, rest)
-	for k, i := range drafted {
-		j := jobs[i]
-		j.tree = j.tree.Prefix(nodes[k])
-		j.setProposal(&inputs[i])
-		if p.Autoregressive {
-			j.backoff.Drafted(keepDrafting[k])
+	var backoffs []*adaptive.Backoff
+	if p.Autoregressive {
+		for _, i := range drafted {
+			backoffs = append(backoffs, &jobs[i].backoff)
 		}
+	}
+	nodes := p.Allot(probs, depths, rest, backoffs)
+	for k, i := range drafted {
+		jobs[i].tree = jobs[i].tree.Prefix(nodes[k])
+		jobs[i].setProposal(&inputs[i])
 	}
 	return decoding
 }
@@ -103,7 +110,7 @@ func (e *Engine) observeVerify(tree *ddtree.Tree, accepted int, commit time.Dura
 
 // measureCost gives an empty cost model its first curve: verify forwards
 // of one row and of the largest tree (then points between while under
-// probeCap), twice each, on a scratch sequence, after an untimed warm-up.
+// probeCap), three times each, on a scratch sequence, after an untimed warm-up.
 // Without a free state slot it leaves the curve to the first steps.
 func (e *Engine) measureCost(p *adaptive.Policy) error {
 	if points, _, _ := p.Cost.Curve(); len(points) >= 2 {
@@ -140,13 +147,32 @@ func (e *Engine) measureCost(p *adaptive.Policy) error {
 		if i >= 2 && time.Since(start) > probeCap {
 			break
 		}
-		for range 2 {
+		for range 3 {
 			d, err := run(rows)
 			if err != nil {
 				return err
 			}
 			p.Cost.ObserveStep(rows, d)
 		}
+	}
+	return e.measureDraft(p)
+}
+
+// measureDraft times two steady drafts (one context row each) on a scratch
+// drafter session.
+func (e *Engine) measureDraft(p *adaptive.Policy) error {
+	sess, err := e.Drafter.NewSession([]int32{0})
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	row := make([]float32, len(e.Drafter.TapLayers())*e.Model.Cfg.HiddenSize)
+	for range 2 {
+		start := time.Now()
+		if _, err := sess.Draft(row, 0); err != nil {
+			return err
+		}
+		p.Cost.ObserveDraft(time.Since(start), true)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"ddflash/adaptive"
 	"ddflash/mamba"
@@ -69,6 +70,46 @@ func TestAdaptiveGreedyIsLossless(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestAdaptiveResumesDrafting starts a request where the policy has seen
+// drafts not pay: it decodes autoregressively for the probe interval (5
+// steps at the preset cost), then its probe draft takes in those steps'
+// hidden states at once and, with perfect drafts, pays, so it drafts on.
+// The output stays the autoregressive one.
+func TestAdaptiveResumesDrafting(t *testing.T) {
+	const ctxLen = 64
+	prompt := randomTokens(rand.New(rand.NewPCG(5, 6)), 6, 290)
+	req := Request{Prompt: prompt, MaxTokens: 40}
+	want, err := newTestEngine(t, "tiny", 3, Options{Context: ctxLen}).Generate(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, p := adaptiveEngine(t, 3, true, mamba.Replay, pathOracle(concat(prompt, want.Tokens)), 0, ctxLen, Options{})
+	// Preset costs that this run's own measurements cannot move (a full
+	// window each, far below them): a flat step and a drafter at 0.156 of
+	// one, so a draft that wins nothing loses 0.156 steps and probes come
+	// 5 steps apart; perfect drafts pay.
+	for range 16 {
+		p.Cost.ObserveStep(1, time.Microsecond)
+		p.Cost.ObserveStep(33, time.Microsecond)
+		p.Cost.ObserveDraft(156*time.Nanosecond, true)
+	}
+	b := p.StartBackoff()
+	for range 8 { // a window of hopeless drafts: the engine's drafts do not pay
+		p.Allot([][]float64{{1e-4}}, [][]int32{{1}}, adaptive.Rest{}, []*adaptive.Backoff{&b})
+	}
+	got, err := e.Generate(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.Tokens, want.Tokens) {
+		t.Fatalf("output differs from autoregressive\n got %v\nwant %v", got.Tokens, want.Tokens)
+	}
+	lengths := got.Stats.SpecStats.AcceptanceLengths
+	if len(lengths) < 6 || slices.Max(lengths[:5]) != 1 || slices.Max(lengths[5:]) < 2 {
+		t.Errorf("steps' committed tokens %v: want 5 autoregressive steps, then accepted drafts", lengths)
 	}
 }
 

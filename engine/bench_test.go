@@ -27,8 +27,9 @@ func smallEngine(b *testing.B, opts Options) *Engine {
 
 // verifyStep prepares a sequence with a 128-token context and returns a
 // function that runs one target forward over n speculative tokens (n = 1 is
-// a plain decode step), rolled back each time.
-func verifyStep(b *testing.B, e *Engine, n int) func() {
+// a plain decode step), returning the taps' hidden states, rolled back each
+// time.
+func verifyStep(b *testing.B, e *Engine, n int, taps []int) func() {
 	s, err := e.newSequence()
 	if err != nil {
 		b.Fatal(err)
@@ -44,14 +45,14 @@ func verifyStep(b *testing.B, e *Engine, n int) func() {
 	b.Cleanup(func() { spec.Close(); e.release(s) })
 	tokens := randomTokens(rng, n, 300)
 	return func() {
-		if _, err := e.forward(s, SeqInput{Tokens: tokens, Logits: AllRows, Spec: spec}, nil); err != nil {
+		if _, err := e.forward(s, SeqInput{Tokens: tokens, Logits: AllRows, Spec: spec}, taps); err != nil {
 			b.Fatal(err)
 		}
 	}
 }
 
 func benchmarkVerify(b *testing.B, n int) {
-	step := verifyStep(b, smallEngine(b, Options{Context: 1024, VerifyTokens: 65}), n)
+	step := verifyStep(b, smallEngine(b, Options{Context: 1024, VerifyTokens: 65}), n, nil)
 	b.ResetTimer()
 	for range b.N {
 		step()
@@ -76,7 +77,7 @@ func BenchmarkSmallTensorParallel(b *testing.B) {
 	two := loadTP(b, dir, 2, opts)
 	for _, n := range []int{1, 16} {
 		b.Run(fmt.Sprintf("rows%d", n), func(b *testing.B) {
-			spent := interleaved(b, verifyStep(b, one, n), verifyStep(b, two, n))
+			spent := interleaved(b, verifyStep(b, one, n, nil), verifyStep(b, two, n, nil))
 			b.ReportMetric(spent[0].Seconds()*1000/float64(b.N), "tp1-ms/step")
 			b.ReportMetric(spent[1].Seconds()*1000/float64(b.N), "tp2-ms/step")
 			b.ReportMetric(spent[1].Seconds()/spent[0].Seconds(), "tp2/tp1")
@@ -179,7 +180,7 @@ func BenchmarkSmallFP8(b *testing.B) {
 	}
 	for _, n := range []int{1, 16} {
 		b.Run(fmt.Sprintf("rows%d", n), func(b *testing.B) {
-			spent := interleaved(b, verifyStep(b, engines[0], n), verifyStep(b, engines[1], n))
+			spent := interleaved(b, verifyStep(b, engines[0], n, nil), verifyStep(b, engines[1], n, nil))
 			for i, dtype := range []string{"bf16", "fp8"} {
 				b.ReportMetric(spent[i].Seconds()*1000/float64(b.N), dtype+"-ms/step")
 				b.ReportMetric(float64(bytes[i])*float64(b.N)/spent[i].Seconds()/1e9, dtype+"-GB/s")
@@ -207,6 +208,20 @@ func stepWeightBytes(b *testing.B, dir string) int {
 		}
 	}
 	return total
+}
+
+// BenchmarkDecodeTaps compares a decode step (one row) of the default
+// pair's target with and without the hidden-state taps its drafter
+// conditions on (4 of its 8 layers), interleaved: what an adaptive
+// request's autoregressive steps pay to keep the drafter's context, the
+// layer outputs the forward computes anyway, copied out.
+func BenchmarkDecodeTaps(b *testing.B) {
+	e, err := Load(cpu.New(1), "../models/default/target", Options{Context: 512, MaxSeqs: 2, VerifyTokens: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	spent := interleaved(b, verifyStep(b, e, 1, nil), verifyStep(b, e, 1, []int{1, 3, 5, 7}))
+	b.ReportMetric(float64(spent[1])/float64(spent[0]), "tapped/plain")
 }
 
 // interleaved runs b.N rounds of a then b and returns the time each took:

@@ -63,6 +63,9 @@ func (e *Engine) newJob(r Request) (*job, error) {
 		if err := e.measureCost(p); err != nil {
 			return nil, fmt.Errorf("measuring the verify cost: %w", err)
 		}
+		if p.Autoregressive {
+			j.backoff = p.StartBackoff()
+		}
 	}
 	var err error
 	if j.seq, err = e.newSequence(); err != nil {
@@ -142,7 +145,10 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 		in.Tokens, in.Logits = []int32{j.last}, LastRow
 	default:
 		td := time.Now()
+		steady := true
 		if j.drafted = j.backoff.Draft(); j.drafted {
+			// A verify commits at most a block: more context rows are catch-up.
+			steady = len(j.features) <= e.Drafter.BlockSize()*len(j.taps())*e.Model.Cfg.HiddenSize
 			draft, err := j.sess.Draft(j.features, j.last)
 			if err != nil {
 				return in, err
@@ -157,7 +163,7 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 		j.verifyStart = time.Now()
 		j.stats.DraftMs += ms(j.verifyStart.Sub(td))
 		if p := e.Spec.Policy; p != nil && j.drafted {
-			p.Cost.ObserveDraft(j.verifyStart.Sub(td))
+			p.Cost.ObserveDraft(j.verifyStart.Sub(td), steady)
 		}
 		j.setProposal(&in)
 	}

@@ -41,21 +41,22 @@ type oracleSession struct {
 func (s *oracleSession) Close() {}
 
 // Draft reconstructs the committed context from how many feature rows
-// arrived (the prompt first, then the accepted prefix of its own proposal,
+// arrived (the prompt first, or the accepted prefix of its own proposal,
 // then any autoregressive steps).
 func (s *oracleSession) Draft(features []float32, anchor int32) ([]float32, error) {
 	o := s.o
 	rows := len(features) / (len(o.taps) * o.hidden)
+	var n int
 	if s.proposed == nil {
-		s.ctx = append(s.ctx, s.prompt...)
+		s.ctx, n = append(s.ctx, s.prompt...), len(s.prompt)
 	} else {
-		n := min(rows, len(s.proposed))
+		n = min(rows, len(s.proposed))
 		s.ctx = append(s.ctx, s.proposed[:n]...)
-		// More rows are autoregressive steps (an adaptive policy skipped
-		// drafts): the target's own tokens, which the oracle knows.
-		for range rows - n {
-			s.ctx = append(s.ctx, o.next(s.ctx))
-		}
+	}
+	// More rows are autoregressive steps (an adaptive policy skipped
+	// drafts): the target's own tokens, which the oracle knows.
+	for range rows - n {
+		s.ctx = append(s.ctx, o.next(s.ctx))
 	}
 	V := o.vocab
 	logits := make([]float32, (o.block-1)*V)

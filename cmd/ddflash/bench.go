@@ -73,6 +73,7 @@ DIR/tp1-b15.failure.json.`)
 	warmup := fs.Int("warmup", 1, "unmeasured requests before each run")
 	out := fs.String("out", "bench_results", "results directory")
 	resume := fs.Bool("resume", false, "continue the sweep in --out, skipping finished runs")
+	interleave := fs.Bool("interleave", false, "measure run by run, the modes' passes in turn (each mode reopened for its pass), so that a machine's changing load falls on every mode alike")
 	thinking := fs.Bool("thinking", false, "enable_thinking for the chat template (recorded; it changes acceptance)")
 	raw := fs.Bool("raw", false, "send each conversation as plain text for completion, not through the chat template (base models such as the default pair; /v1/completions with --url)")
 	ignoreEOS := fs.Bool("ignore-eos", true, "generate max tokens even past end-of-sequence")
@@ -113,7 +114,7 @@ DIR/tp1-b15.failure.json.`)
 		backend = ip
 	}
 	sum, err := bench.Sweep(ctx, bench.Options{
-		Plan: plan, Backend: backend, Store: bench.Store{Dir: *out}, Resume: *resume,
+		Plan: plan, Backend: backend, Store: bench.Store{Dir: *out}, Resume: *resume, Interleave: *interleave,
 		Argv:     append([]string{"ddflash", "bench"}, args...),
 		ModelDir: mf.model, DraftDir: mf.draft,
 		Temperature: *temperature, Seed: *seed, IgnoreEOS: *ignoreEOS, Thinking: *thinking, Raw: *raw,
