@@ -81,31 +81,3 @@ func convAVX512(out []float32, window [][]float32, wT []float32) {
 	}
 	archsimd.ClearAVXUpperBits()
 }
-
-// expWeightsAVX512 is expWeightsPortable with exp16, 16 lanes at a time:
-// float32 lane sums over blocks of 256 elements, each block's added into
-// float64 lanes; the tail goes through the portable loop. -Inf is clamped
-// to -104 by exp16, whose result 2^-150·p rounds to 0.
-func expWeightsAVX512(w, x []float32, top, scale float32) float64 {
-	const block = 256
-	t, s := splat(top), splat(scale)
-	var acc archsimd.Float64x8
-	l := 0
-	for ; l+block <= len(x); l += block {
-		var part archsimd.Float32x16
-		for j := l; j < l+block; j += 16 {
-			e := exp16(archsimd.LoadFloat32x16Slice(x[j:]).Sub(t).Mul(s))
-			e.StoreSlice(w[j:])
-			part = part.Add(e)
-		}
-		acc = acc.Add(part.GetLo().ConvertToFloat64()).Add(part.GetHi().ConvertToFloat64())
-	}
-	var lanes [8]float64
-	acc.Store(&lanes)
-	archsimd.ClearAVXUpperBits()
-	total := 0.0
-	for _, v := range lanes {
-		total += v
-	}
-	return total + expWeightsPortable(w[l:], x[l:], top, scale)
-}

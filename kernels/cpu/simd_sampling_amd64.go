@@ -1,0 +1,199 @@
+//go:build goexperiment.simd && amd64
+
+package cpu
+
+import (
+	"math"
+	"math/bits"
+	"simd/archsimd"
+)
+
+// simdRows returns the AVX-512 row kernels when the CPU has AVX-512.
+//
+// Each loop holds only vector values (bounds and sums are splatted before
+// it, tails go through padded partial vectors): a scalar float reloaded
+// inside a loop that calls exp16 compiles to a legacy-SSE instruction,
+// which right after 512-bit code costs many times the whole iteration (see
+// the notes in simd_amd64.go).
+func simdRows() (rowKernels, bool) {
+	if !archsimd.X86.AVX512() {
+		return rowKernels{}, false
+	}
+	return rowKernels{
+		name:        "avx512",
+		maxValue:    maxValueAVX512,
+		nextAtLeast: nextAtLeastAVX512,
+		expWeights:  expWeightsAVX512,
+		massAtLeast: massAtLeastAVX512,
+		blockSums:   blockSumsAVX512,
+	}, true
+}
+
+// loadFill loads len(s) < 16 floats, filling the other lanes with fill.
+func loadFill(s []float32, fill float32) archsimd.Float32x16 {
+	var buf [16]float32
+	for i := copy(buf[:], s); i < len(buf); i++ {
+		buf[i] = fill
+	}
+	return archsimd.LoadFloat32x16(&buf)
+}
+
+// maxValueAVX512 keeps 16 lane maxima, taking a lane's new value only
+// where it compares greater (an ordered compare, false for NaN: VMAXPS's
+// NaN rule depends on an operand order the compiler may swap).
+func maxValueAVX512(x []float32) float32 {
+	m := splat(float32(math.Inf(-1)))
+	raise := func(v archsimd.Float32x16) { m = v.Merge(m, v.Greater(m)) }
+	l := 0
+	for ; l+16 <= len(x); l += 16 {
+		raise(archsimd.LoadFloat32x16Slice(x[l:]))
+	}
+	if l < len(x) {
+		raise(loadFill(x[l:], float32(math.NaN())))
+	}
+	var lanes [16]float32
+	m.Store(&lanes)
+	archsimd.ClearAVXUpperBits()
+	return maxValuePortable(lanes[:])
+}
+
+// nextAtLeastAVX512 tests 16 entries per compare (an ordered compare: NaN
+// is never at least the bound).
+func nextAtLeastAVX512(x []float32, bound float32) int {
+	b := splat(bound)
+	l := 0
+	for ; l+16 <= len(x); l += 16 {
+		if hit := archsimd.LoadFloat32x16Slice(x[l:]).GreaterEqual(b).ToBits(); hit != 0 {
+			archsimd.ClearAVXUpperBits()
+			return l + bits.TrailingZeros16(hit)
+		}
+	}
+	if l < len(x) {
+		if hit := loadFill(x[l:], float32(math.NaN())).GreaterEqual(b).ToBits(); hit != 0 {
+			l += bits.TrailingZeros16(hit)
+		} else {
+			l = len(x)
+		}
+	}
+	archsimd.ClearAVXUpperBits()
+	return l
+}
+
+// expWeightsAVX512 is expWeightsPortable with exp16, 16 lanes at a time:
+// float32 lane sums over blocks of sumBlock elements (each weight is at
+// most 1), each block's added into float64 lanes. Lanes whose argument is
+// below minWeightArg, or NaN (the compare is ordered), weigh 0.
+func expWeightsAVX512(w, x []float32, top, scale float32) float64 {
+	t, s, lowest := splat(top), splat(scale), splat(minWeightArg)
+	weigh := func(v archsimd.Float32x16) archsimd.Float32x16 {
+		d := v.Sub(t).Mul(s)
+		return exp16(d).Masked(d.GreaterEqual(lowest))
+	}
+	var acc archsimd.Float64x8
+	for l := 0; l < len(x); l += sumBlock {
+		var part archsimd.Float32x16
+		end := min(l+sumBlock, len(x))
+		j := l
+		for ; j+16 <= end; j += 16 {
+			e := weigh(archsimd.LoadFloat32x16Slice(x[j:]))
+			if w != nil {
+				e.StoreSlice(w[j:])
+			}
+			part = part.Add(e)
+		}
+		if j < end {
+			e := weigh(loadFill(x[j:end], float32(math.NaN())))
+			if w != nil {
+				storePart(e, w[j:end])
+			}
+			part = part.Add(e)
+		}
+		acc = widenAdd(acc, part)
+	}
+	return sum8(acc)
+}
+
+// massAtLeastAVX512 adds the weights whose logit reaches each bound, with
+// expWeightsAVX512's float32 blocks and float64 lanes, all bounds in one
+// pass (a missing bound is NaN, which nothing reaches).
+func massAtLeastAVX512(mass []float64, w, x []float32, bounds []float32) {
+	var bv [MassBounds]float32
+	for j := range bv {
+		bv[j] = float32(math.NaN())
+	}
+	copy(bv[:], bounds)
+	b0, b1, b2, b3 := splat(bv[0]), splat(bv[1]), splat(bv[2]), splat(bv[3])
+	var acc0, acc1, acc2, acc3 archsimd.Float64x8
+	for l := 0; l < len(x); l += sumBlock {
+		var p0, p1, p2, p3 archsimd.Float32x16
+		add := func(wv, xv archsimd.Float32x16) {
+			p0 = p0.Add(wv.Masked(xv.GreaterEqual(b0)))
+			p1 = p1.Add(wv.Masked(xv.GreaterEqual(b1)))
+			p2 = p2.Add(wv.Masked(xv.GreaterEqual(b2)))
+			p3 = p3.Add(wv.Masked(xv.GreaterEqual(b3)))
+		}
+		end := min(l+sumBlock, len(x))
+		j := l
+		for ; j+16 <= end; j += 16 {
+			add(archsimd.LoadFloat32x16Slice(w[j:]), archsimd.LoadFloat32x16Slice(x[j:]))
+		}
+		if j < end {
+			add(loadPart(w[j:end]), loadFill(x[j:end], float32(math.NaN())))
+		}
+		acc0, acc1, acc2, acc3 = widenAdd(acc0, p0), widenAdd(acc1, p1), widenAdd(acc2, p2), widenAdd(acc3, p3)
+	}
+	var lanes [MassBounds][8]float64
+	acc0.Store(&lanes[0])
+	acc1.Store(&lanes[1])
+	acc2.Store(&lanes[2])
+	acc3.Store(&lanes[3])
+	archsimd.ClearAVXUpperBits()
+	for j := range mass {
+		mass[j] = 0
+		for _, v := range lanes[j] {
+			mass[j] += v
+		}
+	}
+}
+
+// widenAdd adds the 16 float32 lanes of part into the 8 float64 lanes of acc.
+func widenAdd(acc archsimd.Float64x8, part archsimd.Float32x16) archsimd.Float64x8 {
+	return acc.Add(part.GetLo().ConvertToFloat64()).Add(part.GetHi().ConvertToFloat64())
+}
+
+// blockSumsAVX512 sums each block in float32 lanes, widened to float64
+// lanes; the lanes go to a buffer and are added after the vector code.
+func blockSumsAVX512(sums []float64, w []float32) {
+	var lanes [64][8]float64
+	for b := range sums {
+		var part archsimd.Float32x16
+		end := min((b+1)*sumBlock, len(w))
+		j := b * sumBlock
+		for ; j+16 <= end; j += 16 {
+			part = part.Add(archsimd.LoadFloat32x16Slice(w[j:]))
+		}
+		if j < end {
+			part = part.Add(loadPart(w[j:end]))
+		}
+		widenAdd(archsimd.Float64x8{}, part).Store(&lanes[b])
+	}
+	archsimd.ClearAVXUpperBits()
+	for b := range sums {
+		sums[b] = 0
+		for _, v := range lanes[b] {
+			sums[b] += v
+		}
+	}
+}
+
+// sum8 adds the eight lanes after clearing the upper vector state.
+func sum8(acc archsimd.Float64x8) float64 {
+	var lanes [8]float64
+	acc.Store(&lanes)
+	archsimd.ClearAVXUpperBits()
+	total := 0.0
+	for _, v := range lanes {
+		total += v
+	}
+	return total
+}
