@@ -24,19 +24,22 @@ type rowKernels struct {
 	// expWeights is ExpWeights; w may be nil (the sum only).
 	expWeights func(w, x []float32, top, scale float32) float64
 	// massAtLeast is MassAtLeast.
-	massAtLeast func(mass []float64, w, x []float32, bounds []float32)
+	massAtLeast func(mass []float64, count []int, w, x []float32, bounds []float32)
+	// appendAtLeast is AppendAtLeast.
+	appendAtLeast func(dst []int32, x []float32, bound float32) []int32
 	// blockSums sets sums[b] = Σ w[b·sumBlock : (b+1)·sumBlock] (the last
 	// block may be short), for at most 64 blocks.
 	blockSums func(sums []float64, w []float32)
 }
 
 var portableRows = rowKernels{
-	name:        "portable",
-	maxValue:    maxValuePortable,
-	nextAtLeast: nextAtLeastPortable,
-	expWeights:  expWeightsPortable,
-	massAtLeast: massAtLeastPortable,
-	blockSums:   blockSumsPortable,
+	name:          "portable",
+	maxValue:      maxValuePortable,
+	nextAtLeast:   nextAtLeastPortable,
+	expWeights:    expWeightsPortable,
+	massAtLeast:   massAtLeastPortable,
+	appendAtLeast: appendAtLeastPortable,
+	blockSums:     blockSumsPortable,
 }
 
 // hostRows are the row kernels in use: the SIMD ones when the build and
@@ -88,17 +91,34 @@ func ExpSum(x []float32, top, scale float32) float64 {
 	return hostRows.expWeights(nil, x, top, scale)
 }
 
+// LogSumExp returns log Σ exp(x[i]) (NaN ignored): the maximum plus the
+// log of ExpSum; the maximum itself when it is infinite (-Inf for an empty
+// or all-NaN row).
+func LogSumExp(x []float32) float64 {
+	top := hostRows.maxValue(x)
+	if math.IsInf(float64(top), 0) {
+		return float64(top)
+	}
+	return float64(top) + math.Log(ExpSum(x, top, 1))
+}
+
 // MassBounds is how many bounds one MassAtLeast pass takes.
 const MassBounds = 4
 
 // MassAtLeast sets mass[j] = Σ w[i] over the i with x[i] ≥ bounds[j],
-// summed in float64, for up to MassBounds bounds in one pass: the weight of
-// the tokens whose logit reaches each bound.
-func MassAtLeast(mass []float64, w, x []float32, bounds []float32) {
+// summed in float64, and count[j] to how many such i there are, for up to
+// MassBounds bounds in one pass: the weight of the tokens whose logit
+// reaches each bound.
+func MassAtLeast(mass []float64, count []int, w, x []float32, bounds []float32) {
 	if len(bounds) > MassBounds {
 		panic(fmt.Sprintf("cpu: MassAtLeast takes at most %d bounds, not %d", MassBounds, len(bounds)))
 	}
-	hostRows.massAtLeast(mass[:len(bounds)], w[:len(x)], x, bounds)
+	hostRows.massAtLeast(mass[:len(bounds)], count[:len(bounds)], w[:len(x)], x, bounds)
+}
+
+// AppendAtLeast appends to dst the indices i with x[i] ≥ bound, in order.
+func AppendAtLeast(dst []int32, x []float32, bound float32) []int32 {
+	return hostRows.appendAtLeast(dst, x, bound)
 }
 
 // SearchCumulative returns the first i with w[0] + … + w[i] > u, or len(w)
@@ -162,15 +182,25 @@ func expWeightsPortable(w, x []float32, top, scale float32) float64 {
 	return total
 }
 
-func massAtLeastPortable(mass []float64, w, x []float32, bounds []float32) {
+func massAtLeastPortable(mass []float64, count []int, w, x []float32, bounds []float32) {
 	for j, bound := range bounds {
-		mass[j] = 0
+		mass[j], count[j] = 0, 0
 		for i, v := range x {
 			if v >= bound {
 				mass[j] += float64(w[i])
+				count[j]++
 			}
 		}
 	}
+}
+
+func appendAtLeastPortable(dst []int32, x []float32, bound float32) []int32 {
+	for i, v := range x {
+		if v >= bound {
+			dst = append(dst, int32(i))
+		}
+	}
+	return dst
 }
 
 func blockSumsPortable(sums []float64, w []float32) {

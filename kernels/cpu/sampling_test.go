@@ -3,6 +3,7 @@ package cpu
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -138,8 +139,9 @@ func TestExpWeights(t *testing.T) {
 	}
 }
 
-// TestMassAtLeast checks the weight at or above each of up to four bounds
-// against a float64 sum over the entries that reach it (NaN never does).
+// TestMassAtLeast checks the weight and count at or above each of up to
+// four bounds against a float64 sum over the entries that reach it (NaN
+// never does), and AppendAtLeast against the list of those entries.
 func TestMassAtLeast(t *testing.T) {
 	rng := seededRand(t, 11)
 	for _, rows := range rowVariants() {
@@ -150,17 +152,24 @@ func TestMassAtLeast(t *testing.T) {
 				w[i] = float32(rng.Float64())
 			}
 			for _, bounds := range [][]float32{{negInf, -4, 0, 7}, {20, posInf}, {3}, nil} {
-				got := make([]float64, len(bounds))
-				rows.massAtLeast(got, w, x, bounds)
+				got, count := make([]float64, len(bounds)), make([]int, len(bounds))
+				rows.massAtLeast(got, count, w, x, bounds)
 				for j, bound := range bounds {
-					want := 0.0
+					want, wantCount := 0.0, 0
+					var ids []int32
 					for i, v := range x {
 						if v >= bound {
 							want += float64(w[i])
+							wantCount++
+							ids = append(ids, int32(i))
 						}
 					}
-					if !(math.Abs(got[j]-want) <= 1e-6*want) {
-						t.Fatalf("%s n=%d: mass at or above %g = %g, want %g", rows.name, n, bound, got[j], want)
+					if !(math.Abs(got[j]-want) <= 1e-6*want) || count[j] != wantCount {
+						t.Fatalf("%s n=%d: at or above %g: mass %g over %d, want %g over %d", rows.name, n, bound, got[j], count[j], want, wantCount)
+					}
+					prefix := []int32{-1, -2, -3}[:rng.IntN(4)] // appending keeps what dst holds
+					if got := rows.appendAtLeast(slices.Clone(prefix), x, bound); !slices.Equal(got, append(prefix, ids...)) {
+						t.Fatalf("%s n=%d: indices at or above %g: %v, want %v", rows.name, n, bound, got, append(prefix, ids...))
 					}
 				}
 			}
@@ -218,6 +227,7 @@ func BenchmarkRowKernels(b *testing.B) {
 		x[i] = float32(1.5 * rng.NormFloat64())
 	}
 	top := maxValuePortable(x)
+	ids := make([]int32, 0, V)
 	for _, rows := range rowVariants() {
 		for _, k := range []struct {
 			name string
@@ -228,8 +238,10 @@ func BenchmarkRowKernels(b *testing.B) {
 			{"expWeights", func() { rows.expWeights(w, x, top, 1) }},
 			{"massAtLeast4", func() {
 				var mass [MassBounds]float64
-				rows.massAtLeast(mass[:], w, x, []float32{top - 2, top - 4, top - 6, top - 8})
+				var count [MassBounds]int
+				rows.massAtLeast(mass[:], count[:], w, x, []float32{top - 2, top - 4, top - 6, top - 8})
 			}},
+			{"appendAtLeast", func() { rows.appendAtLeast(ids[:0], x, top-5) }},
 			{"blockSums", func() {
 				var sums [64]float64
 				for lo := 0; lo < V; lo += 64 * sumBlock {

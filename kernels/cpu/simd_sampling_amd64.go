@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/bits"
 	"simd/archsimd"
+	"slices"
 )
 
 // simdRows returns the AVX-512 row kernels when the CPU has AVX-512.
@@ -20,12 +21,13 @@ func simdRows() (rowKernels, bool) {
 		return rowKernels{}, false
 	}
 	return rowKernels{
-		name:        "avx512",
-		maxValue:    maxValueAVX512,
-		nextAtLeast: nextAtLeastAVX512,
-		expWeights:  expWeightsAVX512,
-		massAtLeast: massAtLeastAVX512,
-		blockSums:   blockSumsAVX512,
+		name:          "avx512",
+		maxValue:      maxValueAVX512,
+		nextAtLeast:   nextAtLeastAVX512,
+		expWeights:    expWeightsAVX512,
+		massAtLeast:   massAtLeastAVX512,
+		appendAtLeast: appendAtLeastAVX512,
+		blockSums:     blockSumsAVX512,
 	}, true
 }
 
@@ -114,9 +116,10 @@ func expWeightsAVX512(w, x []float32, top, scale float32) float64 {
 }
 
 // massAtLeastAVX512 adds the weights whose logit reaches each bound, with
-// expWeightsAVX512's float32 blocks and float64 lanes, all bounds in one
-// pass (a missing bound is NaN, which nothing reaches).
-func massAtLeastAVX512(mass []float64, w, x []float32, bounds []float32) {
+// expWeightsAVX512's float32 blocks and float64 lanes, and counts them by
+// the population count of each compare's mask, all bounds in one pass (a
+// missing bound is NaN, which nothing reaches).
+func massAtLeastAVX512(mass []float64, count []int, w, x []float32, bounds []float32) {
 	var bv [MassBounds]float32
 	for j := range bv {
 		bv[j] = float32(math.NaN())
@@ -124,13 +127,15 @@ func massAtLeastAVX512(mass []float64, w, x []float32, bounds []float32) {
 	copy(bv[:], bounds)
 	b0, b1, b2, b3 := splat(bv[0]), splat(bv[1]), splat(bv[2]), splat(bv[3])
 	var acc0, acc1, acc2, acc3 archsimd.Float64x8
+	var n0, n1, n2, n3 int
 	for l := 0; l < len(x); l += sumBlock {
 		var p0, p1, p2, p3 archsimd.Float32x16
 		add := func(wv, xv archsimd.Float32x16) {
-			p0 = p0.Add(wv.Masked(xv.GreaterEqual(b0)))
-			p1 = p1.Add(wv.Masked(xv.GreaterEqual(b1)))
-			p2 = p2.Add(wv.Masked(xv.GreaterEqual(b2)))
-			p3 = p3.Add(wv.Masked(xv.GreaterEqual(b3)))
+			m0, m1, m2, m3 := xv.GreaterEqual(b0), xv.GreaterEqual(b1), xv.GreaterEqual(b2), xv.GreaterEqual(b3)
+			p0, n0 = p0.Add(wv.Masked(m0)), n0+bits.OnesCount16(m0.ToBits())
+			p1, n1 = p1.Add(wv.Masked(m1)), n1+bits.OnesCount16(m1.ToBits())
+			p2, n2 = p2.Add(wv.Masked(m2)), n2+bits.OnesCount16(m2.ToBits())
+			p3, n3 = p3.Add(wv.Masked(m3)), n3+bits.OnesCount16(m3.ToBits())
 		}
 		end := min(l+sumBlock, len(x))
 		j := l
@@ -148,13 +153,45 @@ func massAtLeastAVX512(mass []float64, w, x []float32, bounds []float32) {
 	acc2.Store(&lanes[2])
 	acc3.Store(&lanes[3])
 	archsimd.ClearAVXUpperBits()
+	counts := [MassBounds]int{n0, n1, n2, n3}
 	for j := range mass {
-		mass[j] = 0
+		mass[j], count[j] = 0, counts[j]
 		for _, v := range lanes[j] {
 			mass[j] += v
 		}
 	}
 }
+
+// appendAtLeastAVX512 compresses the indices of each 16 entries that reach
+// the bound into dst (VPCOMPRESSD), growing it only between vectors.
+func appendAtLeastAVX512(dst []int32, x []float32, bound float32) []int32 {
+	b := splat(bound)
+	idx := archsimd.LoadInt32x16(&lanes16)
+	step := archsimd.BroadcastInt32x16(16)
+	n := len(dst)
+	for l := 0; l < len(x); l += 16 {
+		var v archsimd.Float32x16
+		if l+16 <= len(x) {
+			v = archsimd.LoadFloat32x16Slice(x[l:])
+		} else {
+			v = loadFill(x[l:], float32(math.NaN()))
+		}
+		m := v.GreaterEqual(b)
+		if hit := m.ToBits(); hit != 0 {
+			if cap(dst)-n < 16 {
+				dst = slices.Grow(dst[:n], 16+n)
+			}
+			idx.Compress(m).StoreSlice(dst[n : n+16])
+			n += bits.OnesCount16(hit)
+		}
+		idx = idx.Add(step)
+	}
+	archsimd.ClearAVXUpperBits()
+	return dst[:n]
+}
+
+// lanes16 is 0, 1, …, 15.
+var lanes16 = [16]int32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
 
 // widenAdd adds the 16 float32 lanes of part into the 8 float64 lanes of acc.
 func widenAdd(acc archsimd.Float64x8, part archsimd.Float32x16) archsimd.Float64x8 {
