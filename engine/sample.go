@@ -147,20 +147,14 @@ func (s *Sampler) distribution(logits []float32) weighted {
 		return weighted{}
 	}
 	top := row[best]
-	// A temperature whose inverse overflows float32 is greedy sampling's limit.
-	if p.Greedy() || math.IsInf(float64(top), 1) || math.IsInf(float64(float32(1/p.Temperature)), 1) {
-		s.kept = append(s.kept[:0], candidate{weight: 1, logit: top, id: int32(best)})
-		return weighted{kept: s.kept, total: 1}
+	if s.certain(top) {
+		return s.pointMass(top, int32(best))
 	}
-	// min-p keeps p_i ≥ MinP·p_max, that is logit_i ≥ max + T·ln(MinP): a
-	// threshold on the logits (noFloor drops only -Inf).
-	floor := float32(noFloor)
-	if p.MinP > 0 {
-		floor = float32(float64(top) + p.Temperature*math.Log(p.MinP))
-	}
+	floor := s.floor(top)
 	switch {
 	case p.TopK > 0 && p.TopK < len(row):
 		s.kept = selectTopK(s.kept[:0], row, p.TopK, floor)
+		slices.SortFunc(s.kept, byRank) // the device's order (see SampleTop)
 		return s.weigh(top)
 	case p.MinP > 0:
 		s.kept = s.appendAtLeast(s.kept[:0], row, floor)
@@ -172,6 +166,49 @@ func (s *Sampler) distribution(logits []float32) weighted {
 		return s.topP(row, w, top, p.TopP*total)
 	}
 	return weighted{dense: w, total: total}
+}
+
+// certain reports whether the top logit is drawn for sure: greedy
+// sampling, a +Inf logit, or a temperature whose inverse overflows float32
+// (greedy sampling's limit).
+func (s *Sampler) certain(top float32) bool {
+	return s.params.Greedy() || math.IsInf(float64(top), 1) || math.IsInf(float64(float32(1/s.params.Temperature)), 1)
+}
+
+func (s *Sampler) pointMass(top float32, id int32) weighted {
+	s.kept = append(s.kept[:0], candidate{weight: 1, logit: top, id: id})
+	return weighted{kept: s.kept, total: 1}
+}
+
+// floor is the lowest logit min-p keeps: p_i ≥ MinP·p_max, that is
+// logit_i ≥ max + T·ln(MinP) (without min-p, noFloor drops only -Inf).
+func (s *Sampler) floor(top float32) float32 {
+	if p := s.params; p.MinP > 0 {
+		return float32(float64(top) + p.Temperature*math.Log(p.MinP))
+	}
+	return noFloor
+}
+
+// topDistribution is distribution for a top-k sampler given the row's k
+// best logits and their ids, best first, ties by lower id (the backends'
+// TopK): the same candidates in the same order, so the same draws.
+func (s *Sampler) topDistribution(logits []float32, ids []int32) weighted {
+	best := cpu.MaxIndex(logits)
+	if best < 0 || math.IsInf(float64(logits[best]), -1) {
+		return weighted{}
+	}
+	top := logits[best]
+	if s.certain(top) {
+		return s.pointMass(top, ids[best])
+	}
+	floor := s.floor(top)
+	s.kept = s.kept[:0]
+	for i, v := range logits {
+		if v >= floor {
+			s.kept = append(s.kept, candidate{logit: v, id: ids[i]})
+		}
+	}
+	return s.weigh(top)
 }
 
 // appendAtLeast appends to dst the entries of row at or above floor.
@@ -305,7 +342,21 @@ func (s *Sampler) Distribution(logits []float32) []TokenLogprob {
 // Sample draws one token from the logits. It uses one random number when
 // more than one token can be drawn, none otherwise.
 func (s *Sampler) Sample(logits []float32) (int32, error) {
-	d := s.distribution(logits)
+	return s.draw(s.distribution(logits))
+}
+
+// SampleTop draws a token for a sampler with top-k k (or greedy, k = 1)
+// from the row's k best logits and their ids, best first with ties to the
+// lower id, as the backends' TopK returns them: the token Sample would draw
+// from the whole row, with the same random numbers. (A row with NaN logits
+// aside: TopK may keep a NaN among the k, which Sample passes over.)
+func (s *Sampler) SampleTop(logits []float32, ids []int32) (int32, error) {
+	return s.draw(s.topDistribution(logits, ids))
+}
+
+// draw chooses a token from d: one random number when more than one token
+// can be drawn, none otherwise.
+func (s *Sampler) draw(d weighted) (int32, error) {
 	switch {
 	case d.total == 0:
 		return 0, ErrNoToken

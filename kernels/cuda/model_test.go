@@ -174,14 +174,20 @@ func modelLogits(t *testing.T, be kernels.Backend, dir string, prompt, steps []i
 func checkSpecGeneration(t *testing.T, be kernels.Backend) {
 	target, draft := tinyBF16Pair(t, 3)
 	prompt := []int32{12, 40, 7, 99, 3, 250, 18}
-	for _, spec := range []engine.SpecOptions{
-		{Mode: engine.SpecLinear},
-		{Mode: engine.SpecTree, Budget: 8},
-		{Mode: engine.SpecTree, Budget: 16},
+	// Greedy, then top-k sampling, whose candidates the device's TopK moves.
+	sampled := engine.SamplingParams{Temperature: 0.9, TopK: 20, TopP: 0.95, Seed: 4}
+	for _, c := range []struct {
+		spec     engine.SpecOptions
+		sampling engine.SamplingParams
+	}{
+		{engine.SpecOptions{Mode: engine.SpecLinear}, engine.SamplingParams{}},
+		{engine.SpecOptions{Mode: engine.SpecTree, Budget: 8}, engine.SamplingParams{}},
+		{engine.SpecOptions{Mode: engine.SpecTree, Budget: 16}, engine.SamplingParams{}},
+		{engine.SpecOptions{Mode: engine.SpecTree, Budget: 8}, sampled},
 	} {
-		t.Run(fmt.Sprintf("%v-%d", spec.Mode, spec.Budget), func(t *testing.T) {
-			want := generate(t, cpu.New(0), target, draft, spec, prompt)
-			got := generate(t, be, target, draft, spec, prompt)
+		t.Run(fmt.Sprintf("%v-%d-T%g", c.spec.Mode, c.spec.Budget, c.sampling.Temperature), func(t *testing.T) {
+			want := generate(t, cpu.New(0), target, draft, c.spec, prompt, c.sampling)
+			got := generate(t, be, target, draft, c.spec, prompt, c.sampling)
 			if !slices.Equal(got, want) {
 				t.Errorf("tokens differ from the CPU backend's\n got %v\nwant %v", got, want)
 			}
@@ -200,7 +206,7 @@ func tinyBF16Pair(t *testing.T, seed uint64) (target, draft string) {
 	return target, draft
 }
 
-func generate(t *testing.T, be kernels.Backend, target, draft string, spec engine.SpecOptions, prompt []int32) []int32 {
+func generate(t *testing.T, be kernels.Backend, target, draft string, spec engine.SpecOptions, prompt []int32, sampling engine.SamplingParams) []int32 {
 	t.Helper()
 	const maxTokens = 24
 	verify, err := dflash.VerifyTokens(draft, spec)
@@ -208,7 +214,7 @@ func generate(t *testing.T, be kernels.Backend, target, draft string, spec engin
 	e, err := engine.Load(be, target, engine.Options{Context: len(prompt) + maxTokens + 1, VerifyTokens: verify})
 	must(t, err)
 	must(t, dflash.Attach(e, draft, spec))
-	res, err := e.Generate(context.Background(), engine.Request{Prompt: prompt, MaxTokens: maxTokens, IgnoreEOS: true})
+	res, err := e.Generate(context.Background(), engine.Request{Prompt: prompt, MaxTokens: maxTokens, IgnoreEOS: true, Sampling: sampling})
 	must(t, err)
 	return res.Tokens
 }
