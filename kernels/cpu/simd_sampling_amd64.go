@@ -84,33 +84,34 @@ func nextAtLeastAVX512(x []float32, bound float32) int {
 // expWeightsAVX512 is expWeightsPortable with exp16, 16 lanes at a time:
 // float32 lane sums over blocks of sumBlock elements (each weight is at
 // most 1), each block's added into float64 lanes. Lanes whose argument is
-// below minWeightArg, or NaN (the compare is ordered), weigh 0.
+// below minWeightArg, or NaN (the compare is ordered), weigh 0. One loop
+// body serves the tail too (through a NaN-padded vector), so that exp16 is
+// inlined once.
 func expWeightsAVX512(w, x []float32, top, scale float32) float64 {
 	t, s, lowest := splat(top), splat(scale), splat(minWeightArg)
-	weigh := func(v archsimd.Float32x16) archsimd.Float32x16 {
-		d := v.Sub(t).Mul(s)
-		return exp16(d).Masked(d.GreaterEqual(lowest))
-	}
 	var acc archsimd.Float64x8
-	for l := 0; l < len(x); l += sumBlock {
-		var part archsimd.Float32x16
-		end := min(l+sumBlock, len(x))
-		j := l
-		for ; j+16 <= end; j += 16 {
-			e := weigh(archsimd.LoadFloat32x16Slice(x[j:]))
-			if w != nil {
-				e.StoreSlice(w[j:])
-			}
-			part = part.Add(e)
+	var part archsimd.Float32x16
+	for l := 0; l < len(x); l += 16 {
+		whole := l+16 <= len(x)
+		var v archsimd.Float32x16
+		if whole {
+			v = archsimd.LoadFloat32x16Slice(x[l:])
+		} else {
+			v = loadFill(x[l:], float32(math.NaN()))
 		}
-		if j < end {
-			e := weigh(loadFill(x[j:end], float32(math.NaN())))
-			if w != nil {
-				storePart(e, w[j:end])
-			}
-			part = part.Add(e)
+		d := v.Sub(t).Mul(s)
+		e := exp16(d).Masked(d.GreaterEqual(lowest))
+		switch {
+		case w == nil:
+		case whole:
+			e.StoreSlice(w[l:])
+		default:
+			storePart(e, w[l:])
 		}
-		acc = widenAdd(acc, part)
+		part = part.Add(e)
+		if (l+16)%sumBlock == 0 || !whole || l+16 == len(x) {
+			acc, part = widenAdd(acc, part), archsimd.Float32x16{}
+		}
 	}
 	return sum8(acc)
 }
