@@ -128,12 +128,14 @@ func byRank(a, b candidate) int {
 // noFloor admits every finite logit (and excludes -Inf).
 const noFloor = -math.MaxFloat32
 
-// weighted is the distribution a token is drawn from: either the kept
-// candidates, or (dense, when kept is nil) a weight for every id.
+// weighted is the distribution a token is drawn from: a weight for every
+// id (dense, summing to denseTotal; nil when there is none), then the kept
+// candidates; total is the sum of both.
 type weighted struct {
-	kept  []candidate
-	dense []float32
-	total float64
+	dense      []float32
+	denseTotal float64
+	kept       []candidate
+	total      float64
 }
 
 // distribution returns what the sampler draws from, after temperature,
@@ -157,7 +159,7 @@ func (s *Sampler) distribution(logits []float32) weighted {
 		slices.SortFunc(s.kept, byRank) // the device's order (see SampleTop)
 		return s.weigh(top)
 	case p.MinP > 0:
-		s.kept = s.appendAtLeast(s.kept[:0], row, floor)
+		s.kept = s.appendBetween(s.kept[:0], row, floor, float32(math.Inf(1)))
 		return s.weigh(top)
 	}
 	w := s.scratchWeights(len(row))
@@ -165,7 +167,7 @@ func (s *Sampler) distribution(logits []float32) weighted {
 	if p.TopP > 0 && p.TopP < 1 {
 		return s.topP(row, w, top, p.TopP*total)
 	}
-	return weighted{dense: w, total: total}
+	return weighted{dense: w, denseTotal: total, total: total}
 }
 
 // certain reports whether the top logit is drawn for sure: greedy
@@ -211,9 +213,9 @@ func (s *Sampler) topDistribution(logits []float32, ids []int32) weighted {
 	return s.weigh(top)
 }
 
-// appendAtLeast appends to dst the entries of row at or above floor.
-func (s *Sampler) appendAtLeast(dst []candidate, row []float32, floor float32) []candidate {
-	s.ids = cpu.AppendAtLeast(s.ids[:0], row, floor)
+// appendBetween appends to dst the entries of row in [lo, hi).
+func (s *Sampler) appendBetween(dst []candidate, row []float32, lo, hi float32) []candidate {
+	s.ids = cpu.AppendBetween(s.ids[:0], row, lo, hi)
 	for _, id := range s.ids {
 		dst = append(dst, candidate{logit: row[id], id: id})
 	}
@@ -259,12 +261,14 @@ const topPBoundary = 4096
 // bound where it reaches target has the cut at or above it. Passes of
 // cpu.MassAtLeast, four bounds each, narrow such a pair [lo, hi) until at
 // most topPBoundary tokens lie between (at most eight passes: a flat row
-// needs about five); quickselect then cuts among those.
+// needs about five); quickselect then cuts among those. The tokens at or
+// above hi, however many, stay in w (the others' weights are zeroed) and
+// are drawn from it as a dense row.
 func (s *Sampler) topP(row, w []float32, top float32, target float64) weighted {
 	// weightBound is the logit of weight 2⁻ᵉ.
 	weightBound := func(e float64) float32 { return float32(float64(top) - s.params.Temperature*e*math.Ln2) }
-	hi, hiCount := math.Nextafter32(top, float32(math.Inf(1))), 0 // nothing reaches it
-	lo, loCount := float32(noFloor), len(row)                     // everything with weight does
+	hi, hiCount, hiMass := math.Nextafter32(top, float32(math.Inf(1))), 0, 0.0 // nothing reaches it
+	lo, loCount := float32(noFloor), len(row)                                  // everything with weight does
 	bounds := []float32{weightBound(3), weightBound(10), weightBound(20), noFloor}
 	for pass := 0; ; pass++ {
 		var mass [cpu.MassBounds]float64
@@ -275,7 +279,7 @@ func (s *Sampler) topP(row, w []float32, top float32, target float64) weighted {
 				lo, loCount = b, count[j]
 				break
 			}
-			hi, hiCount = b, count[j]
+			hi, hiCount, hiMass = b, count[j], mass[j]
 		}
 		if loCount-hiCount <= topPBoundary || pass == 7 {
 			break
@@ -294,30 +298,24 @@ func (s *Sampler) topP(row, w []float32, top float32, target float64) weighted {
 			break
 		}
 	}
-	s.ids = cpu.AppendAtLeast(s.ids[:0], row, lo)
-	s.kept = s.kept[:0]
-	sure := 0.0
-	for _, id := range s.ids { // the certainly kept first, then the boundary
-		if row[id] >= hi {
-			s.kept = append(s.kept, candidate{weight: float64(w[id]), logit: row[id], id: id})
-			sure += float64(w[id])
-		}
+	s.kept = s.appendBetween(s.kept[:0], row, lo, hi)
+	for i, c := range s.kept {
+		s.kept[i].weight = float64(w[c.id])
 	}
-	nSure := len(s.kept)
-	for _, id := range s.ids {
-		if row[id] < hi {
-			s.kept = append(s.kept, candidate{weight: float64(w[id]), logit: row[id], id: id})
-		}
+	if rest := target - hiMass; rest > 0 {
+		s.kept = s.kept[:cutTopP(s.kept, rest)]
+	} else {
+		s.kept = s.kept[:0]
 	}
-	if rest := target - sure; rest > 0 {
-		nSure += cutTopP(s.kept[nSure:], rest)
-	}
-	s.kept = s.kept[:nSure]
-	total := 0.0
+	d := weighted{kept: s.kept, total: hiMass}
 	for _, c := range s.kept {
-		total += c.weight
+		d.total += c.weight
 	}
-	return weighted{kept: s.kept, total: total}
+	if hiCount > 0 {
+		cpu.KeepAtLeast(w, row, hi)
+		d.dense, d.denseTotal = w, hiMass
+	}
+	return d
 }
 
 // Distribution returns the probabilities the sampler draws from (after
@@ -360,21 +358,25 @@ func (s *Sampler) draw(d weighted) (int32, error) {
 	switch {
 	case d.total == 0:
 		return 0, ErrNoToken
-	case len(d.kept) == 1:
+	case d.dense == nil && len(d.kept) == 1:
 		return d.kept[0].id, nil
 	}
 	u := s.rng.Float64() * d.total
-	if d.dense != nil {
+	if u < d.denseTotal {
 		if i := cpu.SearchCumulative(d.dense, u); i < len(d.dense) {
 			return int32(i), nil
 		}
 		return lastWeighted(d.dense), nil
 	}
+	u -= d.denseTotal
 	for _, c := range d.kept {
 		u -= c.weight
 		if u < 0 {
 			return c.id, nil
 		}
+	}
+	if len(d.kept) == 0 {
+		return lastWeighted(d.dense), nil
 	}
 	return d.kept[len(d.kept)-1].id, nil // rounding left a sliver: the last kept token
 }

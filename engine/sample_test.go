@@ -167,7 +167,8 @@ func lmLogits(rng *rand.Rand, V int) []float32 {
 // TestSamplerFullVocabularyChiSquare draws from a 248,320-token row (the
 // real vocabulary) plain, with top-p, min-p and top-k, and tests the counts against the
 // float64 reference with a chi-square goodness-of-fit test at the 0.1%
-// level (fixed seed; rare outcomes pooled).
+// level (fixed seed; rare outcomes pooled), after checking the sampler's
+// probabilities themselves against the reference.
 func TestSamplerFullVocabularyChiSquare(t *testing.T) {
 	const V, samples = 248320, 3000
 	logits := lmLogits(rand.New(rand.NewPCG(11, 12)), V)
@@ -186,6 +187,7 @@ func TestSamplerFullVocabularyChiSquare(t *testing.T) {
 		p.Seed = 3
 		want := referenceDistribution(ref, p.Temperature, p.TopK, p.TopP, p.MinP)
 		s := NewSampler(p, V)
+		expectDistribution(t, s.Distribution(logits), want, V)
 		counts := map[int]int{}
 		for range samples {
 			counts[int(mustSample(t, s, logits))]++

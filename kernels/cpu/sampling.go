@@ -25,8 +25,10 @@ type rowKernels struct {
 	expWeights func(w, x []float32, top, scale float32) float64
 	// massAtLeast is MassAtLeast.
 	massAtLeast func(mass []float64, count []int, w, x []float32, bounds []float32)
-	// appendAtLeast is AppendAtLeast.
-	appendAtLeast func(dst []int32, x []float32, bound float32) []int32
+	// appendBetween is AppendBetween.
+	appendBetween func(dst []int32, x []float32, lo, hi float32) []int32
+	// keepAtLeast is KeepAtLeast.
+	keepAtLeast func(w, x []float32, bound float32)
 	// blockSums sets sums[b] = Σ w[b·sumBlock : (b+1)·sumBlock] (the last
 	// block may be short), for at most 64 blocks.
 	blockSums func(sums []float64, w []float32)
@@ -38,7 +40,8 @@ var portableRows = rowKernels{
 	nextAtLeast:   nextAtLeastPortable,
 	expWeights:    expWeightsPortable,
 	massAtLeast:   massAtLeastPortable,
-	appendAtLeast: appendAtLeastPortable,
+	appendBetween: appendBetweenPortable,
+	keepAtLeast:   keepAtLeastPortable,
 	blockSums:     blockSumsPortable,
 }
 
@@ -116,9 +119,15 @@ func MassAtLeast(mass []float64, count []int, w, x []float32, bounds []float32) 
 	hostRows.massAtLeast(mass[:len(bounds)], count[:len(bounds)], w[:len(x)], x, bounds)
 }
 
-// AppendAtLeast appends to dst the indices i with x[i] ≥ bound, in order.
-func AppendAtLeast(dst []int32, x []float32, bound float32) []int32 {
-	return hostRows.appendAtLeast(dst, x, bound)
+// AppendBetween appends to dst the indices i with lo ≤ x[i] < hi, in order
+// (hi +Inf: every x[i] ≥ lo but +Inf).
+func AppendBetween(dst []int32, x []float32, lo, hi float32) []int32 {
+	return hostRows.appendBetween(dst, x, lo, hi)
+}
+
+// KeepAtLeast sets w[i] = 0 where x[i] is below bound (or NaN).
+func KeepAtLeast(w, x []float32, bound float32) {
+	hostRows.keepAtLeast(w[:len(x)], x, bound)
 }
 
 // SearchCumulative returns the first i with w[0] + … + w[i] > u, or len(w)
@@ -194,13 +203,21 @@ func massAtLeastPortable(mass []float64, count []int, w, x []float32, bounds []f
 	}
 }
 
-func appendAtLeastPortable(dst []int32, x []float32, bound float32) []int32 {
+func appendBetweenPortable(dst []int32, x []float32, lo, hi float32) []int32 {
 	for i, v := range x {
-		if v >= bound {
+		if v >= lo && v < hi {
 			dst = append(dst, int32(i))
 		}
 	}
 	return dst
+}
+
+func keepAtLeastPortable(w, x []float32, bound float32) {
+	for i, v := range x {
+		if !(v >= bound) {
+			w[i] = 0
+		}
+	}
 }
 
 func blockSumsPortable(sums []float64, w []float32) {

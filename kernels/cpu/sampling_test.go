@@ -141,7 +141,9 @@ func TestExpWeights(t *testing.T) {
 
 // TestMassAtLeast checks the weight and count at or above each of up to
 // four bounds against a float64 sum over the entries that reach it (NaN
-// never does), and AppendAtLeast against the list of those entries.
+// never does), AppendBetween against the list of those entries (and of
+// those in a window below the bound), and KeepAtLeast against the weights
+// it must keep.
 func TestMassAtLeast(t *testing.T) {
 	rng := seededRand(t, 11)
 	for _, rows := range rowVariants() {
@@ -168,8 +170,28 @@ func TestMassAtLeast(t *testing.T) {
 						t.Fatalf("%s n=%d: at or above %g: mass %g over %d, want %g over %d", rows.name, n, bound, got[j], count[j], want, wantCount)
 					}
 					prefix := []int32{-1, -2, -3}[:rng.IntN(4)] // appending keeps what dst holds
-					if got := rows.appendAtLeast(slices.Clone(prefix), x, bound); !slices.Equal(got, append(prefix, ids...)) {
+					if got := rows.appendBetween(slices.Clone(prefix), x, bound, posInf); !slices.Equal(got, append(prefix, ids...)) {
 						t.Fatalf("%s n=%d: indices at or above %g: %v, want %v", rows.name, n, bound, got, append(prefix, ids...))
+					}
+					var between []int32
+					for i, v := range x {
+						if v >= bound-3 && v < bound {
+							between = append(between, int32(i))
+						}
+					}
+					if got := rows.appendBetween(nil, x, bound-3, bound); !slices.Equal(got, between) {
+						t.Fatalf("%s n=%d: indices in [%g, %g): %v, want %v", rows.name, n, bound-3, bound, got, between)
+					}
+					kept := slices.Clone(w)
+					rows.keepAtLeast(kept, x, bound)
+					for i, v := range x {
+						want := w[i]
+						if !(v >= bound) {
+							want = 0
+						}
+						if kept[i] != want {
+							t.Fatalf("%s n=%d: weight %d (logit %g) kept at or above %g: %g of %g", rows.name, n, i, v, bound, kept[i], w[i])
+						}
 					}
 				}
 			}
@@ -241,7 +263,7 @@ func BenchmarkRowKernels(b *testing.B) {
 				var count [MassBounds]int
 				rows.massAtLeast(mass[:], count[:], w, x, []float32{top - 2, top - 4, top - 6, top - 8})
 			}},
-			{"appendAtLeast", func() { rows.appendAtLeast(ids[:0], x, top-5) }},
+			{"appendBetween", func() { rows.appendBetween(ids[:0], x, top-5, posInf) }},
 			{"blockSums", func() {
 				var sums [64]float64
 				for lo := 0; lo < V; lo += 64 * sumBlock {

@@ -26,7 +26,8 @@ func simdRows() (rowKernels, bool) {
 		nextAtLeast:   nextAtLeastAVX512,
 		expWeights:    expWeightsAVX512,
 		massAtLeast:   massAtLeastAVX512,
-		appendAtLeast: appendAtLeastAVX512,
+		appendBetween: appendBetweenAVX512,
+		keepAtLeast:   keepAtLeastAVX512,
 		blockSums:     blockSumsAVX512,
 	}, true
 }
@@ -163,10 +164,10 @@ func massAtLeastAVX512(mass []float64, count []int, w, x []float32, bounds []flo
 	}
 }
 
-// appendAtLeastAVX512 compresses the indices of each 16 entries that reach
-// the bound into dst (VPCOMPRESSD), growing it only between vectors.
-func appendAtLeastAVX512(dst []int32, x []float32, bound float32) []int32 {
-	b := splat(bound)
+// appendBetweenAVX512 compresses the indices of each 16 entries in [lo,
+// hi) into dst (VPCOMPRESSD), growing it only between vectors.
+func appendBetweenAVX512(dst []int32, x []float32, lo, hi float32) []int32 {
+	l0, h0 := splat(lo), splat(hi)
 	idx := archsimd.LoadInt32x16(&lanes16)
 	step := archsimd.BroadcastInt32x16(16)
 	n := len(dst)
@@ -177,7 +178,7 @@ func appendAtLeastAVX512(dst []int32, x []float32, bound float32) []int32 {
 		} else {
 			v = loadFill(x[l:], float32(math.NaN()))
 		}
-		m := v.GreaterEqual(b)
+		m := v.GreaterEqual(l0).And(v.Less(h0))
 		if hit := m.ToBits(); hit != 0 {
 			if cap(dst)-n < 16 {
 				dst = slices.Grow(dst[:n], 16+n)
@@ -189,6 +190,19 @@ func appendAtLeastAVX512(dst []int32, x []float32, bound float32) []int32 {
 	}
 	archsimd.ClearAVXUpperBits()
 	return dst[:n]
+}
+
+// keepAtLeastAVX512 zeroes the weights of 16 entries per compare.
+func keepAtLeastAVX512(w, x []float32, bound float32) {
+	b := splat(bound)
+	l := 0
+	for ; l+16 <= len(x); l += 16 {
+		archsimd.LoadFloat32x16Slice(w[l:]).Masked(archsimd.LoadFloat32x16Slice(x[l:]).GreaterEqual(b)).StoreSlice(w[l:])
+	}
+	if l < len(x) {
+		storePart(loadPart(w[l:len(x)]).Masked(loadFill(x[l:], float32(math.NaN())).GreaterEqual(b)), w[l:len(x)])
+	}
+	archsimd.ClearAVXUpperBits()
 }
 
 // lanes16 is 0, 1, …, 15.
