@@ -86,8 +86,8 @@ var ErrNoToken = errors.New("no token can be chosen: every logit is -Inf or NaN"
 // threshold on the logits, and weights for the tokens kept; or else the
 // weights of the whole row in one pass (cpu.ExpWeights: float32
 // exponentials summed in float64). Top-p is cut by quickselect among the
-// tokens kept, or, over the whole row, among those above a logit bound that
-// two passes of cpu.MassAtLeast show the cut cannot go below.
+// tokens kept, or, over the whole row, among the few between two logit
+// bounds that passes of cpu.MassAtLeast place around the cut (see topP).
 //
 // NaN logits count as -Inf (never chosen). A +Inf logit is a certainty:
 // the first one is chosen, as greedy sampling would.

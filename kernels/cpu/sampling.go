@@ -82,9 +82,9 @@ func NextAtLeast(x []float32, bound float32) int {
 // ExpWeights sets w[i] = exp((x[i] − top)·scale) and returns Σ w[i] summed
 // in float64: a sampler's softmax weights (top the row's maximum, finite;
 // scale the inverse temperature). -Inf and NaN weigh 0, and so does any
-// weight below 2⁻¹²⁶ (see minWeightArg). The AVX-512 kernel uses the
-// attention softmax's exp (Cephes' expf, within a few float32 ulps); the
-// portable one rounds float64 exponentials to float32.
+// weight below 2⁻¹²⁶ (see minWeightArg). Both kernels use Cephes' expf
+// (the attention softmax's exp16; its scalar twin expWeight), within a few
+// float32 ulps.
 func ExpWeights(w, x []float32, top, scale float32) float64 {
 	return hostRows.expWeights(w[:len(x)], x, top, scale)
 }
@@ -181,7 +181,7 @@ func expWeightsPortable(w, x []float32, top, scale float32) float64 {
 	for i, v := range x {
 		var e float32
 		if d := (v - top) * scale; d >= minWeightArg {
-			e = float32(math.Exp(float64(d)))
+			e = expWeight(d)
 		}
 		if w != nil {
 			w[i] = e
@@ -189,6 +189,23 @@ func expWeightsPortable(w, x []float32, top, scale float32) float64 {
 		total += float64(e)
 	}
 	return total
+}
+
+// expWeight is exp(d) for minWeightArg ≤ d ≤ 0 by exp16's method (Cephes'
+// expf) in scalar float32: a few times cheaper than float64 math.Exp over
+// a whole vocabulary. ln2Hi has few enough bits that n·ln2Hi is exact.
+func expWeight(d float32) float32 {
+	const log2e, ln2Hi, ln2Lo = 1.44269504088896341, 0.693359375, -2.12194440e-4
+	n := float32(int32(d*log2e - 0.5)) // d·log2 e rounded to nearest: it is at most 0
+	r := d - n*ln2Hi
+	r -= n * ln2Lo
+	p := float32(1.9875691500e-4)*r + 1.3981999507e-3
+	p = p*r + 8.3334519073e-3
+	p = p*r + 4.1665795894e-2
+	p = p*r + 1.6666665459e-1
+	p = p*r + 5.0000001201e-1
+	p = p*r*r + r + 1
+	return p * math.Float32frombits(uint32(int32(n)+127)<<23) // 2ⁿ, n ≥ -126
 }
 
 func massAtLeastPortable(mass []float64, count []int, w, x []float32, bounds []float32) {
