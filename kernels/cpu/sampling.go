@@ -209,9 +209,10 @@ func expWeight(d float32) float32 {
 }
 
 func massAtLeastPortable(mass []float64, count []int, w, x []float32, bounds []float32) {
-	for j, bound := range bounds {
-		mass[j], count[j] = 0, 0
-		for i, v := range x {
+	clear(mass)
+	clear(count)
+	for i, v := range x {
+		for j, bound := range bounds {
 			if v >= bound {
 				mass[j] += float64(w[i])
 				count[j]++
