@@ -6,6 +6,8 @@ package ddtree
 import (
 	"container/heap"
 	"math"
+
+	"ddflash/kernels/cpu"
 )
 
 // Candidate is a token proposed at some depth with its draft log-probability.
@@ -49,37 +51,49 @@ func (t *Tree) add(token, parent, depth int32) int32 {
 
 // TopK turns a row of draft logits into its k most likely tokens with their
 // log-probabilities (log-softmax over the row's first valid entries),
-// descending, ties by lower token id.
+// descending, ties by lower token id. NaN entries are never proposed; when
+// the row's maximum is infinite, the tokens at it get log-probability 0.
+//
+// A draft row has the whole vocabulary, so every pass over it is one of
+// kernels/cpu's vectorised row kernels: the log-sum-exp (float32
+// exponentials summed in float64: log-probs within about 1e-6), and the
+// selection, which looks only at entries above the k-th best so far.
 func TopK(logits []float32, valid, k int) []Candidate {
 	row := logits[:valid]
-	m := math.Inf(-1)
-	for _, v := range row {
-		m = math.Max(m, float64(v))
+	lse := cpu.LogSumExp(row)
+	out := make([]Candidate, 0, max(0, min(k, len(row))))
+	if cap(out) == 0 {
+		return out
 	}
-	sum := 0.0
-	for _, v := range row {
-		sum += math.Exp(float64(v) - m)
-	}
-	lse := m + math.Log(sum)
-	// Keep the best k so far, sorted; a later entry equal to one kept goes
-	// after it, so ties stay in token order. A draft row is scanned once,
-	// where sorting the whole vocabulary costs about as much as the drafter.
-	out := make([]Candidate, 0, min(k, len(row)))
-	for i, v := range row {
-		if len(out) == cap(out) && (len(out) == 0 || float64(v) <= out[len(out)-1].Logprob) {
+	// Keep the best k so far, sorted, with their logits; a later entry equal
+	// to one kept goes after it, so ties stay in token order.
+	for i := 0; ; i++ {
+		bound := float32(math.Inf(-1))
+		if len(out) == cap(out) {
+			bound = math.Nextafter32(float32(out[len(out)-1].Logprob), float32(math.Inf(1)))
+		}
+		if i += cpu.NextAtLeast(row[i:], bound); i == len(row) {
+			break
+		}
+		v := float64(row[i])
+		if len(out) == cap(out) && v <= out[len(out)-1].Logprob { // only past a +Inf bound
 			continue
 		}
 		if len(out) < cap(out) {
 			out = append(out, Candidate{})
 		}
 		j := len(out) - 1
-		for ; j > 0 && float64(v) > out[j-1].Logprob; j-- {
+		for ; j > 0 && v > out[j-1].Logprob; j-- {
 			out[j] = out[j-1]
 		}
-		out[j] = Candidate{Token: int32(i), Logprob: float64(v)}
+		out[j] = Candidate{Token: int32(i), Logprob: v}
 	}
-	for i := range out {
-		out[i].Logprob -= lse
+	for i, c := range out {
+		if c.Logprob == lse { // an infinite maximum: the softmax's limit
+			out[i].Logprob = 0
+		} else {
+			out[i].Logprob -= lse
+		}
 	}
 	return out
 }

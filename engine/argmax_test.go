@@ -9,34 +9,46 @@ import (
 	"ddflash/mamba"
 )
 
-// TestDeviceArgmaxMatchesHost: rows reduced on the device (SeqInput.Argmax)
-// give the host argmax of the same rows over the real token ids.
-func TestDeviceArgmaxMatchesHost(t *testing.T) {
+// TestDeviceTopMatchesHost: rows reduced on the device (SeqInput.Top) give
+// the host's best logits of the same rows over the real token ids, in
+// order (ties: the lower id), with their values: the argmax for Top 1.
+func TestDeviceTopMatchesHost(t *testing.T) {
 	e := newTestEngine(t, "tiny", 4, Options{Context: 64})
 	V, valid := e.Model.Cfg.VocabSize, e.ValidVocab
 	if valid >= V {
 		t.Fatalf("the preset has no padding ids (%d of %d): packing the real ids is untested", valid, V)
 	}
 	prompt := randomTokens(rand.New(rand.NewPCG(4, 5)), 9, valid)
-	run := func(argmax bool) *SeqOutput {
+	run := func(top int) *SeqOutput {
 		s, err := e.newSequence()
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer e.release(s)
-		out, err := e.forward(s, SeqInput{Tokens: prompt, Logits: AllRows, Argmax: argmax}, nil)
+		out, err := e.forward(s, SeqInput{Tokens: prompt, Logits: AllRows, Top: top}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return out
 	}
-	full, reduced := run(false), run(true)
-	if reduced.Logits != nil || len(reduced.Argmax) != len(prompt) {
-		t.Fatalf("reduced output: %d logits, %d argmaxes; want none and %d", len(reduced.Logits), len(reduced.Argmax), len(prompt))
-	}
-	for i, got := range reduced.Argmax {
-		if want := int32(Argmax(full.Logits[i*V : i*V+valid])); got != want {
-			t.Errorf("row %d: device argmax %d, host %d", i, got, want)
+	full := run(0)
+	for _, k := range []int{1, 7} {
+		reduced := run(k)
+		if reduced.Logits != nil || reduced.Top != k || len(reduced.TopIDs) != k*len(prompt) || len(reduced.TopLogits) != k*len(prompt) {
+			t.Fatalf("top %d: %d logits, %d ids and %d values; want none, %d and %d", k, len(reduced.Logits), len(reduced.TopIDs), len(reduced.TopLogits), k*len(prompt), k*len(prompt))
+		}
+		for i := range prompt {
+			row := full.Logits[i*V : i*V+valid]
+			if got, want := reduced.TopIDs[i*k], int32(Argmax(row)); got != want {
+				t.Errorf("row %d: device argmax %d, host %d", i, got, want)
+			}
+			want := selectTopK(nil, row, k, noFloor)
+			slices.SortFunc(want, byRank)
+			for j, c := range want {
+				if reduced.TopIDs[i*k+j] != c.id || reduced.TopLogits[i*k+j] != c.logit {
+					t.Errorf("row %d rank %d: device %d (%g), host %d (%g)", i, j, reduced.TopIDs[i*k+j], reduced.TopLogits[i*k+j], c.id, c.logit)
+				}
+			}
 		}
 	}
 }
@@ -54,13 +66,16 @@ func TestGreedyDeviceArgmaxEqualsFullRows(t *testing.T) {
 	}
 	for _, c := range []struct {
 		r    Request
-		want bool
+		want int
 	}{
-		{Request{Prompt: prompt, MaxTokens: 30}, true},
-		{Request{Prompt: prompt, MaxTokens: 30, Sampling: SamplingParams{Logprobs: 1}}, false},
-		{Request{Prompt: prompt, MaxTokens: 30, Sampling: SamplingParams{Temperature: 1}}, false},
-		{Request{Prompt: prompt, MaxTokens: 30, MinTokens: 2}, false}, // EOS masked at first
-		{Request{Prompt: prompt, MaxTokens: 30, Sampling: SamplingParams{PresencePenalty: 1}}, false},
+		{Request{Prompt: prompt, MaxTokens: 30}, 1},
+		{Request{Prompt: prompt, MaxTokens: 30, Sampling: SamplingParams{Logprobs: 1}}, 0},
+		{Request{Prompt: prompt, MaxTokens: 30, Sampling: SamplingParams{Temperature: 1}}, 0},
+		{Request{Prompt: prompt, MaxTokens: 30, Sampling: SamplingParams{Temperature: 1, TopK: 5, TopP: 0.9}}, 5},
+		{Request{Prompt: prompt, MaxTokens: 30, Sampling: SamplingParams{Temperature: 1, TopK: 5, Logprobs: 2}}, 0},
+		{Request{Prompt: prompt, MaxTokens: 30, Sampling: SamplingParams{Temperature: 1, TopK: maxDeviceTop + 1}}, 0},
+		{Request{Prompt: prompt, MaxTokens: 30, MinTokens: 2}, 0}, // EOS masked at first
+		{Request{Prompt: prompt, MaxTokens: 30, Sampling: SamplingParams{PresencePenalty: 1}}, 0},
 	} {
 		j, err := ar.newJob(c.r)
 		if err != nil {
@@ -68,8 +83,8 @@ func TestGreedyDeviceArgmaxEqualsFullRows(t *testing.T) {
 		}
 		in, err := j.prepare(512)
 		j.close()
-		if err != nil || in.Argmax != c.want {
-			t.Fatalf("%+v: device argmax %v (err %v), want %v", c.r, in.Argmax, err, c.want)
+		if err != nil || in.Top != c.want {
+			t.Fatalf("%+v: device top %d (err %v), want %d", c.r, in.Top, err, c.want)
 		}
 	}
 	engines := map[string]*Engine{"auto": ar,
@@ -82,6 +97,34 @@ func TestGreedyDeviceArgmaxEqualsFullRows(t *testing.T) {
 		}
 		if !slices.Equal(got.Tokens, want.Tokens) {
 			t.Errorf("%s: argmax path %v, full rows %v", name, got.Tokens, want.Tokens)
+		}
+	}
+}
+
+// TestSampledDeviceTopEqualsFullRows: top-k sampling from the candidates
+// the device moves (the default) and from whole rows (logprobs on) draws
+// the same tokens for the same seed, autoregressive and speculative, with
+// min-p and top-p on top of top-k.
+func TestSampledDeviceTopEqualsFullRows(t *testing.T) {
+	const ctxLen, seed = 64, 7
+	prompt := randomTokens(rand.New(rand.NewPCG(8, 9)), 5, 290)
+	engines := map[string]*Engine{"auto": newTestEngine(t, specTarget(seed), seed, Options{Context: ctxLen}),
+		"linear": specEngine(t, seed, specCase{SpecLinear, 0, mamba.Replay}, pathOracle(), 0.2, ctxLen),
+		"ddtree": specEngine(t, seed, specCase{SpecTree, 8, mamba.Snapshot}, pathOracle(), 0.2, ctxLen)}
+	for name, e := range engines {
+		for _, p := range []SamplingParams{{Temperature: 1.2, TopK: 12, Seed: 5}, {Temperature: 0.8, TopK: 40, TopP: 0.9, MinP: 0.02, Seed: 6}} {
+			reduced, err := e.Generate(context.Background(), Request{Prompt: prompt, MaxTokens: 24, IgnoreEOS: true, Sampling: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Logprobs = 1
+			full, err := e.Generate(context.Background(), Request{Prompt: prompt, MaxTokens: 24, IgnoreEOS: true, Sampling: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(reduced.Tokens, full.Tokens) {
+				t.Errorf("%s %+v: device candidates %v, full rows %v", name, p, reduced.Tokens, full.Tokens)
+			}
 		}
 	}
 }

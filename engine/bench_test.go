@@ -143,6 +143,7 @@ func BenchmarkSampler(b *testing.B) {
 		{"T1", SamplingParams{Temperature: 1}},
 		{"T0.7-topk20", SamplingParams{Temperature: 0.7, TopK: 20}},
 		{"T1-topp0.95", SamplingParams{Temperature: 1, TopP: 0.95}},
+		{"T2-topp0.9", SamplingParams{Temperature: 2, TopP: 0.9}}, // a flat nucleus of about 170,000 tokens
 		{"T1-minp0.05", SamplingParams{Temperature: 1, MinP: 0.05}},
 		{"greedy-logprobs5", SamplingParams{Logprobs: 5}},
 	} {

@@ -334,12 +334,26 @@ func newOutput(e *Engine, r Request) *output {
 	return o
 }
 
-// deviceArgmax reports whether the next tokens are plain argmaxes of the
-// raw logits, so the device may reduce the rows (SeqInput.Argmax): greedy,
-// no logprobs and no processor active from the next position on (once
+// maxDeviceTop is the largest top-k whose candidates the device moves
+// instead of the rows.
+const maxDeviceTop = 256
+
+// deviceTop is how many best logits per row the device may reduce the next
+// rows to (SeqInput.Top; 0: whole rows): when the next tokens depend on the
+// raw logits' best few alone: greedy (1) or top-k sampling (k), with no
+// logprobs and no processor active from the next position on (once
 // inactive, processors stay so).
-func (o *output) deviceArgmax() bool {
-	return o.r.Sampling.Greedy() && o.r.Sampling.Logprobs == 0 && !o.proc.active(len(o.res.Tokens))
+func (o *output) deviceTop() int {
+	p := o.r.Sampling
+	switch {
+	case p.Logprobs > 0 || o.proc.active(len(o.res.Tokens)):
+		return 0
+	case p.Greedy():
+		return 1
+	case p.TopK > 0 && p.TopK <= maxDeviceTop && p.TopK < o.e.ValidVocab:
+		return p.TopK
+	}
+	return 0
 }
 
 // rowLogits is logit row i of a step's output, nil when the device reduced it.
@@ -355,10 +369,13 @@ func (o *output) rowLogits(out *SeqOutput, i int) []float32 {
 // the output so far followed by path (the drafted tokens from a verify's
 // root to that row's node).
 func (o *output) choose(out *SeqOutput, i int, path []int32) (int32, error) {
-	if out.Argmax != nil {
-		return out.Argmax[i], nil
+	var tok int32
+	var err error
+	if k := out.Top; k > 0 {
+		tok, err = o.sampler.SampleTop(out.TopLogits[i*k:(i+1)*k], out.TopIDs[i*k:(i+1)*k])
+	} else {
+		tok, err = o.sampler.Sample(o.proc.apply(o.rowLogits(out, i), o.res.Tokens, path))
 	}
-	tok, err := o.sampler.Sample(o.proc.apply(o.rowLogits(out, i), o.res.Tokens, path))
 	if err != nil {
 		return 0, fmt.Errorf("after %d output tokens: %w", len(o.res.Tokens)+len(path), err)
 	}

@@ -167,7 +167,9 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 		}
 		j.setProposal(&in)
 	}
-	in.Argmax = in.Logits != NoRows && j.out.deviceArgmax()
+	if in.Logits != NoRows {
+		in.Top = j.out.deviceTop()
+	}
 	if err := e.Model.KV.Reserve(&j.seq.kv, j.seq.len+len(in.Tokens)); err != nil {
 		return in, err
 	}

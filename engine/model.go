@@ -49,18 +49,23 @@ type SeqInput struct {
 	// Spec (see mamba.Verify.Commit and Model.CommitKV). The new tokens' K/V
 	// are written at logical positions Start..Start+len(Tokens)-1 in token order.
 	Spec *mamba.Verify
-	// Argmax reduces the logit rows on the device: the step returns each
-	// row's argmax over the real token ids (SeqOutput.Argmax) instead of the
-	// row, for greedy decoding that needs nothing else from it.
-	Argmax bool
+	// Top > 0 reduces the logit rows on the device: the step returns each
+	// row's Top best logits over the real token ids with their ids
+	// (SeqOutput.TopIDs and TopLogits) instead of the row, for a token that
+	// needs nothing else from it: greedy decoding (1), sampling with top-k (k).
+	Top int
 }
 
 // SeqOutput is what the forward returns for one sequence.
 type SeqOutput struct {
 	// Logits holds rows×vocab values, rows as selected by SeqInput.Logits.
-	// It is nil when SeqInput.Argmax reduced the rows to Argmax.
+	// It is nil when SeqInput.Top reduced the rows.
 	Logits []float32
-	Argmax []int32
+	// Top is SeqInput.Top; TopIDs and TopLogits hold rows×Top ids and
+	// logits, each row's best first (ties: the lower id).
+	Top       int
+	TopIDs    []int32
+	TopLogits []float32
 	// Hidden maps a tapped layer to its output hidden states, len(Tokens)×hidden.
 	Hidden map[int][]float32
 }
@@ -574,8 +579,9 @@ func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, tapped map[int]k
 		T := len(sq.Tokens)
 		if want := sq.Logits.count(T); want > 0 {
 			var err error
-			if sq.Argmax {
-				out[i].Argmax, err = m.rowArgmax(b, logits, n, want)
+			if sq.Top > 0 {
+				out[i].Top = sq.Top
+				out[i].TopIDs, out[i].TopLogits, err = m.rowTop(b, logits, n, want, sq.Top)
 			} else {
 				out[i].Logits = make([]float32, want*V)
 				err = b.DownloadF32(logits, n*V, out[i].Logits)
@@ -600,10 +606,11 @@ func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, tapped map[int]k
 	return out, nil
 }
 
-// rowArgmax returns the argmax over the real token ids (ties: the lowest)
-// of logits rows first..first+rows-1, computed on the device by TopK with
-// k = 1: only the ids cross to the host.
-func (m *Model) rowArgmax(b kernels.Backend, logits kernels.Buffer, first, rows int) ([]int32, error) {
+// rowTop returns the k best logits over the real token ids (best first,
+// ties: the lower id) and their ids, k per row, of logits rows
+// first..first+rows-1, computed on the device by TopK: only k ids and
+// values per row cross to the host.
+func (m *Model) rowTop(b kernels.Backend, logits kernels.Buffer, first, rows, k int) ([]int32, []float32, error) {
 	V, valid := m.Cfg.VocabSize, m.ValidVocab
 	if valid <= 0 || valid > V {
 		valid = V
@@ -625,29 +632,32 @@ func (m *Model) rowArgmax(b kernels.Backend, logits kernels.Buffer, first, rows 
 	if valid < V { // pack the real ids' columns: TopK takes contiguous rows
 		packed, err := alloc(kernels.F32, rows*valid)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		b.Copy(packed, src, rows, valid, valid, V)
 		src = packed
 	}
-	vals, err := alloc(kernels.F32, rows)
+	vals, err := alloc(kernels.F32, rows*k)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	idx, err := alloc(kernels.I32, rows)
+	idx, err := alloc(kernels.I32, rows*k)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	b.TopK(vals, idx, src, rows, valid, 1)
-	ids := make([]float32, rows) // DownloadF32 converts I32 ids, exact below 2^24
+	b.TopK(vals, idx, src, rows, valid, k)
+	ids, top := make([]float32, rows*k), make([]float32, rows*k) // DownloadF32 converts I32 ids, exact below 2^24
 	if err := b.DownloadF32(idx, 0, ids); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out := make([]int32, rows)
+	if err := b.DownloadF32(vals, 0, top); err != nil {
+		return nil, nil, err
+	}
+	out := make([]int32, rows*k)
 	for i, id := range ids {
 		out[i] = int32(id)
 	}
-	return out, nil
+	return out, top, nil
 }
 
 // CommitKV compacts an accepted tree path in the KV cache: the K/V of the

@@ -79,20 +79,26 @@ var ErrNoToken = errors.New("no token can be chosen: every logit is -Inf or NaN"
 // Sampler chooses tokens from logit rows. The same seed and the same logits
 // give the same tokens.
 //
-// Cost per row of V logits, never a sort of the vocabulary: one pass for the
-// maximum; then top-k by a k-heap (one comparison for most entries), or
-// min-p by a threshold on the logits, and float64 weights for the tokens
-// kept; or else the weights of the whole row in one vectorised pass
-// (cpu.ExpWeights: float32 exponentials summed in float64). Top-p is cut
-// by quickselect among the tokens kept, or, over the whole row, among the
-// few that a histogram of the weights cannot rule out.
+// Cost per row of V logits, never a sort of the vocabulary; the passes over
+// the whole row are the vectorised row kernels of kernels/cpu. One pass for
+// the maximum; then top-k by a k-heap fed only the entries that beat its
+// weakest (cpu.NextAtLeast skips the rest 16 at a time), or min-p by a
+// threshold on the logits, and weights for the tokens kept; or else the
+// weights of the whole row in one pass (cpu.ExpWeights: float32
+// exponentials summed in float64). Top-p is cut by quickselect among the
+// tokens kept, or, over the whole row, among the few between two logit
+// bounds that passes of cpu.MassAtLeast place around the cut (see topP).
+//
+// NaN logits count as -Inf (never chosen). A +Inf logit is a certainty:
+// the first one is chosen, as greedy sampling would.
 type Sampler struct {
 	params SamplingParams
 	valid  int // logits at or beyond this id are padding rows and never chosen
 	rng    *rand.Rand
 	// scratch reused by every call
 	kept    []candidate
-	weights []float32
+	ids     []int32
+	weights []float32 // the whole row's weights, or the kept tokens' logits then weights
 }
 
 // NewSampler makes a sampler for a vocabulary whose first valid ids are real tokens.
@@ -122,12 +128,14 @@ func byRank(a, b candidate) int {
 // noFloor admits every finite logit (and excludes -Inf).
 const noFloor = -math.MaxFloat32
 
-// weighted is the distribution a token is drawn from: either the kept
-// candidates, or (dense, when kept is nil) a weight for every id.
+// weighted is the distribution a token is drawn from: a weight for every
+// id (dense, summing to denseTotal; nil when there is none), then the kept
+// candidates; total is the sum of both.
 type weighted struct {
-	kept  []candidate
-	dense []float32
-	total float64
+	dense      []float32
+	denseTotal float64
+	kept       []candidate
+	total      float64
 }
 
 // distribution returns what the sampler draws from, after temperature,
@@ -136,55 +144,96 @@ type weighted struct {
 // The result lives in the sampler's scratch until the next call.
 func (s *Sampler) distribution(logits []float32) weighted {
 	row, p := logits[:s.valid], s.params
-	best := Argmax(row)
-	top := row[best]
-	if !(top > float32(math.Inf(-1))) {
+	best := cpu.MaxIndex(row)
+	if best < 0 || math.IsInf(float64(row[best]), -1) {
 		return weighted{}
 	}
-	if p.Greedy() {
-		s.kept = append(s.kept[:0], candidate{weight: 1, logit: top, id: int32(best)})
-		return weighted{kept: s.kept, total: 1}
+	top := row[best]
+	if s.certain(top) {
+		return s.pointMass(top, int32(best))
 	}
-	// min-p keeps p_i ≥ MinP·p_max, that is logit_i ≥ max + T·ln(MinP): a
-	// threshold on the logits (noFloor drops only -Inf).
-	floor := float32(noFloor)
-	if p.MinP > 0 {
-		floor = float32(float64(top) + p.Temperature*math.Log(p.MinP))
-	}
+	floor := s.floor(top)
 	switch {
 	case p.TopK > 0 && p.TopK < len(row):
 		s.kept = selectTopK(s.kept[:0], row, p.TopK, floor)
+		slices.SortFunc(s.kept, byRank) // the device's order (see SampleTop)
 		return s.weigh(top)
 	case p.MinP > 0:
-		s.kept = s.kept[:0]
-		for i, v := range row {
-			if v >= floor {
-				s.kept = append(s.kept, candidate{logit: v, id: int32(i)})
-			}
-		}
+		s.kept = s.appendBetween(s.kept[:0], row, floor, float32(math.Inf(1)))
 		return s.weigh(top)
 	}
 	w := s.scratchWeights(len(row))
 	total := cpu.ExpWeights(w, row, top, float32(1/p.Temperature))
 	if p.TopP > 0 && p.TopP < 1 {
-		s.kept = topPCandidates(s.kept[:0], row, w, (1-p.TopP)*total)
-		return s.cut(p.TopP * total)
+		return s.topP(row, w, top, p.TopP*total)
 	}
-	return weighted{dense: w, total: total}
+	return weighted{dense: w, denseTotal: total, total: total}
 }
 
-// weigh gives the kept candidates (top-k or min-p survivors) float64
-// weights and applies top-p to them.
+// certain reports whether the top logit is drawn for sure: greedy
+// sampling, a +Inf logit, or a temperature whose inverse overflows float32
+// (greedy sampling's limit).
+func (s *Sampler) certain(top float32) bool {
+	return s.params.Greedy() || math.IsInf(float64(top), 1) || math.IsInf(float64(float32(1/s.params.Temperature)), 1)
+}
+
+func (s *Sampler) pointMass(top float32, id int32) weighted {
+	s.kept = append(s.kept[:0], candidate{weight: 1, logit: top, id: id})
+	return weighted{kept: s.kept, total: 1}
+}
+
+// floor is the lowest logit min-p keeps: p_i ≥ MinP·p_max, that is
+// logit_i ≥ max + T·ln(MinP) (without min-p, noFloor drops only -Inf).
+func (s *Sampler) floor(top float32) float32 {
+	if p := s.params; p.MinP > 0 {
+		return float32(float64(top) + p.Temperature*math.Log(p.MinP))
+	}
+	return noFloor
+}
+
+// topDistribution is distribution for a top-k sampler given the row's k
+// best logits and their ids, best first, ties by lower id (the backends'
+// TopK): the same candidates in the same order, so the same draws.
+func (s *Sampler) topDistribution(logits []float32, ids []int32) weighted {
+	best := cpu.MaxIndex(logits)
+	if best < 0 || math.IsInf(float64(logits[best]), -1) {
+		return weighted{}
+	}
+	top := logits[best]
+	if s.certain(top) {
+		return s.pointMass(top, ids[best])
+	}
+	floor := s.floor(top)
+	s.kept = s.kept[:0]
+	for i, v := range logits {
+		if v >= floor {
+			s.kept = append(s.kept, candidate{logit: v, id: ids[i]})
+		}
+	}
+	return s.weigh(top)
+}
+
+// appendBetween appends to dst the entries of row in [lo, hi).
+func (s *Sampler) appendBetween(dst []candidate, row []float32, lo, hi float32) []candidate {
+	s.ids = cpu.AppendBetween(s.ids[:0], row, lo, hi)
+	for _, id := range s.ids {
+		dst = append(dst, candidate{logit: row[id], id: id})
+	}
+	return dst
+}
+
+// weigh gives the kept candidates (top-k or min-p survivors) their
+// weights, by the same kernel as a whole row's, and applies top-p to them.
 func (s *Sampler) weigh(top float32) weighted {
-	p := s.params
-	// exp(x) as exp2(x·log2 e): Go's Exp2 is several times faster than Exp
-	// on amd64, and the extra rounding (|x|·2⁻⁵³ relative) is far below what
-	// sampling can resolve.
-	scale, total := math.Log2E/p.Temperature, 0.0
+	p, n := s.params, len(s.kept)
+	scratch := s.scratchWeights(2 * n)
+	logits, w := scratch[:n], scratch[n:]
+	for i, c := range s.kept {
+		logits[i] = c.logit
+	}
+	total := cpu.ExpWeights(w, logits, top, float32(1/p.Temperature))
 	for i := range s.kept {
-		w := math.Exp2((float64(s.kept[i].logit) - float64(top)) * scale)
-		s.kept[i].weight = w
-		total += w
+		s.kept[i].weight = float64(w[i])
 	}
 	if p.TopP > 0 && p.TopP < 1 {
 		return s.cut(p.TopP * total)
@@ -202,30 +251,71 @@ func (s *Sampler) cut(target float64) weighted {
 	return weighted{kept: s.kept, total: total}
 }
 
-// topPCandidates appends to dst the tokens top-p may keep: all but the
-// least likely ones whose combined weight is certainly under excluded
-// ((1 − p) of the total), which no top-p prefix can reach. A histogram of
-// the weights' binary exponents (weights in bucket e are below 2^(e−126))
-// bounds that tail without a sort.
-func topPCandidates(dst []candidate, row, w []float32, excluded float64) []candidate {
-	var count [256]int
-	for _, x := range w {
-		count[math.Float32bits(x)>>23]++
-	}
-	lowest, tail := 0, 0.0 // buckets below lowest are ruled out; tail bounds their weight
-	for e, n := range count {
-		bound := tail + float64(n)*math.Ldexp(1, e-126)
-		if bound >= excluded {
+// topPBoundary is how many tokens may lie between top-p's bounds before
+// quickselect cuts among them.
+const topPBoundary = 4096
+
+// topP keeps the best-first prefix of the whole row whose weight w first
+// reaches target (p of the total). A logit bound at or above which the
+// weight is still under target has every token above it in that prefix; a
+// bound where it reaches target has the cut at or above it. Passes of
+// cpu.MassAtLeast, four bounds each, narrow such a pair [lo, hi) until at
+// most topPBoundary tokens lie between (at most eight passes: a flat row
+// needs about five); quickselect then cuts among those. The tokens at or
+// above hi, however many, stay in w (the others' weights are zeroed) and
+// are drawn from it as a dense row.
+func (s *Sampler) topP(row, w []float32, top float32, target float64) weighted {
+	// weightBound is the logit of weight 2⁻ᵉ.
+	weightBound := func(e float64) float32 { return float32(float64(top) - s.params.Temperature*e*math.Ln2) }
+	hi, hiCount, hiMass := math.Nextafter32(top, float32(math.Inf(1))), 0, 0.0 // nothing reaches it
+	lo, loCount := float32(noFloor), len(row)                                  // everything with weight does
+	bounds := []float32{weightBound(3), weightBound(10), weightBound(20), noFloor}
+	for pass := 0; ; pass++ {
+		var mass [cpu.MassBounds]float64
+		var count [cpu.MassBounds]int
+		cpu.MassAtLeast(mass[:], count[:], w, row, bounds)
+		for j, b := range bounds { // highest bound first
+			if mass[j] >= target {
+				lo, loCount = b, count[j]
+				break
+			}
+			hi, hiCount, hiMass = b, count[j], mass[j]
+		}
+		if loCount-hiCount <= topPBoundary || pass == 7 {
 			break
 		}
-		lowest, tail = e+1, bound
-	}
-	for i, x := range w {
-		if x > 0 && int(math.Float32bits(x)>>23) >= lowest {
-			dst = append(dst, candidate{weight: float64(x), logit: row[i], id: int32(i)})
+		low := float64(lo) // four bounds evenly between lo and hi, or between 2⁻¹²⁶ and hi
+		if lo == noFloor {
+			low = float64(weightBound(126))
+		}
+		bounds = bounds[:0]
+		for k := 4; k > 0; k-- {
+			if b := float32(low + (float64(hi)-low)*float64(k)/5); b > lo && b < hi {
+				bounds = append(bounds, b)
+			}
+		}
+		if len(bounds) == 0 { // float32 cannot split [lo, hi)
+			break
 		}
 	}
-	return dst
+	s.kept = s.appendBetween(s.kept[:0], row, lo, hi)
+	for i, c := range s.kept {
+		s.kept[i].weight = float64(w[c.id])
+	}
+	if rest := target - hiMass; rest > 0 {
+		s.kept = s.kept[:cutTopP(s.kept, rest)]
+	} else {
+		s.kept = s.kept[:0]
+	}
+	d := weighted{kept: s.kept, total: hiMass}
+	for _, c := range s.kept {
+		d.total += c.weight
+	}
+	if hiCount > 0 {
+		cpu.KeepAtLeast(w, row, hi)
+		d.dense, d.denseTotal = w, hiMass
+	}
+	return d
 }
 
 // Distribution returns the probabilities the sampler draws from (after
@@ -250,96 +340,81 @@ func (s *Sampler) Distribution(logits []float32) []TokenLogprob {
 // Sample draws one token from the logits. It uses one random number when
 // more than one token can be drawn, none otherwise.
 func (s *Sampler) Sample(logits []float32) (int32, error) {
-	d := s.distribution(logits)
+	return s.draw(s.distribution(logits))
+}
+
+// SampleTop draws a token for a sampler with top-k k (or greedy, k = 1)
+// from the row's k best logits and their ids, best first with ties to the
+// lower id, as the backends' TopK returns them: the token Sample would draw
+// from the whole row, with the same random numbers. (A row with NaN logits
+// aside: TopK may keep a NaN among the k, which Sample passes over.)
+func (s *Sampler) SampleTop(logits []float32, ids []int32) (int32, error) {
+	return s.draw(s.topDistribution(logits, ids))
+}
+
+// draw chooses a token from d: one random number when more than one token
+// can be drawn, none otherwise.
+func (s *Sampler) draw(d weighted) (int32, error) {
 	switch {
 	case d.total == 0:
 		return 0, ErrNoToken
-	case len(d.kept) == 1:
+	case d.dense == nil && len(d.kept) == 1:
 		return d.kept[0].id, nil
 	}
 	u := s.rng.Float64() * d.total
-	if d.dense != nil {
-		return drawDense(d.dense, u), nil
+	if u < d.denseTotal {
+		if i := cpu.SearchCumulative(d.dense, u); i < len(d.dense) {
+			return int32(i), nil
+		}
+		return lastWeighted(d.dense), nil
 	}
+	u -= d.denseTotal
 	for _, c := range d.kept {
 		u -= c.weight
 		if u < 0 {
 			return c.id, nil
 		}
 	}
+	if len(d.kept) == 0 {
+		return lastWeighted(d.dense), nil
+	}
 	return d.kept[len(d.kept)-1].id, nil // rounding left a sliver: the last kept token
 }
 
-// drawDense returns the first id whose cumulative weight passes u, skipping
-// whole blocks by their sums (independent adds, not one long chain).
-func drawDense(w []float32, u float64) int32 {
-	const block = 64
-	last := int32(-1)
-	for lo := 0; lo < len(w); lo += block {
-		b := w[lo:min(lo+block, len(w))]
-		var s0, s1, s2, s3 float64
-		i := 0
-		for ; i+4 <= len(b); i += 4 {
-			s0 += float64(b[i])
-			s1 += float64(b[i+1])
-			s2 += float64(b[i+2])
-			s3 += float64(b[i+3])
-		}
-		for ; i < len(b); i++ {
-			s0 += float64(b[i])
-		}
-		if sum := s0 + s1 + s2 + s3; u >= sum {
-			u -= sum
-			if sum > 0 {
-				last = int32(lo + len(b) - 1)
-			}
-			continue
-		}
-		for i, x := range b {
-			if u -= float64(x); u < 0 {
-				return int32(lo + i)
-			}
-		}
-	}
-	for last > 0 && w[last] == 0 { // rounding left a sliver: the last token with weight
+// lastWeighted is the last id with weight: where a draw that rounding
+// carried past the sum lands.
+func lastWeighted(w []float32) int32 {
+	last := len(w) - 1
+	for last > 0 && w[last] == 0 {
 		last--
 	}
-	return last
+	return int32(last)
 }
 
 // Logprobs reports the chosen token's log-probability under the model's own
 // distribution (raw logits, padding masked) and the top n alternatives.
 func (s *Sampler) Logprobs(logits []float32, chosen int32, n int) StepLogprobs {
 	row := logits[:s.valid]
-	lse := s.logSumExp(row)
-	out := StepLogprobs{TokenLogprob: TokenLogprob{ID: chosen, Logprob: float64(row[chosen]) - lse}}
+	lse := cpu.LogSumExp(row)
+	logprob := func(v float32) float64 {
+		if float64(v) == lse { // an infinite maximum: the softmax's limit, not ∞ − ∞
+			return 0
+		}
+		return float64(v) - lse
+	}
+	out := StepLogprobs{TokenLogprob: TokenLogprob{ID: chosen, Logprob: logprob(row[chosen])}}
 	top := selectTopK(nil, row, n, noFloor)
 	slices.SortFunc(top, byRank)
 	for _, c := range top {
-		out.Top = append(out.Top, TokenLogprob{ID: c.id, Logprob: float64(c.logit) - lse})
+		out.Top = append(out.Top, TokenLogprob{ID: c.id, Logprob: logprob(c.logit)})
 	}
 	return out
 }
 
-// Argmax returns the index of the largest value, the lowest index on ties.
+// Argmax returns the index of the largest value, the lowest index on ties,
+// ignoring NaN (0 when every value is NaN).
 func Argmax(row []float32) int {
-	best := 0
-	for i, v := range row {
-		if v > row[best] {
-			best = i
-		}
-	}
-	return best
-}
-
-// logSumExp is log Σ exp(row), for log-probabilities: the weights in one
-// vectorised pass into scratch.
-func (s *Sampler) logSumExp(row []float32) float64 {
-	m := row[Argmax(row)]
-	if math.IsInf(float64(m), -1) {
-		return float64(m)
-	}
-	return float64(m) + math.Log(cpu.ExpWeights(s.scratchWeights(len(row)), row, m, 1))
+	return max(0, cpu.MaxIndex(row))
 }
 
 // scratchWeights is the sampler's weight scratch, n long.
@@ -352,14 +427,22 @@ func (s *Sampler) scratchWeights(n int) []float32 {
 
 // selectTopK appends to dst the k best entries of row (by value, then lower
 // index) whose value is at least floor, in heap order: a k-heap whose root
-// is the weakest kept entry, so most entries cost one comparison.
+// is the weakest kept entry. Once the heap is full only entries above the
+// root can enter, and cpu.NextAtLeast skips the others 16 at a time.
 func selectTopK(dst []candidate, row []float32, k int, floor float32) []candidate {
 	h := dst[:0]
-	for i, v := range row {
-		if !(v >= floor) {
-			continue
+	if k <= 0 {
+		return h
+	}
+	for i := 0; ; i++ {
+		bound := floor
+		if len(h) == k { // an equal logit comes later, so has a higher id: it does not beat the root
+			bound = max(floor, math.Nextafter32(h[0].logit, float32(math.Inf(1))))
 		}
-		c := candidate{logit: v, id: int32(i)}
+		if i += cpu.NextAtLeast(row[i:], bound); i == len(row) {
+			return h
+		}
+		c := candidate{logit: row[i], id: int32(i)}
 		if len(h) < k {
 			h = append(h, c)
 			for j := len(h) - 1; j > 0; { // sift up
@@ -372,7 +455,7 @@ func selectTopK(dst []candidate, row []float32, k int, floor float32) []candidat
 			}
 			continue
 		}
-		if !c.beats(h[0]) {
+		if !c.beats(h[0]) { // only a +Inf root lets an equal entry through
 			continue
 		}
 		h[0] = c
@@ -391,7 +474,6 @@ func selectTopK(dst []candidate, row []float32, k int, floor float32) []candidat
 			j = weakest
 		}
 	}
-	return h
 }
 
 // cutTopP reorders c so that its best candidates come first and returns how

@@ -165,10 +165,17 @@ func lmLogits(rng *rand.Rand, V int) []float32 {
 }
 
 // TestSamplerFullVocabularyChiSquare draws from a 248,320-token row (the
-// real vocabulary) with top-p and min-p, and tests the counts against the
+// real vocabulary) plain, with top-p, min-p and top-k, and tests the counts against the
 // float64 reference with a chi-square goodness-of-fit test at the 0.1%
-// level (fixed seed; rare outcomes pooled).
+// level (fixed seed; rare outcomes pooled), after checking the sampler's
+// probabilities themselves against the reference.
 func TestSamplerFullVocabularyChiSquare(t *testing.T) {
+	if testing.Short() {
+		// 21,000 draws over the whole vocabulary: about 12 s of CPU with the
+		// AVX-512 row kernels, ten times that with the portable ones, whose
+		// every kernel kernels/cpu tests against float64 in each build.
+		t.Skip("-short: 21,000 draws over the whole vocabulary run in the full pass")
+	}
 	const V, samples = 248320, 3000
 	logits := lmLogits(rand.New(rand.NewPCG(11, 12)), V)
 	ref := make([]float64, V)
@@ -176,7 +183,9 @@ func TestSamplerFullVocabularyChiSquare(t *testing.T) {
 		ref[i] = float64(l)
 	}
 	for _, p := range []SamplingParams{
+		{Temperature: 1},
 		{Temperature: 1, TopP: 0.95},
+		{Temperature: 2, TopP: 0.9}, // a flat nucleus: the top-p bound is found by the finer pass
 		{Temperature: 1, TopP: 0.95, MinP: 0.02},
 		{Temperature: 0.8, TopK: 50, MinP: 0.1},
 		{Temperature: 1.3, MinP: 0.001},
@@ -184,6 +193,7 @@ func TestSamplerFullVocabularyChiSquare(t *testing.T) {
 		p.Seed = 3
 		want := referenceDistribution(ref, p.Temperature, p.TopK, p.TopP, p.MinP)
 		s := NewSampler(p, V)
+		expectDistribution(t, s.Distribution(logits), want, V)
 		counts := map[int]int{}
 		for range samples {
 			counts[int(mustSample(t, s, logits))]++
@@ -271,6 +281,38 @@ func TestSamplerSeedDeterminism(t *testing.T) {
 	}
 	if same(a, c) {
 		t.Fatal("different seeds gave the same 64 tokens")
+	}
+}
+
+// TestSamplerSpecialValues pins down non-finite logits: NaN counts as -Inf
+// (never drawn, the rest sampled as if it were absent), a +Inf logit is a
+// certainty (the first one, as greedy), a temperature whose inverse
+// overflows float32 is greedy, and log-probabilities stay NaN-free.
+func TestSamplerSpecialValues(t *testing.T) {
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	withNaN := []float32{nan, 0.5, nan, 1.5, -1, nan, 0.2}
+	ref := []float64{math.Inf(-1), 0.5, math.Inf(-1), 1.5, -1, math.Inf(-1), 0.2}
+	for _, p := range []SamplingParams{{Temperature: 1}, {Temperature: 0.7, TopP: 0.8}, {Temperature: 1, TopK: 2}, {Temperature: 1, MinP: 0.3}} {
+		expectDistribution(t, NewSampler(p, len(withNaN)).Distribution(withNaN), referenceDistribution(ref, p.Temperature, p.TopK, p.TopP, p.MinP), len(withNaN))
+	}
+	if got := mustSample(t, NewSampler(SamplingParams{}, len(withNaN)), withNaN); got != 3 {
+		t.Fatalf("greedy over NaN picked %d, want 3", got)
+	}
+	withInf := []float32{1, inf, 3, inf}
+	for _, p := range []SamplingParams{{}, {Temperature: 1}, {Temperature: 1, TopP: 0.5, MinP: 0.1}, {Temperature: 1e-40}} {
+		if got := mustSample(t, NewSampler(p, len(withInf)), withInf); got != 1 {
+			t.Fatalf("%+v: picked %d, want 1 (the first +Inf)", p, got)
+		}
+	}
+	if got := mustSample(t, NewSampler(SamplingParams{Temperature: 1e-40}, 3), []float32{1, 3, 2}); got != 1 {
+		t.Fatalf("temperature 1e-40 picked %d, want the argmax 1", got)
+	}
+	lp := NewSampler(SamplingParams{}, len(withInf)).Logprobs(withInf, 1, 3)
+	if lp.Logprob != 0 || len(lp.Top) != 3 || lp.Top[0] != (TokenLogprob{1, 0}) || lp.Top[1] != (TokenLogprob{3, 0}) || !math.IsInf(lp.Top[2].Logprob, -1) {
+		t.Fatalf("logprobs with +Inf logits: %+v", lp)
+	}
+	if _, err := NewSampler(SamplingParams{Temperature: 1}, 3).Sample([]float32{nan, nan, float32(math.Inf(-1))}); err != ErrNoToken {
+		t.Fatalf("a row of NaN and -Inf: error %v, want ErrNoToken", err)
 	}
 }
 

@@ -193,8 +193,14 @@ func (be *Backend) TopK(vals, idx, x kernels.Buffer, rows, n, k int) {
 		best := make(candidates, 0, k)
 		for r := lo; r < hi; r++ {
 			best = best[:0]
-			for i, v := range xv[r*n : (r+1)*n] {
-				c := candidate{v, int32(i)}
+			row := xv[r*n : (r+1)*n]
+			for i := 0; i < len(row); i++ {
+				if k > 0 && len(best) == k { // skip to an entry above the weakest kept (an equal one has a higher index)
+					if i += NextAtLeast(row[i:], math.Nextafter32(best[0].val, float32(math.Inf(1)))); i == len(row) {
+						break
+					}
+				}
+				c := candidate{row[i], int32(i)}
 				switch {
 				case len(best) < k:
 					heap.Push(&best, c)

@@ -43,9 +43,6 @@ type kernelSet struct {
 	// (stride hd rounded up to 16, zero-padded). events lists, in order,
 	// the keys u where some row's factor is not 1.
 	mixValues func(acc, p, f []float32, pStride, nq, n int, v []float32, hd int, events []int)
-	// expWeights sets w[i] = exp((x[i]−top)·scale) and returns the float64
-	// sum (see ExpWeights).
-	expWeights func(w, x []float32, top, scale float32) float64
 }
 
 var portableKernels = kernelSet{
@@ -62,7 +59,6 @@ var portableKernels = kernelSet{
 	conv:       convPortable,
 	exp:        expPortable,
 	mixValues:  mixValuesPortable,
-	expWeights: expWeightsPortable,
 }
 
 func swigluPortable(out, gate, up []float32) {

@@ -8,27 +8,48 @@ func splat(v float32) archsimd.Float32x16 { return archsimd.BroadcastFloat32x16(
 
 // exp16 is Cephes' expf on 16 lanes: x = n·ln2 + r with |r| ≤ ln2/2, a
 // degree-5 polynomial for e^r, then VSCALEF by n. Inputs are clamped to
-// [-104, 89], outside which the float32 result is 0 or +Inf anyway; the
-// operand order of the clamp lets NaN through (VMAXPS and VMINPS return
-// their second source when one is NaN).
+// [-104, 89], outside which the float32 result is 0 or +Inf anyway; NaN
+// stays NaN (set back explicitly: which operand VMAXPS returns for NaN
+// depends on the operand order the compiler picks). The constants are
+// vectors in memory: loads keep exp16 small enough to inline (broadcasts
+// did not), so a loop calling it makes no call and spills nothing around one.
 func exp16(x archsimd.Float32x16) archsimd.Float32x16 {
-	const (
-		log2e = 1.44269504088896341
-		ln2Hi = 0.693359375 // ln2 = ln2Hi + ln2Lo, with ln2Hi exact in few bits
-		ln2Lo = -2.12194440e-4
-	)
-	x = splat(89).Min(splat(-104).Max(x))
-	n := x.Mul(splat(log2e)).RoundToEvenScaled(0)
-	r := n.MulAdd(splat(-ln2Hi), x)
-	r = n.MulAdd(splat(-ln2Lo), r)
-	p := splat(1.9875691500e-4).MulAdd(r, splat(1.3981999507e-3))
-	p = p.MulAdd(r, splat(8.3334519073e-3))
-	p = p.MulAdd(r, splat(4.1665795894e-2))
-	p = p.MulAdd(r, splat(1.6666665459e-1))
-	p = p.MulAdd(r, splat(5.0000001201e-1))
-	p = p.MulAdd(r.Mul(r), r.Add(splat(1)))
-	return p.Scale(n)
+	c := func(i int) archsimd.Float32x16 { return archsimd.LoadFloat32x16(&expConsts[i]) }
+	in := x
+	x = c(expHi).Min(c(expLo).Max(x))
+	n := x.Mul(c(expLog2E)).RoundToEvenScaled(0)
+	r := n.MulAdd(c(expNegLn2Hi), x)
+	r = n.MulAdd(c(expNegLn2Lo), r)
+	p := c(expP0).MulAdd(r, c(expP0+1))
+	p = p.MulAdd(r, c(expP0+2))
+	p = p.MulAdd(r, c(expP0+3))
+	p = p.MulAdd(r, c(expP0+4))
+	p = p.MulAdd(r, c(expP0+5))
+	p = p.MulAdd(r.Mul(r), r.Add(c(expOne)))
+	return p.Scale(n).Merge(in, in.Equal(in))
 }
+
+// exp16's constants: indices into expConsts.
+const (
+	expHi = iota
+	expLo
+	expLog2E
+	expNegLn2Hi
+	expNegLn2Lo
+	expOne
+	expP0 // six polynomial coefficients, highest degree first
+)
+
+var expConsts = func() (c [expP0 + 6][16]float32) {
+	const ln2Hi, ln2Lo = 0.693359375, -2.12194440e-4 // ln2 = ln2Hi + ln2Lo, with ln2Hi exact in few bits
+	for i, v := range []float32{89, -104, 1.44269504088896341, -ln2Hi, -ln2Lo, 1,
+		1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1} {
+		for l := range c[i] {
+			c[i][l] = v
+		}
+	}
+	return c
+}()
 
 // sigmoid16 is 1/(1+e^-x).
 func sigmoid16(x archsimd.Float32x16) archsimd.Float32x16 {
@@ -80,32 +101,4 @@ func convAVX512(out []float32, window [][]float32, wT []float32) {
 		storeN(acc, out[c:], m)
 	}
 	archsimd.ClearAVXUpperBits()
-}
-
-// expWeightsAVX512 is expWeightsPortable with exp16, 16 lanes at a time:
-// float32 lane sums over blocks of 256 elements, each block's added into
-// float64 lanes; the tail goes through the portable loop. -Inf is clamped
-// to -104 by exp16, whose result 2^-150·p rounds to 0.
-func expWeightsAVX512(w, x []float32, top, scale float32) float64 {
-	const block = 256
-	t, s := splat(top), splat(scale)
-	var acc archsimd.Float64x8
-	l := 0
-	for ; l+block <= len(x); l += block {
-		var part archsimd.Float32x16
-		for j := l; j < l+block; j += 16 {
-			e := exp16(archsimd.LoadFloat32x16Slice(x[j:]).Sub(t).Mul(s))
-			e.StoreSlice(w[j:])
-			part = part.Add(e)
-		}
-		acc = acc.Add(part.GetLo().ConvertToFloat64()).Add(part.GetHi().ConvertToFloat64())
-	}
-	var lanes [8]float64
-	acc.Store(&lanes)
-	archsimd.ClearAVXUpperBits()
-	total := 0.0
-	for _, v := range lanes {
-		total += v
-	}
-	return total + expWeightsPortable(w[l:], x[l:], top, scale)
 }

@@ -28,7 +28,6 @@ func simdKernels() (kernelSet, bool) {
 		conv:       convAVX512,
 		exp:        expAVX512,
 		mixValues:  mixValuesAVX512,
-		expWeights: expWeightsAVX512,
 	}, true
 }
 

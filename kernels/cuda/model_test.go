@@ -175,14 +175,20 @@ func modelLogits(t *testing.T, be kernels.Backend, dir string, prompt, steps []i
 func checkSpecGeneration(t *testing.T, be kernels.Backend) {
 	target, draft := tinyBF16Pair(t, 3)
 	prompt := []int32{12, 40, 7, 99, 3, 250, 18}
-	for _, spec := range []engine.SpecOptions{
-		{Mode: engine.SpecLinear},
-		{Mode: engine.SpecTree, Budget: 8},
-		{Mode: engine.SpecTree, Budget: 16},
+	// Greedy, then top-k sampling, whose candidates the device's TopK moves.
+	sampled := engine.SamplingParams{Temperature: 0.9, TopK: 20, TopP: 0.95, Seed: 4}
+	for _, c := range []struct {
+		spec     engine.SpecOptions
+		sampling engine.SamplingParams
+	}{
+		{engine.SpecOptions{Mode: engine.SpecLinear}, engine.SamplingParams{}},
+		{engine.SpecOptions{Mode: engine.SpecTree, Budget: 8}, engine.SamplingParams{}},
+		{engine.SpecOptions{Mode: engine.SpecTree, Budget: 16}, engine.SamplingParams{}},
+		{engine.SpecOptions{Mode: engine.SpecTree, Budget: 8}, sampled},
 	} {
-		t.Run(fmt.Sprintf("%v-%d", spec.Mode, spec.Budget), func(t *testing.T) {
-			want := generate(t, cpu.New(0), target, draft, spec, prompt, engine.SSMFromConfig)
-			got := generate(t, be, target, draft, spec, prompt, engine.SSMFromConfig)
+		t.Run(fmt.Sprintf("%v-%d-T%g", c.spec.Mode, c.spec.Budget, c.sampling.Temperature), func(t *testing.T) {
+			want := generate(t, cpu.New(0), target, draft, c.spec, prompt, c.sampling, engine.SSMFromConfig)
+			got := generate(t, be, target, draft, c.spec, prompt, c.sampling, engine.SSMFromConfig)
 			if !slices.Equal(got, want) {
 				t.Errorf("tokens differ from the CPU backend's\n got %v\nwant %v", got, want)
 			}
@@ -198,13 +204,13 @@ func checkSpecGeneration(t *testing.T, be kernels.Backend) {
 func checkSpecLosslessBF16State(t *testing.T, be kernels.Backend) {
 	target, draft := tinyBF16Pair(t, 4)
 	prompt := []int32{9, 31, 200, 5, 77, 140}
-	want := generate(t, be, target, draft, engine.SpecOptions{Mode: engine.SpecAuto}, prompt, engine.SSMBF16)
+	want := generate(t, be, target, draft, engine.SpecOptions{Mode: engine.SpecAuto}, prompt, engine.SamplingParams{}, engine.SSMBF16)
 	for _, spec := range []engine.SpecOptions{
 		{Mode: engine.SpecLinear, Rollback: mamba.Replay},
 		{Mode: engine.SpecTree, Budget: 8, Rollback: mamba.Replay},
 		{Mode: engine.SpecTree, Budget: 8, Rollback: mamba.Snapshot},
 	} {
-		if got := generate(t, be, target, draft, spec, prompt, engine.SSMBF16); !slices.Equal(got, want) {
+		if got := generate(t, be, target, draft, spec, prompt, engine.SamplingParams{}, engine.SSMBF16); !slices.Equal(got, want) {
 			t.Errorf("%v budget %d %v: tokens differ from autoregressive decoding\n got %v\nwant %v", spec.Mode, spec.Budget, spec.Rollback, got, want)
 		}
 	}
@@ -221,8 +227,9 @@ func tinyBF16Pair(t *testing.T, seed uint64) (target, draft string) {
 	return target, draft
 }
 
-// generate decodes greedily on be, with the drafter unless spec is SpecAuto.
-func generate(t *testing.T, be kernels.Backend, target, draft string, spec engine.SpecOptions, prompt []int32, ssm engine.SSMDType) []int32 {
+// generate decodes on be with the given sampling, with the drafter unless
+// spec is SpecAuto.
+func generate(t *testing.T, be kernels.Backend, target, draft string, spec engine.SpecOptions, prompt []int32, sampling engine.SamplingParams, ssm engine.SSMDType) []int32 {
 	t.Helper()
 	const maxTokens = 24
 	opts := engine.Options{Context: len(prompt) + maxTokens + 1, SSMDType: ssm}
@@ -237,7 +244,7 @@ func generate(t *testing.T, be kernels.Backend, target, draft string, spec engin
 	if spec.Mode != engine.SpecAuto {
 		must(t, dflash.Attach(e, draft, spec))
 	}
-	res, err := e.Generate(context.Background(), engine.Request{Prompt: prompt, MaxTokens: maxTokens, IgnoreEOS: true})
+	res, err := e.Generate(context.Background(), engine.Request{Prompt: prompt, MaxTokens: maxTokens, IgnoreEOS: true, Sampling: sampling})
 	must(t, err)
 	return res.Tokens
 }

@@ -1,0 +1,251 @@
+//go:build goexperiment.simd && amd64
+
+package cpu
+
+import (
+	"math"
+	"math/bits"
+	"simd/archsimd"
+	"slices"
+)
+
+// simdRows returns the AVX-512 row kernels when the CPU has AVX-512.
+//
+// Each loop holds only vector values (bounds and sums are splatted before
+// it, tails go through padded partial vectors): a scalar float reloaded
+// inside a loop that calls exp16 compiles to a legacy-SSE instruction,
+// which right after 512-bit code costs many times the whole iteration (see
+// the notes in simd_amd64.go).
+func simdRows() (rowKernels, bool) {
+	if !archsimd.X86.AVX512() {
+		return rowKernels{}, false
+	}
+	return rowKernels{
+		name:          "avx512",
+		maxValue:      maxValueAVX512,
+		nextAtLeast:   nextAtLeastAVX512,
+		expWeights:    expWeightsAVX512,
+		massAtLeast:   massAtLeastAVX512,
+		appendBetween: appendBetweenAVX512,
+		keepAtLeast:   keepAtLeastAVX512,
+		blockSums:     blockSumsAVX512,
+	}, true
+}
+
+// loadFill loads len(s) < 16 floats, filling the other lanes with fill.
+func loadFill(s []float32, fill float32) archsimd.Float32x16 {
+	var buf [16]float32
+	for i := copy(buf[:], s); i < len(buf); i++ {
+		buf[i] = fill
+	}
+	return archsimd.LoadFloat32x16(&buf)
+}
+
+// maxValueAVX512 keeps 16 lane maxima, taking a lane's new value only
+// where it compares greater (an ordered compare, false for NaN: VMAXPS's
+// NaN rule depends on an operand order the compiler may swap).
+func maxValueAVX512(x []float32) float32 {
+	m := splat(float32(math.Inf(-1)))
+	raise := func(v archsimd.Float32x16) { m = v.Merge(m, v.Greater(m)) }
+	l := 0
+	for ; l+16 <= len(x); l += 16 {
+		raise(archsimd.LoadFloat32x16Slice(x[l:]))
+	}
+	if l < len(x) {
+		raise(loadFill(x[l:], float32(math.NaN())))
+	}
+	var lanes [16]float32
+	m.Store(&lanes)
+	archsimd.ClearAVXUpperBits()
+	return maxValuePortable(lanes[:])
+}
+
+// nextAtLeastAVX512 tests 16 entries per compare (an ordered compare: NaN
+// is never at least the bound).
+func nextAtLeastAVX512(x []float32, bound float32) int {
+	b := splat(bound)
+	l := 0
+	for ; l+16 <= len(x); l += 16 {
+		if hit := archsimd.LoadFloat32x16Slice(x[l:]).GreaterEqual(b).ToBits(); hit != 0 {
+			archsimd.ClearAVXUpperBits()
+			return l + bits.TrailingZeros16(hit)
+		}
+	}
+	if l < len(x) {
+		if hit := loadFill(x[l:], float32(math.NaN())).GreaterEqual(b).ToBits(); hit != 0 {
+			l += bits.TrailingZeros16(hit)
+		} else {
+			l = len(x)
+		}
+	}
+	archsimd.ClearAVXUpperBits()
+	return l
+}
+
+// expWeightsAVX512 is expWeightsPortable with exp16, 16 lanes at a time:
+// float32 lane sums over blocks of sumBlock elements (each weight is at
+// most 1), each block's added into float64 lanes. Lanes whose argument is
+// below minWeightArg, or NaN (the compare is ordered), weigh 0. One loop
+// body serves the tail too (through a NaN-padded vector), so that exp16 is
+// inlined once.
+func expWeightsAVX512(w, x []float32, top, scale float32) float64 {
+	t, s, lowest := splat(top), splat(scale), splat(minWeightArg)
+	var acc archsimd.Float64x8
+	var part archsimd.Float32x16
+	for l := 0; l < len(x); l += 16 {
+		whole := l+16 <= len(x)
+		var v archsimd.Float32x16
+		if whole {
+			v = archsimd.LoadFloat32x16Slice(x[l:])
+		} else {
+			v = loadFill(x[l:], float32(math.NaN()))
+		}
+		d := v.Sub(t).Mul(s)
+		e := exp16(d).Masked(d.GreaterEqual(lowest))
+		switch {
+		case w == nil:
+		case whole:
+			e.StoreSlice(w[l:])
+		default:
+			storePart(e, w[l:])
+		}
+		part = part.Add(e)
+		if (l+16)%sumBlock == 0 || !whole || l+16 == len(x) {
+			acc, part = widenAdd(acc, part), archsimd.Float32x16{}
+		}
+	}
+	return sum8(acc)
+}
+
+// massAtLeastAVX512 adds the weights whose logit reaches each bound, with
+// expWeightsAVX512's float32 blocks and float64 lanes, and counts them by
+// the population count of each compare's mask, all bounds in one pass (a
+// missing bound is NaN, which nothing reaches).
+func massAtLeastAVX512(mass []float64, count []int, w, x []float32, bounds []float32) {
+	var bv [MassBounds]float32
+	for j := range bv {
+		bv[j] = float32(math.NaN())
+	}
+	copy(bv[:], bounds)
+	b0, b1, b2, b3 := splat(bv[0]), splat(bv[1]), splat(bv[2]), splat(bv[3])
+	var acc0, acc1, acc2, acc3 archsimd.Float64x8
+	var n0, n1, n2, n3 int
+	for l := 0; l < len(x); l += sumBlock {
+		var p0, p1, p2, p3 archsimd.Float32x16
+		add := func(wv, xv archsimd.Float32x16) {
+			m0, m1, m2, m3 := xv.GreaterEqual(b0), xv.GreaterEqual(b1), xv.GreaterEqual(b2), xv.GreaterEqual(b3)
+			p0, n0 = p0.Add(wv.Masked(m0)), n0+bits.OnesCount16(m0.ToBits())
+			p1, n1 = p1.Add(wv.Masked(m1)), n1+bits.OnesCount16(m1.ToBits())
+			p2, n2 = p2.Add(wv.Masked(m2)), n2+bits.OnesCount16(m2.ToBits())
+			p3, n3 = p3.Add(wv.Masked(m3)), n3+bits.OnesCount16(m3.ToBits())
+		}
+		end := min(l+sumBlock, len(x))
+		j := l
+		for ; j+16 <= end; j += 16 {
+			add(archsimd.LoadFloat32x16Slice(w[j:]), archsimd.LoadFloat32x16Slice(x[j:]))
+		}
+		if j < end {
+			add(loadPart(w[j:end]), loadFill(x[j:end], float32(math.NaN())))
+		}
+		acc0, acc1, acc2, acc3 = widenAdd(acc0, p0), widenAdd(acc1, p1), widenAdd(acc2, p2), widenAdd(acc3, p3)
+	}
+	var lanes [MassBounds][8]float64
+	acc0.Store(&lanes[0])
+	acc1.Store(&lanes[1])
+	acc2.Store(&lanes[2])
+	acc3.Store(&lanes[3])
+	archsimd.ClearAVXUpperBits()
+	counts := [MassBounds]int{n0, n1, n2, n3}
+	for j := range mass {
+		mass[j], count[j] = 0, counts[j]
+		for _, v := range lanes[j] {
+			mass[j] += v
+		}
+	}
+}
+
+// appendBetweenAVX512 compresses the indices of each 16 entries in [lo,
+// hi) into dst (VPCOMPRESSD), growing it only between vectors.
+func appendBetweenAVX512(dst []int32, x []float32, lo, hi float32) []int32 {
+	l0, h0 := splat(lo), splat(hi)
+	idx := archsimd.LoadInt32x16(&lanes16)
+	step := archsimd.BroadcastInt32x16(16)
+	n := len(dst)
+	for l := 0; l < len(x); l += 16 {
+		var v archsimd.Float32x16
+		if l+16 <= len(x) {
+			v = archsimd.LoadFloat32x16Slice(x[l:])
+		} else {
+			v = loadFill(x[l:], float32(math.NaN()))
+		}
+		m := v.GreaterEqual(l0).And(v.Less(h0))
+		if hit := m.ToBits(); hit != 0 {
+			if cap(dst)-n < 16 {
+				dst = slices.Grow(dst[:n], 16+n)
+			}
+			idx.Compress(m).StoreSlice(dst[n : n+16])
+			n += bits.OnesCount16(hit)
+		}
+		idx = idx.Add(step)
+	}
+	archsimd.ClearAVXUpperBits()
+	return dst[:n]
+}
+
+// keepAtLeastAVX512 zeroes the weights of 16 entries per compare.
+func keepAtLeastAVX512(w, x []float32, bound float32) {
+	b := splat(bound)
+	l := 0
+	for ; l+16 <= len(x); l += 16 {
+		archsimd.LoadFloat32x16Slice(w[l:]).Masked(archsimd.LoadFloat32x16Slice(x[l:]).GreaterEqual(b)).StoreSlice(w[l:])
+	}
+	if l < len(x) {
+		storePart(loadPart(w[l:len(x)]).Masked(loadFill(x[l:], float32(math.NaN())).GreaterEqual(b)), w[l:len(x)])
+	}
+	archsimd.ClearAVXUpperBits()
+}
+
+// lanes16 is 0, 1, …, 15.
+var lanes16 = [16]int32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
+
+// widenAdd adds the 16 float32 lanes of part into the 8 float64 lanes of acc.
+func widenAdd(acc archsimd.Float64x8, part archsimd.Float32x16) archsimd.Float64x8 {
+	return acc.Add(part.GetLo().ConvertToFloat64()).Add(part.GetHi().ConvertToFloat64())
+}
+
+// blockSumsAVX512 sums each block in float32 lanes, widened to float64
+// lanes; the lanes go to a buffer and are added after the vector code.
+func blockSumsAVX512(sums []float64, w []float32) {
+	var lanes [64][8]float64
+	for b := range sums {
+		var part archsimd.Float32x16
+		end := min((b+1)*sumBlock, len(w))
+		j := b * sumBlock
+		for ; j+16 <= end; j += 16 {
+			part = part.Add(archsimd.LoadFloat32x16Slice(w[j:]))
+		}
+		if j < end {
+			part = part.Add(loadPart(w[j:end]))
+		}
+		widenAdd(archsimd.Float64x8{}, part).Store(&lanes[b])
+	}
+	archsimd.ClearAVXUpperBits()
+	for b := range sums {
+		sums[b] = 0
+		for _, v := range lanes[b] {
+			sums[b] += v
+		}
+	}
+}
+
+// sum8 adds the eight lanes after clearing the upper vector state.
+func sum8(acc archsimd.Float64x8) float64 {
+	var lanes [8]float64
+	acc.Store(&lanes)
+	archsimd.ClearAVXUpperBits()
+	total := 0.0
+	for _, v := range lanes {
+		total += v
+	}
+	return total
+}
