@@ -121,7 +121,7 @@ func (p *InProcess) Knobs(tp int, m Mode) Knobs {
 	if err != nil {
 		return k
 	}
-	k.Context, k.MaxRunning = e.Context, e.Model.States.Slots()
+	k.Context, k.MaxRunning = e.Context, e.MaxSeqs()
 	if m.Kind != "auto" && e.Drafter != nil {
 		k.Rollback = p.Rollback.String()
 		k.BlockSize = e.Drafter.BlockSize()

@@ -32,6 +32,10 @@ type Options struct {
 	// KV cache (the block, or the tree budget plus its root); 0 without
 	// speculation. A tree's nodes sit past the sequence's end until commit.
 	VerifyTokens int
+	// PrefixSlots is how many GDN checkpoints the prefix cache may hold, in
+	// state slots beside MaxSeqs; 0 turns the prefix cache off. Its KV
+	// pages come out of KVTokens (see prefix.go).
+	PrefixSlots int
 }
 
 // Engine is a loaded model with its caches.
@@ -52,6 +56,7 @@ type Engine struct {
 	Drafter Drafter
 	Spec    SpecOptions
 	opts    Options
+	prefix  *prefixCache // nil when off
 }
 
 // Load reads a checkpoint directory and allocates caches on b.
@@ -138,7 +143,7 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 	if err != nil {
 		return nil, err
 	}
-	states, err := mamba.NewPool(stateShards, opts.MaxSeqs)
+	states, err := mamba.NewPool(stateShards, opts.MaxSeqs+max(opts.PrefixSlots, 0))
 	if err != nil {
 		kv.Close()
 		return nil, err
@@ -150,8 +155,16 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 		return nil, err
 	}
 	m.ValidVocab = validVocab
-	return &Engine{Model: m, ValidVocab: validVocab, EOS: eos, Context: opts.Context, opts: opts}, nil
+	e := &Engine{Model: m, ValidVocab: validVocab, EOS: eos, Context: opts.Context, opts: opts}
+	if opts.PrefixSlots > 0 {
+		e.prefix = newPrefixCache(opts.PageSize, opts.PrefixSlots)
+	}
+	return e, nil
 }
+
+// MaxSeqs is the number of sequences the engine runs at once (its state
+// slots, less the prefix cache's checkpoints).
+func (e *Engine) MaxSeqs() int { return e.opts.MaxSeqs }
 
 // Close releases everything the engine allocated on its backends: the
 // model, its caches and scratch, and the drafter when it can be closed.
@@ -207,6 +220,7 @@ type Result struct {
 // Stats describes where a generation's time went.
 type Stats struct {
 	PromptTokens int     `json:"prompt_tokens"`
+	CachedTokens int     `json:"cached_tokens"` // prompt tokens reused from the prefix cache
 	OutputTokens int     `json:"output_tokens"`
 	PrefillMs    float64 `json:"prefill_ms"`
 	DecodeMs     float64 `json:"decode_ms"`

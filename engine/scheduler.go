@@ -120,7 +120,7 @@ type pending struct {
 
 // NewScheduler makes a scheduler over the engine; call Run to start it.
 func NewScheduler(e *Engine, opts SchedulerOptions) *Scheduler {
-	slots := e.Model.States.Slots()
+	slots := e.MaxSeqs()
 	if opts.MaxRunning <= 0 || opts.MaxRunning > slots {
 		opts.MaxRunning = slots
 	}
@@ -132,7 +132,7 @@ func NewScheduler(e *Engine, opts SchedulerOptions) *Scheduler {
 	}
 	s := &Scheduler{e: e, opts: opts, incoming: make(chan *pending, opts.MaxQueue)}
 	s.state.TotalPages, s.state.FreePages = e.Model.KV.Pages(), e.Model.KV.FreePages()
-	s.state.TotalSlots, s.state.FreeSlots = slots, e.Model.States.Free()
+	s.state.TotalSlots, s.state.FreeSlots = slots, e.freeSeqSlots()
 	return s
 }
 
@@ -392,5 +392,5 @@ func (s *Scheduler) publish(running int) {
 	s.state.Running = running
 	s.state.Queued = s.queued
 	s.state.FreePages = s.e.Model.KV.FreePages()
-	s.state.FreeSlots = s.e.Model.States.Free()
+	s.state.FreeSlots = s.e.freeSeqSlots()
 }

@@ -1,0 +1,264 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"ddflash/mamba"
+)
+
+// generateLogits runs a request like Generate and also returns every logit
+// row the target produced for it (a copy), in order.
+func generateLogits(t *testing.T, e *Engine, r Request) (*Result, [][]float32) {
+	t.Helper()
+	j, err := e.newJob(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.close()
+	var rows [][]float32
+	for !j.done() {
+		in, err := j.prepare(e.opts.PrefillChunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := e.forwardBatch([]*job{j}, []SeqInput{in}, j.taps())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out[0].Logits) > 0 {
+			rows = append(rows, slices.Clone(out[0].Logits))
+		}
+		if err := j.complete(&out[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return j.result(), rows
+}
+
+// sameBits reports whether two logit sets are bit-identical and finite.
+func sameBits(a, b [][]float32) error {
+	if len(a) != len(b) {
+		return fmt.Errorf("%d logit steps against %d", len(a), len(b))
+	}
+	for i := range a {
+		if len(a[i]) != len(b[i]) {
+			return fmt.Errorf("step %d: %d logits against %d", i, len(a[i]), len(b[i]))
+		}
+		for k, x := range a[i] {
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				return fmt.Errorf("step %d logit %d is %v", i, k, x)
+			}
+			if math.Float32bits(x) != math.Float32bits(b[i][k]) {
+				return fmt.Errorf("step %d logit %d: %v against %v", i, k, x, b[i][k])
+			}
+		}
+	}
+	return nil
+}
+
+// chat is a multi-turn workload over a shared system prompt: each turn's
+// prompt is the previous prompt, its reply and a new user message; a second
+// conversation shares the system prompt only.
+type chat struct {
+	system []int32
+	rng    *rand.Rand
+}
+
+func (c *chat) user(n int) []int32 { return randomTokens(c.rng, n, 290) }
+
+// TestPrefixCacheBitIdentical runs chats whose later turns and second
+// conversation reuse cached prefixes, in every decoding mode, greedy and
+// sampled, and checks every output token and every logit against the same
+// requests on an engine without the cache: on the CPU backend they are
+// bit-identical. It also checks what the cache reports it reused.
+func TestPrefixCacheBitIdentical(t *testing.T) {
+	const seed, ctxLen = 5, 256
+	for _, c := range []specCase{{SpecAuto, 0, mamba.Replay}, {SpecLinear, 0, mamba.Snapshot}, {SpecTree, 8, mamba.Replay}} {
+		for _, sampled := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v-sampled=%v", c, sampled), func(t *testing.T) {
+				mk := func(slots int) *Engine {
+					// A prefill chunk that is no multiple of the GDN chunk.
+					e := specEngineBlock(t, "tiny", seed, c, func(s []int32) int32 { return s[len(s)/2] }, 0.3, ctxLen, 8, Options{PrefillChunk: 100, PrefixSlots: slots})
+					return e
+				}
+				on, off := mk(4), mk(0)
+				ch := &chat{rng: rand.New(rand.NewPCG(3, 4))}
+				ch.system = ch.user(90)
+				sampling := SamplingParams{Logprobs: 2}
+				if sampled {
+					sampling = SamplingParams{Temperature: 0.8, TopK: 40, Seed: 17, Logprobs: 2}
+				}
+				prompt := concat(ch.system, ch.user(20))
+				other := concat(ch.system, ch.user(30))
+				type turn struct {
+					prompt []int32
+					cached int
+				}
+				var turns []turn
+				for i := range 3 {
+					r := Request{Prompt: prompt, MaxTokens: 12, Sampling: sampling, IgnoreEOS: true}
+					got, gotRows := generateLogits(t, on, r)
+					want, wantRows := generateLogits(t, off, r)
+					if !slices.Equal(got.Tokens, want.Tokens) {
+						t.Fatalf("turn %d: cached output %v, uncached %v", i, got.Tokens, want.Tokens)
+					}
+					if err := sameBits(gotRows, wantRows); err != nil {
+						t.Fatalf("turn %d: %v", i, err)
+					}
+					turns = append(turns, turn{prompt, got.Stats.CachedTokens})
+					prompt = concat(concat(prompt, got.Tokens), ch.user(10))
+				}
+				// Turn 1 misses; later turns reuse the previous prompt's whole
+				// 64-token chunks. The other conversation reuses the system prompt's.
+				for i, tn := range turns {
+					want := 0
+					if i > 0 {
+						want = len(turns[i-1].prompt) / 64 * 64
+					}
+					if tn.cached != want {
+						t.Fatalf("turn %d (prompt %d tokens) reused %d tokens, want %d", i, len(tn.prompt), tn.cached, want)
+					}
+				}
+				r := Request{Prompt: other, MaxTokens: 8, Sampling: sampling, IgnoreEOS: true}
+				got, gotRows := generateLogits(t, on, r)
+				want, wantRows := generateLogits(t, off, r)
+				if err := sameBits(gotRows, wantRows); err != nil || !slices.Equal(got.Tokens, want.Tokens) {
+					t.Fatalf("diverging conversation: %v; tokens %v against %v", err, got.Tokens, want.Tokens)
+				}
+				if got.Stats.CachedTokens != 64 {
+					t.Fatalf("diverging conversation reused %d tokens, want the system prompt's 64", got.Stats.CachedTokens)
+				}
+				st := on.PrefixStats()
+				if st.HitTokens == 0 || st.QueriedTokens <= st.HitTokens || st.Checkpoints == 0 {
+					t.Fatalf("prefix stats %+v", st)
+				}
+			})
+		}
+	}
+}
+
+// TestPrefixCacheTensorParallel compares cached and uncached chats on two
+// tensor-parallel ranks, logits bit for bit.
+func TestPrefixCacheTensorParallel(t *testing.T) {
+	dir := writeTestModel(t, "tiny", 8, "f32")
+	on := loadTP(t, dir, 2, Options{Context: 256, PrefillChunk: 64, PrefixSlots: 2})
+	off := loadTP(t, dir, 2, Options{Context: 256, PrefillChunk: 64})
+	ch := &chat{rng: rand.New(rand.NewPCG(5, 6))}
+	prompt := ch.user(140)
+	for i := range 3 {
+		r := Request{Prompt: prompt, MaxTokens: 10, Sampling: SamplingParams{Logprobs: 1}, IgnoreEOS: true}
+		got, gotRows := generateLogits(t, on, r)
+		want, wantRows := generateLogits(t, off, r)
+		if err := sameBits(gotRows, wantRows); err != nil || !slices.Equal(got.Tokens, want.Tokens) {
+			t.Fatalf("turn %d: %v; tokens %v against %v", i, err, got.Tokens, want.Tokens)
+		}
+		if i > 0 && got.Stats.CachedTokens == 0 {
+			t.Fatalf("turn %d reused nothing", i)
+		}
+		prompt = concat(concat(prompt, got.Tokens), ch.user(7))
+	}
+}
+
+// TestPrefixCacheSchedulerMix runs many concurrent chats through the
+// scheduler with a KV pool and checkpoint slots small enough that the cache
+// evicts all along, in each decoding mode, and compares every output with
+// the same request alone on an engine without the cache. At the end every
+// page and slot is free or held by the cache, and evicting the cache frees
+// them all.
+func TestPrefixCacheSchedulerMix(t *testing.T) {
+	const seed, ctxLen = 6, 256
+	for _, c := range []specCase{{SpecAuto, 0, mamba.Replay}, {SpecTree, 8, mamba.Snapshot}} {
+		t.Run(c.String(), func(t *testing.T) {
+			ref := specEngineBlock(t, "tiny", seed, c, func(s []int32) int32 { return s[len(s)-1] }, 0.3, ctxLen, 8, Options{})
+			rng := rand.New(rand.NewPCG(7, 8))
+			systems := [][]int32{randomTokens(rng, 70, 290), randomTokens(rng, 130, 290)}
+			var reqs []Request
+			var answers [][]int32
+			for i := range 24 {
+				prompt := concat(systems[i%2], randomTokens(rng, 1+rng.IntN(40), 290))
+				if i >= 4 && rng.IntN(2) == 0 { // the next turn of an earlier chat
+					prev := answers[rng.IntN(len(answers))]
+					if len(prev) < 200 {
+						prompt = concat(prev, randomTokens(rng, 1+rng.IntN(10), 290))
+					}
+				}
+				r := Request{Prompt: prompt, MaxTokens: 1 + rng.IntN(16), IgnoreEOS: true}
+				res, err := ref.Generate(context.Background(), r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				reqs = append(reqs, r)
+				answers = append(answers, concat(prompt, res.Tokens))
+			}
+			// 3 running requests' worst cases fill about the whole pool.
+			e := specEngineBlock(t, "tiny", seed, c, func(s []int32) int32 { return s[len(s)-1] }, 0.3, ctxLen, 8,
+				Options{MaxSeqs: 3, KVTokens: 3 * (ctxLen + 16), PrefillChunk: 64, PrefixSlots: 3})
+			s := runScheduler(t, e, SchedulerOptions{StepPrefill: 96, MaxQueue: 32})
+			var wg sync.WaitGroup
+			errs := make([]error, len(reqs))
+			cached := 0
+			var mu sync.Mutex
+			for i := range reqs {
+				wg.Go(func() {
+					st, err := s.Submit(context.Background(), reqs[i])
+					if err != nil {
+						errs[i] = err
+						return
+					}
+					res, err := st.Wait()
+					if err == nil && !slices.Equal(res.Tokens, answers[i][len(reqs[i].Prompt):]) {
+						err = fmt.Errorf("output %v, alone %v", res.Tokens, answers[i][len(reqs[i].Prompt):])
+					}
+					if err == nil {
+						mu.Lock()
+						cached += res.Stats.CachedTokens
+						mu.Unlock()
+					}
+					errs[i] = err
+				})
+			}
+			wg.Wait()
+			for i, err := range errs {
+				if err != nil {
+					t.Fatalf("request %d: %v", i, err)
+				}
+			}
+			if cached == 0 {
+				t.Fatal("no request reused a prefix")
+			}
+			checkNoLeaks(t, s, e)
+		})
+	}
+}
+
+// checkNoLeaks waits for the scheduler to go idle, then checks that every
+// KV page and state slot is free or held by the prefix cache, and that
+// evicting the whole cache leaves every page and slot free.
+func checkNoLeaks(t *testing.T, s *Scheduler, e *Engine) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for st := s.State(); st.Running > 0 || st.Queued > 0; st = s.State() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the scheduler is still busy: %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// The step loop is idle: the engine's pools can be read.
+	st := e.PrefixStats()
+	kv, pool := e.Model.KV, e.Model.States
+	if kv.FreePages()+int(st.Pages) != kv.Pages() || pool.Free()+int(st.Checkpoints) != pool.Slots() {
+		t.Fatalf("free pages %d + cached %d of %d; free slots %d + checkpoints %d of %d",
+			kv.FreePages(), st.Pages, kv.Pages(), pool.Free(), st.Checkpoints, pool.Slots())
+	}
+	e.prefix.evict(e, kv.Pages())
+	if kv.FreePages() != kv.Pages() || pool.Free() != pool.Slots() || e.prefix.held != 0 {
+		t.Fatalf("after evicting the cache: %d of %d pages and %d of %d slots free", kv.FreePages(), kv.Pages(), pool.Free(), pool.Slots())
+	}
+}
