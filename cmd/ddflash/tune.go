@@ -168,7 +168,7 @@ var tuneRows = []tuneRow{
 				k.Rollback = cycle([]mamba.Strategy{mamba.Replay, mamba.Snapshot}, k.Rollback, d)
 			}
 		}},
-	{"prefix slots", func(k planner.Knobs) string { return ddflashOnly(k, fmt.Sprint(k.PrefixSlots)) },
+	{"prefix-cache slots", func(k planner.Knobs) string { return ddflashOnly(k, fmt.Sprint(k.PrefixSlots)) },
 		func(k *planner.Knobs, d int) { k.PrefixSlots = max(0, k.PrefixSlots+d) }},
 	{"rules", func(k planner.Knobs) string { return k.Mode.String() },
 		func(k *planner.Knobs, d int) {

@@ -458,7 +458,7 @@ func TestEngineOptions(t *testing.T) {
 		{FP8, BF16, FP32, 0, "--kv-dtype fp8"},
 		{BF16, FP16, FP32, 0, "--conv-dtype fp16"},
 		{BF16, BF16, BF16, 0, "--ssm-dtype bf16"},
-		{BF16, BF16, FP32, 2, "--prefix-slots 2"},
+		{BF16, BF16, FP32, 2, ""},
 	} {
 		p := &Plan{KVTokens: 1234, Settings: Knobs{KVDtype: c.kv, ConvDtype: c.conv, SSMDtype: c.ssm, PrefixSlots: c.prefix, Context: 99}}
 		p.MaxRunning.Effective = 3
@@ -473,7 +473,7 @@ func TestEngineOptions(t *testing.T) {
 		if c.kv == FP32 {
 			wantKV, wantConv = kernels.F32, kernels.F32
 		}
-		if err != nil || opts.KVTokens != 1234 || opts.MaxSeqs != 3 || opts.Context != 99 || opts.KVDType != wantKV || opts.ConvDType != wantConv {
+		if err != nil || opts.KVTokens != 1234 || opts.MaxSeqs != 3 || opts.Context != 99 || opts.KVDType != wantKV || opts.ConvDType != wantConv || opts.PrefixSlots != c.prefix {
 			t.Errorf("%+v: options %+v, %v", c, opts, err)
 		}
 	}
