@@ -31,6 +31,8 @@ type SchedulerOptions struct {
 type Event struct {
 	Tokens   []int32
 	Logprobs []StepLogprobs
+	// CachedTokens is how many prompt tokens the prefix cache supplied.
+	CachedTokens int
 }
 
 // PanicError is a failure from a panic: the scheduler's, for a request the
@@ -87,6 +89,8 @@ type SchedulerState struct {
 	Running, Queued       int
 	FreePages, TotalPages int
 	FreeSlots, TotalSlots int
+	// PrefixPages and PrefixCheckpoints are what the prefix cache holds.
+	PrefixPages, PrefixCheckpoints int
 }
 
 // Scheduler batches requests: every step feeds each running request's next
@@ -356,7 +360,7 @@ func (s *Scheduler) deliver(p *pending, final bool) {
 	if len(res.Tokens) == p.sent || (!final && len(p.stream.events) >= eventBuffer-1) {
 		return
 	}
-	ev := Event{Tokens: res.Tokens[p.sent:]}
+	ev := Event{Tokens: res.Tokens[p.sent:], CachedTokens: res.Stats.CachedTokens}
 	if len(res.Logprobs) > 0 {
 		ev.Logprobs = res.Logprobs[p.sent:]
 	}
@@ -393,4 +397,6 @@ func (s *Scheduler) publish(running int) {
 	s.state.Queued = s.queued
 	s.state.FreePages = s.e.Model.KV.FreePages()
 	s.state.FreeSlots = s.e.freeSeqSlots()
+	ps := s.e.PrefixStats()
+	s.state.PrefixPages, s.state.PrefixCheckpoints = int(ps.Pages), int(ps.Checkpoints)
 }
