@@ -26,7 +26,10 @@ func TestParseModes(t *testing.T) {
 	if modes[4] != (Mode{Name: "adaptive", Kind: "adaptive", Budget: AdaptiveBudget}) {
 		t.Errorf("adaptive = %+v", modes[4])
 	}
-	for _, bad := range []string{"", "b0", "b", "b-3", "b08", "tree", "auto,auto"} {
+	if m, err := ParseMode("b8-nocache"); err != nil || m != (Mode{Name: "b8-nocache", Kind: "ddtree", Budget: 8, NoPrefixCache: true}) {
+		t.Errorf("b8-nocache = %+v, %v", m, err)
+	}
+	for _, bad := range []string{"", "b0", "b", "b-3", "b08", "tree", "auto,auto", "-nocache", "auto-nocache-nocache"} {
 		if _, err := ParseModes(bad); err == nil {
 			t.Errorf("ParseModes(%q) accepted", bad)
 		}

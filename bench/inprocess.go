@@ -142,6 +142,7 @@ func (p *InProcess) Open(tp int, m Mode) (Target, error) {
 		return nil, err
 	}
 	e.Spec = p.spec(m)
+	e.SetPrefixCache(!m.NoPrefixCache)
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &engineTarget{p: p, sched: engine.NewScheduler(e, engine.SchedulerOptions{}), stop: cancel, done: make(chan struct{})}
 	if m.Kind != "auto" {
@@ -190,7 +191,7 @@ func (t *engineTarget) Generate(ctx context.Context, r Request) (*Response, erro
 	}
 	resp := &Response{
 		Chunks: chunks, E2E: time.Since(start), Tokens: res.Tokens, PromptTokens: res.Stats.PromptTokens,
-		OutputTokens: len(res.Tokens), Finish: res.FinishReason,
+		CachedTokens: res.Stats.CachedTokens, OutputTokens: len(res.Tokens), Finish: res.FinishReason,
 	}
 	if resp.Text, err = t.p.Prompter.Text(res.Tokens); err != nil {
 		return nil, err

@@ -74,7 +74,7 @@ func LoadResults(dirs []string) (*Results, error) {
 			rows[i].Lossless = lossless(records, rows[i].Knobs, &rows[i].Run)
 			rows[i].Speedup = rows[i].Run.Metrics.Speedup
 			for _, b := range rows {
-				if b.Knobs.Spec == "auto" && b.Knobs.TP == rows[i].Knobs.TP && b.Run.RunKey == rows[i].Run.RunKey {
+				if b.Knobs.Spec == "auto" && !strings.HasSuffix(b.Knobs.Mode, NoCacheSuffix) && b.Knobs.TP == rows[i].Knobs.TP && b.Run.RunKey == rows[i].Run.RunKey {
 					rows[i].Speedup = speedup(&b.Run.Metrics, &rows[i].Run.Metrics)
 				}
 			}
@@ -106,6 +106,46 @@ func compareRows(a, b Row) int {
 		cmp.Compare(a.Run.MaxTokens, b.Run.MaxTokens), cmp.Compare(a.Run.Concurrency, b.Run.Concurrency),
 		cmp.Compare(a.Knobs.TP, b.Knobs.TP), cmp.Compare(ak, bk), cmp.Compare(ab, bb),
 	)
+}
+
+// prefixTable lists the runs of multi-turn workloads: the share of prompt
+// tokens the prefix cache supplied, the TTFT of turns after the first (which
+// resend the conversation so far) and its ratio to the same mode's run
+// without the cache (mode NoCacheSuffix) from the same directory.
+func (r *Results) prefixTable(w io.Writer, multi bool) {
+	head := "| TP | mode | workload | max tokens | conc. | prefix hit rate | TTFT ms | TTFT turn ≥ 2 ms | turn ≥ 2 TTFT vs " + NoCacheSuffix + " |"
+	if multi {
+		head = "| source " + head
+	}
+	header := false
+	for _, row := range r.Rows {
+		m := &row.Run.Metrics
+		if m.LaterTurnsTTFT.N == 0 {
+			continue
+		}
+		if !header {
+			fmt.Fprint(w, "\n**Prefix cache (multi-turn workloads):**\n\n")
+			fmt.Fprintln(w, head)
+			fmt.Fprintln(w, strings.Repeat("|---", strings.Count(head, "|")-1)+"|")
+			header = true
+		}
+		ratio := "-"
+		for _, o := range r.Rows {
+			if o.Source == row.Source && o.Knobs.TP == row.Knobs.TP && o.Run.RunKey == row.Run.RunKey &&
+				o.Knobs.Mode == row.Knobs.Mode+NoCacheSuffix && o.Run.Metrics.LaterTurnsTTFT.Mean > 0 {
+				ratio = fmt.Sprintf("%.2fx", m.LaterTurnsTTFT.Mean/o.Run.Metrics.LaterTurnsTTFT.Mean)
+			}
+		}
+		hit := "-"
+		if m.PrefixCacheHitRate != nil {
+			hit = fmt.Sprintf("%.0f%%", 100**m.PrefixCacheHitRate)
+		}
+		if multi {
+			fmt.Fprintf(w, "| %s ", filepath.Base(row.Source))
+		}
+		fmt.Fprintf(w, "| %d | %s | %s | %d | %d | %s | %.1f | %.1f | %s |\n", row.Knobs.TP, row.Knobs.Mode, row.Run.Workload,
+			row.Run.MaxTokens, row.Run.Concurrency, hit, m.TTFT.Mean, m.LaterTurnsTTFT.Mean, ratio)
+	}
 }
 
 func optFloat(v *float64, format string) string {
@@ -142,6 +182,7 @@ func (r *Results) Markdown(w io.Writer) {
 			m.OutputThroughput, m.PerUserTokS, optFloat(m.AcceptanceLength, "%.2f"), rate,
 			speed, m.TTFT.Mean, m.TPOT.Mean)
 	}
+	r.prefixTable(w, multi)
 	if lossy := slices.DeleteFunc(slices.Clone(r.Rows), func(row Row) bool { return !row.lossy() }); len(lossy) > 0 {
 		fmt.Fprintln(w, "\n**Lossy runs (greedy outputs differ from autoregressive decoding's; their speed is not a result):**")
 		for _, row := range lossy {

@@ -141,7 +141,7 @@ func (s *sweeper) prepare() error {
 						st.resultPath(name), strings.Join(diff, ", "))
 				}
 				s.records[name] = rec
-				if m.Kind == "auto" {
+				if m.baseline() {
 					s.baselines[tp] = rec
 				}
 			}
@@ -329,7 +329,7 @@ func (s *sweeper) failed(f *Failure, rf RunFailure) error {
 // save adds a run to the record, with its speedup over the baseline, and
 // writes the record.
 func (s *sweeper) save(rec *Record, tp int, m Mode, run *measuredRun) error {
-	if m.Kind == "auto" {
+	if m.baseline() {
 		s.baselines[tp] = rec
 		run.Metrics.Speedup = speedup(&run.Metrics, &run.Metrics)
 	} else if base := s.baselines[tp]; base != nil {

@@ -56,7 +56,9 @@ type Engine struct {
 	Drafter Drafter
 	Spec    SpecOptions
 	opts    Options
-	prefix  *prefixCache // nil when off
+	prefix  *prefixCache // nil without prefix slots
+	// prefixOff stops looking up and storing prefixes (SetPrefixCache).
+	prefixOff bool
 }
 
 // Load reads a checkpoint directory and allocates caches on b.

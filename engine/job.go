@@ -74,8 +74,8 @@ func (e *Engine) newJob(r Request) (*job, error) {
 	if j.seq, err = e.newSequence(); err != nil {
 		return nil, err
 	}
-	if e.prefix != nil {
-		e.prefix.reuse(e, j)
+	if c := e.activePrefix(); c != nil {
+		c.reuse(e, j)
 	}
 	if e.Spec.Mode == SpecAuto {
 		return j, nil

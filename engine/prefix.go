@@ -42,13 +42,31 @@ type PrefixStats struct {
 	Checkpoints   int64 // GDN checkpoints the cache holds
 }
 
+// SetPrefixCache turns the prefix cache on or off (when the engine has
+// one); off, it drops what it holds, so that the memory is the requests'.
+// Call it while no request is in flight.
+func (e *Engine) SetPrefixCache(on bool) {
+	if e.prefix != nil && !on {
+		e.prefix.evict(e, e.Model.KV.Pages())
+	}
+	e.prefixOff = !on
+}
+
+// activePrefix is the prefix cache new requests use, nil when off.
+func (e *Engine) activePrefix() *prefixCache {
+	if e.prefixOff {
+		return nil
+	}
+	return e.prefix
+}
+
 // PrefixStats returns the prefix cache's counters; safe to call from any goroutine.
 func (e *Engine) PrefixStats() PrefixStats {
 	c := e.prefix
 	if c == nil {
 		return PrefixStats{}
 	}
-	return PrefixStats{Enabled: true, QueriedTokens: c.queried.Load(), HitTokens: c.hits.Load(), Pages: c.pages.Load(), Checkpoints: c.ckpts.Load()}
+	return PrefixStats{Enabled: !e.prefixOff, QueriedTokens: c.queried.Load(), HitTokens: c.hits.Load(), Pages: c.pages.Load(), Checkpoints: c.ckpts.Load()}
 }
 
 func newPrefixCache(pageSize, slots int) *prefixCache {

@@ -102,7 +102,7 @@ func TestBenchSizingFollowsThePlan(t *testing.T) {
 	target, draft := tinyModelDirs(t)
 	mf := modelFlags{model: target, draft: draft, spec: "ddtree", budget: 4, rollback: "replay", context: 256, device: "cpu", tp: 1, threads: 1}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	got, err := benchSizing(&mf, fs, 3, "1GiB")
+	got, err := benchSizing(&mf, fs, 3, "1GiB", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestBenchSizingFollowsThePlan(t *testing.T) {
 	if kv := e.Model.KV; int64(kv.Pages()*kv.PageSize()) < p.KVTokens || int64((kv.Pages()-1)*kv.PageSize()) >= p.KVTokens {
 		t.Errorf("engine KV of %d pages of %d tokens for a plan of %d tokens", kv.Pages(), kv.PageSize(), p.KVTokens)
 	}
-	if unplanned, err := benchSizing(&mf, fs, 3, ""); err != nil || unplanned != unplannedSizing(3) {
+	if unplanned, err := benchSizing(&mf, fs, 3, "", 0); err != nil || unplanned != unplannedSizing(3) {
 		t.Errorf("on the CPU without --gpu-mem: %+v, %v; want %+v", unplanned, err, unplannedSizing(3))
 	}
 }

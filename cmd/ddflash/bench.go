@@ -78,6 +78,7 @@ OpenAI-compatible server with --url. Each finished run is saved at once
 	url := fs.String("url", "", "benchmark this OpenAI-compatible server (ddflash, vLLM, SGLang) instead of loading --model")
 	servedModel := fs.String("served-model", "", "with --url: the model name to request (default: the server's first)")
 	apiKey := fs.String("api-key", os.Getenv("OPENAI_API_KEY"), "with --url: bearer token (default $OPENAI_API_KEY)")
+	prefixSlots := fs.Int("prefix-cache-slots", 0, "in-process: GDN checkpoints of the engine's prefix cache (0: none); modes ending in -nocache run with it off, e.g. --modes auto,auto-nocache")
 	gpuMem := fs.String("gpu-mem", "", "in-process: size each degree's engine by serve's memory plan in this memory, e.g. 64GiB (on --device cuda the GPU's by default; on the CPU, without it, room for the largest concurrency at full context)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -96,7 +97,7 @@ OpenAI-compatible server with --url. Each finished run is saved at once
 		if backend, err = bench.NewOpenAI(ctx, *url, *servedModel, *apiKey); err != nil {
 			return err
 		}
-	} else if backend, err = inProcessBackend(&mf, plan, fs, *gpuMem); err != nil {
+	} else if backend, err = inProcessBackend(&mf, plan, fs, *gpuMem, *prefixSlots); err != nil {
 		return err
 	}
 	sum, err := bench.Sweep(ctx, bench.Options{
@@ -140,12 +141,15 @@ func parsePlan(modes, tps, maxTokens, workloads, concurrency string, numPrompts,
 // does, by the memory plan (planEngine, Plan.EngineOptions) in gpuMem or,
 // on a GPU, the GPU's memory; on the CPU without gpuMem, with room for
 // running requests at full context (a plan would take the host's memory).
-func benchSizing(mf *modelFlags, fs *flag.FlagSet, running int, gpuMem string) (engine.Options, error) {
+func benchSizing(mf *modelFlags, fs *flag.FlagSet, running int, gpuMem string, prefixSlots int) (engine.Options, error) {
 	if gpuMem == "" && mf.device == "cpu" {
-		return unplannedSizing(running), nil
+		sizing := unplannedSizing(running)
+		sizing.PrefixSlots = prefixSlots
+		return sizing, nil
 	}
 	var memory planFlags
 	memory.convDtype = "bf16" // plan's default
+	memory.prefixSlots = prefixSlots
 	_, p, err := planEngine(mf, memory, fs, running, func() (gpu.Device, error) { return planDevice(gpuMem, mf.device) })
 	if err != nil {
 		return engine.Options{}, err
@@ -160,7 +164,7 @@ func benchSizing(mf *modelFlags, fs *flag.FlagSet, running int, gpuMem string) (
 // sized for the sweep's largest verify and concurrency, with the drafter
 // attached when a mode speculates; the sweep then switches the spec mode
 // between configurations.
-func inProcessBackend(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem string) (*bench.InProcess, error) {
+func inProcessBackend(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem string, prefixSlots int) (*bench.InProcess, error) {
 	if err := mf.resolveDefault(); err != nil {
 		return nil, err
 	}
@@ -189,7 +193,7 @@ func inProcessBackend(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem
 	}
 	load := func(tp int) (*engine.Engine, error) {
 		mf.tp = tp
-		sizing, err := benchSizing(mf, fs, slices.Max(plan.Concurrency), gpuMem)
+		sizing, err := benchSizing(mf, fs, slices.Max(plan.Concurrency), gpuMem, prefixSlots)
 		if err != nil {
 			return nil, err
 		}
