@@ -111,8 +111,15 @@ func compareRows(a, b Row) int {
 // prefixTable lists the runs of multi-turn workloads: the share of prompt
 // tokens the prefix cache supplied, the TTFT of turns after the first (which
 // resend the conversation so far) and its ratio to the same mode's run
-// without the cache (mode NoCacheSuffix) from the same directory.
+// without the cache (mode NoCacheSuffix) from the same directory. Only
+// results that used a prefix cache (a hit, or a NoCacheSuffix mode) have it.
 func (r *Results) prefixTable(w io.Writer, multi bool) {
+	if !slices.ContainsFunc(r.Rows, func(row Row) bool {
+		h := row.Run.Metrics.PrefixCacheHitRate
+		return (h != nil && *h > 0) || strings.HasSuffix(row.Knobs.Mode, NoCacheSuffix)
+	}) {
+		return
+	}
 	head := "| TP | mode | workload | max tokens | conc. | prefix hit rate | TTFT ms | TTFT turn ≥ 2 ms | turn ≥ 2 TTFT vs " + NoCacheSuffix + " |"
 	if multi {
 		head = "| source " + head
