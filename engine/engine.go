@@ -22,7 +22,7 @@ type Options struct {
 	MaxSeqs      int // GDN state slots, i.e. sequences in flight; 0 means 1
 	PageSize     int // KV tokens per page; 0 means DefaultPageSize
 	KVTokens     int // KV cache capacity in tokens; 0 means MaxSeqs × (Context + VerifyTokens)
-	PrefillChunk int // longest prefill forward; 0 means 512
+	PrefillChunk int // longest prefill forward (rounded down to 64-token GDN chunks, at least one); 0 means 512
 	// KVDType is the KV cache's storage dtype: F32 (the zero value) or BF16.
 	KVDType kernels.DType
 	// ConvDType is the GDN conv state's storage dtype: F32 (the zero
@@ -36,6 +36,11 @@ type Options struct {
 	// state slots beside MaxSeqs; 0 turns the prefix cache off. Its KV
 	// pages come out of KVTokens (see prefix.go).
 	PrefixSlots int
+	// PrefixInterval, with the prefix cache, also checkpoints a prompt every
+	// this many KV pages (rounded up to whole GDN chunks), so that prompts
+	// that share only part of another's prefix can reuse it; 0 checkpoints
+	// only each prompt's end.
+	PrefixInterval int
 }
 
 // Engine is a loaded model with its caches.
@@ -159,7 +164,7 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 	m.ValidVocab = validVocab
 	e := &Engine{Model: m, ValidVocab: validVocab, EOS: eos, Context: opts.Context, opts: opts}
 	if opts.PrefixSlots > 0 {
-		e.prefix = newPrefixCache(opts.PageSize, opts.PrefixSlots)
+		e.prefix = newPrefixCache(opts.PageSize, opts.PrefixSlots, opts.PrefixInterval)
 	}
 	return e, nil
 }

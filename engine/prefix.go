@@ -25,9 +25,10 @@ import (
 // cache.
 type prefixCache struct {
 	tree  *prefixtree.Tree
-	slots int // checkpoint slots the cache may take from the pool
-	held  int // checkpoint slots taken
-	align int
+	slots    int // checkpoint slots the cache may take from the pool
+	held     int // checkpoint slots taken
+	align    int // checkpoints sit at multiples of align tokens
+	interval int // tokens between a prompt's checkpoints (a multiple of align); 0: only its end
 
 	queried, hits atomic.Int64 // prompt tokens looked up and found
 	pages, ckpts  atomic.Int64 // what the tree holds, for readers off the step loop
@@ -69,12 +70,29 @@ func (e *Engine) PrefixStats() PrefixStats {
 	return PrefixStats{Enabled: !e.prefixOff, QueriedTokens: c.queried.Load(), HitTokens: c.hits.Load(), Pages: c.pages.Load(), Checkpoints: c.ckpts.Load()}
 }
 
-func newPrefixCache(pageSize, slots int) *prefixCache {
+func newPrefixCache(pageSize, slots, intervalPages int) *prefixCache {
 	align := pageSize
 	for align%gdnChunk != 0 {
 		align += pageSize
 	}
-	return &prefixCache{tree: prefixtree.New(pageSize), slots: slots, align: align}
+	interval := (max(intervalPages, 0)*pageSize + align - 1) / align * align
+	return &prefixCache{tree: prefixtree.New(pageSize), slots: slots, align: align, interval: interval}
+}
+
+// nextCheckpoint is the first position after prefilled where a prompt of n
+// tokens is checkpointed (every interval tokens, and its last whole
+// aligned chunk), 0 when there is none.
+func (c *prefixCache) nextCheckpoint(prefilled, n int) int {
+	end := n / c.align * c.align
+	if c.interval > 0 {
+		if next := (prefilled/c.interval + 1) * c.interval; next < end {
+			return next
+		}
+	}
+	if end > prefilled {
+		return end
+	}
+	return 0
 }
 
 // featureWidth is the drafter feature values per token a job keeps, 0 when
@@ -92,12 +110,13 @@ func (e *Engine) featureWidth() int {
 func (c *prefixCache) reuse(e *Engine, j *job) {
 	prompt := j.out.r.Prompt
 	c.queried.Add(int64(len(prompt)))
-	j.checkpointAt = len(prompt) / c.align * c.align
+	j.checkpointAt = c.nextCheckpoint(0, len(prompt))
 	h := c.tree.Match(prompt[:len(prompt)-1])
 	width := e.featureWidth()
 	if h.Node == nil || len(h.Features) != h.Tokens*width {
 		return // a miss, or cached without the features this mode needs
 	}
+	j.checkpointAt = c.nextCheckpoint(h.Tokens, len(prompt))
 	e.Model.KV.Share(&j.seq.kv, h.Pages)
 	e.Model.States.CopySlot(j.seq.slot, h.Node.Slot())
 	j.seq.len, j.prefilled = h.Tokens, h.Tokens
@@ -113,6 +132,7 @@ func (c *prefixCache) reuse(e *Engine, j *job) {
 // store caches the job's prompt up to its current length (a multiple of
 // align): its pages, drafter features and a copy of its GDN state.
 func (c *prefixCache) store(e *Engine, j *job) {
+	j.checkpointAt = c.nextCheckpoint(j.prefilled, len(j.out.r.Prompt))
 	slot, ok := c.takeSlot(e)
 	if !ok {
 		return // every checkpoint is in use by running requests

@@ -262,3 +262,52 @@ func checkNoLeaks(t *testing.T, s *Scheduler, e *Engine) {
 		t.Fatalf("after evicting the cache: %d of %d pages and %d of %d slots free", kv.FreePages(), kv.Pages(), pool.Free(), pool.Slots())
 	}
 }
+
+func TestNextCheckpoint(t *testing.T) {
+	for _, c := range []struct {
+		pageSize, intervalPages, prefilled, n, want int
+	}{
+		{16, 0, 0, 200, 192},   // a prompt's last whole 64-token chunk
+		{16, 0, 0, 63, 0},      // no whole chunk
+		{16, 0, 192, 200, 0},   // already there
+		{16, 0, 128, 256, 256}, // a prompt that ends on a chunk
+		{16, 1, 0, 200, 64},    // 1 page rounds up to a chunk
+		{16, 5, 0, 400, 128},   // 80 tokens round up to 128
+		{16, 5, 128, 400, 256},
+		{16, 5, 256, 400, 384},
+		{16, 5, 256, 300, 0}, // the interval point 384 is past the end, and so is 256
+		{48, 0, 0, 200, 192}, // pages of 48 and chunks of 64 meet every 192
+		{48, 1, 0, 500, 192},
+	} {
+		cache := newPrefixCache(c.pageSize, 1, c.intervalPages)
+		if got := cache.nextCheckpoint(c.prefilled, c.n); got != c.want {
+			t.Errorf("%+v: next checkpoint %d, want %d", c, got, c.want)
+		}
+	}
+}
+
+// TestPrefixCheckpointInterval: with checkpoints every page (rounded to a
+// 64-token chunk), a prompt that shares only the first 130 tokens of an
+// earlier one reuses 128 of them, bit-identically.
+func TestPrefixCheckpointInterval(t *testing.T) {
+	on := newTestEngine(t, "tiny", 9, Options{Context: 256, PageSize: 16, PrefixSlots: 4, PrefixInterval: 1})
+	off := newTestEngine(t, "tiny", 9, Options{Context: 256, PageSize: 16})
+	rng := rand.New(rand.NewPCG(9, 10))
+	first := randomTokens(rng, 200, 290)
+	second := concat(first[:130], randomTokens(rng, 40, 290))
+	for i, prompt := range [][]int32{first, second} {
+		r := Request{Prompt: prompt, MaxTokens: 6, Sampling: SamplingParams{Logprobs: 1}}
+		got, gotRows := generateLogits(t, on, r)
+		want, wantRows := generateLogits(t, off, r)
+		if err := sameBits(gotRows, wantRows); err != nil || !slices.Equal(got.Tokens, want.Tokens) {
+			t.Fatalf("prompt %d: %v; tokens %v against %v", i, err, got.Tokens, want.Tokens)
+		}
+		if wantCached := []int{0, 128}[i]; got.Stats.CachedTokens != wantCached {
+			t.Fatalf("prompt %d reused %d tokens, want %d", i, got.Stats.CachedTokens, wantCached)
+		}
+	}
+	// 64, 128 and 192 from the first; the second has no whole chunk past 128.
+	if c := on.PrefixStats().Checkpoints; c != 3 {
+		t.Fatalf("%d checkpoints, want 3", c)
+	}
+}

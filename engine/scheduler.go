@@ -22,7 +22,9 @@ type SchedulerOptions struct {
 	MaxQueue int
 	// StepPrefill caps prompt tokens fed per step over all requests, so a long
 	// prompt is prefilled in chunks between other requests' decode steps; 0
-	// means the engine's prefill chunk.
+	// means the engine's prefill chunk. Chunks end at 64-token GDN chunk
+	// boundaries (see job.prefillEnd), so under a smaller cap a step still
+	// feeds one request up to 63 tokens more.
 	StepPrefill int
 }
 
