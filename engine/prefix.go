@@ -24,7 +24,7 @@ import (
 // unlocked entries, least recently used first, so it never waits for the
 // cache.
 type prefixCache struct {
-	tree  *prefixtree.Tree
+	tree     *prefixtree.Tree
 	slots    int // checkpoint slots the cache may take from the pool
 	held     int // checkpoint slots taken
 	align    int // checkpoints sit at multiples of align tokens
