@@ -36,7 +36,6 @@ type prefixCache struct {
 
 // PrefixStats describes the prefix cache for metrics.
 type PrefixStats struct {
-	Enabled       bool
 	QueriedTokens int64 // prompt tokens of requests looked up
 	HitTokens     int64 // of which reused from the cache
 	Pages         int64 // KV pages the cache holds
@@ -67,7 +66,7 @@ func (e *Engine) PrefixStats() PrefixStats {
 	if c == nil {
 		return PrefixStats{}
 	}
-	return PrefixStats{Enabled: !e.prefixOff, QueriedTokens: c.queried.Load(), HitTokens: c.hits.Load(), Pages: c.pages.Load(), Checkpoints: c.ckpts.Load()}
+	return PrefixStats{QueriedTokens: c.queried.Load(), HitTokens: c.hits.Load(), Pages: c.pages.Load(), Checkpoints: c.ckpts.Load()}
 }
 
 func newPrefixCache(pageSize, slots, intervalPages int) *prefixCache {
