@@ -82,7 +82,7 @@ var workloadName = regexp.MustCompile(`^[a-z0-9][a-z0-9_]*$`)
 
 // LoadWorkloads resolves --workloads: built-in names, or paths to JSONL
 // files in the z-lab format (one {"turns": [...]} per line), named after the
-// file. limit > 0 keeps each file's first limit conversations.
+// file. limit > 0 keeps each workload's first limit conversations.
 func LoadWorkloads(list string, limit int) ([]*Workload, error) {
 	var out []*Workload
 	for _, item := range splitList(list) {
@@ -107,6 +107,11 @@ func loadWorkload(item string, limit int) (*Workload, error) {
 	if !strings.HasSuffix(item, ".jsonl") {
 		for _, w := range builtins {
 			if w.Name == item {
+				if limit > 0 && limit < len(w.Conversations) {
+					cut := *w
+					cut.Conversations = w.Conversations[:limit]
+					return &cut, nil
+				}
 				return w, nil
 			}
 		}

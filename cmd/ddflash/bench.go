@@ -63,7 +63,7 @@ OpenAI-compatible server with --url. Each finished run is saved at once
 	tps := fs.String("tp", "1", "tensor-parallel degrees (in-process: each loads the target split over that many ranks; with --url, a label)")
 	maxTokens := fs.String("max-tokens", "256,1024", "output lengths")
 	workloads := fs.String("workloads", "fibonacci,math,prose,chat", "built-in workloads and/or z-lab .jsonl files of {\"turns\": [...]}")
-	numPrompts := fs.Int("num-prompts", 0, "use each .jsonl workload's first N conversations (0: all)")
+	numPrompts := fs.Int("num-prompts", 0, "use each workload's first N conversations (0: all)")
 	concurrency := fs.String("concurrency", "1", "requests in flight")
 	repeats := fs.Int("repeats", 3, "measured passes over each run's requests")
 	warmup := fs.Int("warmup", 1, "unmeasured requests before each run")
