@@ -302,7 +302,7 @@ func (s *Scheduler) step(running []*pending, reserved int) ([]*pending, int) {
 			continue
 		}
 		active = append(active, p)
-		if p.job.prefilling() && budget == 0 {
+		if p.job.prefilling() && budget <= 0 {
 			continue // its next chunk waits for a later step
 		}
 		var in SeqInput
