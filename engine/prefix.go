@@ -112,7 +112,7 @@ func (c *prefixCache) reuse(e *Engine, j *job) {
 	j.checkpointAt = c.nextCheckpoint(0, len(prompt))
 	h := c.tree.Match(prompt[:len(prompt)-1])
 	width := e.featureWidth()
-	if h.Node == nil || len(h.Features) != h.Tokens*width {
+	if h.Node == nil || (width > 0 && len(h.Features) != h.Tokens*width) {
 		return // a miss, or cached without the features this mode needs
 	}
 	j.checkpointAt = c.nextCheckpoint(h.Tokens, len(prompt))

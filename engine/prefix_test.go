@@ -311,3 +311,38 @@ func TestPrefixCheckpointInterval(t *testing.T) {
 		t.Fatalf("%d checkpoints, want 3", c)
 	}
 }
+
+// TestPrefixCacheAcrossModes: prefixes cached by autoregressive requests
+// lack the drafter features speculation needs, so a speculative request
+// does not reuse them but adds the features; the next one reuses them, and
+// an autoregressive request reuses what speculative ones cached. Outputs
+// equal an engine's without the cache throughout.
+func TestPrefixCacheAcrossModes(t *testing.T) {
+	const seed = 4
+	linear := specCase{SpecLinear, 0, mamba.Replay}
+	mk := func(slots int) *Engine {
+		return specEngineBlock(t, "tiny", seed, linear, func(s []int32) int32 { return s[len(s)/3] }, 0.3, 256, 8, Options{PrefixSlots: slots})
+	}
+	on, off := mk(4), mk(0)
+	rng := rand.New(rand.NewPCG(4, 5))
+	prompt := randomTokens(rng, 100, 290)
+	for i, c := range []struct {
+		mode   SpecMode
+		cached int
+	}{{SpecAuto, 0}, {SpecLinear, 0}, {SpecLinear, 64}, {SpecAuto, 64}} {
+		on.Spec.Mode, off.Spec.Mode = c.mode, c.mode
+		r := Request{Prompt: prompt, MaxTokens: 8}
+		got, err := on.Generate(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := off.Generate(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got.Tokens, want.Tokens) || got.Stats.CachedTokens != c.cached {
+			t.Fatalf("request %d (%v): tokens %v against %v, %d cached (want %d)", i, c.mode, got.Tokens, want.Tokens, got.Stats.CachedTokens, c.cached)
+		}
+		prompt = append(prompt, randomTokens(rng, 3, 290)...)
+	}
+}

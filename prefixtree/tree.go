@@ -122,9 +122,10 @@ func (t *Tree) Unlock(n *Node) {
 
 // Insert adds the whole pages of tokens (len(pages) of them; features, when
 // not nil, holds pageSize rows per page) and puts the checkpoint slot at the
-// last page's node. Pages already in the tree keep their own; the pages the
-// tree took are returned (the caller counts a reference for the tree). The
-// slot is not taken (slotTaken false) when the node already has one.
+// last page's node. Pages already in the tree keep their own (and get the
+// features if they had none); the pages the tree took are returned (the
+// caller counts a reference for the tree). The slot is not taken (slotTaken
+// false) when the node already has one.
 func (t *Tree) Insert(tokens []int32, pages []int32, features []float32, slot int) (end *Node, adopted []int32, slotTaken bool) {
 	P := t.pageSize
 	if len(pages) == 0 || len(tokens) < len(pages)*P {
@@ -141,12 +142,12 @@ func (t *Tree) Insert(tokens []int32, pages []int32, features []float32, slot in
 		child, ok := n.children[key]
 		if !ok {
 			child = &Node{parent: n, children: map[string]*Node{}, key: key, depth: n.depth + 1, page: page, slot: NoSlot}
-			if width > 0 {
-				child.features = slices.Clone(features[p*P*width : (p+1)*P*width])
-			}
 			n.children[key] = child
 			t.pages++
 			adopted = append(adopted, page)
+		}
+		if width > 0 && child.features == nil {
+			child.features = slices.Clone(features[p*P*width : (p+1)*P*width])
 		}
 		n = child
 		n.used = t.clock

@@ -146,6 +146,16 @@ func TestMatchWholePagesAndFeatures(t *testing.T) {
 	if h := tr.Match(toks); h.Features[0] != 0 {
 		t.Fatal("the tree's features alias the caller's")
 	}
+	// Pages cached without features get them from a later insert.
+	bare := New(P)
+	bare.Insert(toks, []int32{7, 9}, nil, 0)
+	if h := bare.Match(toks); h.Features != nil {
+		t.Fatalf("features %v from an insert without any", h.Features)
+	}
+	bare.Insert(toks, []int32{1, 2}, feats, 1)
+	if h := bare.Match(toks); !slices.Equal(h.Features, feats) || !slices.Equal(h.Pages, []int32{7, 9}) {
+		t.Fatalf("after a second insert: features %v pages %v", h.Features, h.Pages)
+	}
 }
 
 // TestTreeRandom runs random inserts, matches, locks and evictions against
