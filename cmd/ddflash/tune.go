@@ -223,7 +223,7 @@ var barLetters = map[string]byte{
 	"CUDA context": 'c', "other processes": 'o',
 	"runtime reserve (activations, workspace)": 'r', "runtime headroom (activations, CUDA graphs)": 'r',
 	"target weights": 'W', "draft weights": 'w', "other static allocations": 'x',
-	"KV cache": 'K', "draft KV cache": 'k', "GDN state slots": 'S',
+	"KV cache": 'K', "draft KV cache": 'k', "GDN state slots": 'S', "prefix-cache checkpoints": 'P',
 	"rollback: replay inputs": 'R', "rollback: per-token state snapshots": 'R',
 	"unassigned": '.', "over budget": '!',
 }
