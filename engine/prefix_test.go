@@ -145,24 +145,30 @@ func TestPrefixCacheBitIdentical(t *testing.T) {
 }
 
 // TestPrefixCacheTensorParallel compares cached and uncached chats on two
-// tensor-parallel ranks, logits bit for bit.
+// tensor-parallel ranks, autoregressive and DDTree, logits bit for bit.
 func TestPrefixCacheTensorParallel(t *testing.T) {
 	dir := writeTestModel(t, "tiny", 8, "f32")
-	on := loadTP(t, dir, 2, Options{Context: 256, PrefillChunk: 64, PrefixSlots: 2})
-	off := loadTP(t, dir, 2, Options{Context: 256, PrefillChunk: 64})
-	ch := &chat{rng: rand.New(rand.NewPCG(5, 6))}
-	prompt := ch.user(140)
-	for i := range 3 {
-		r := Request{Prompt: prompt, MaxTokens: 10, Sampling: SamplingParams{Logprobs: 1}, IgnoreEOS: true}
-		got, gotRows := generateLogits(t, on, r)
-		want, wantRows := generateLogits(t, off, r)
-		if err := sameBits(gotRows, wantRows); err != nil || !slices.Equal(got.Tokens, want.Tokens) {
-			t.Fatalf("turn %d: %v; tokens %v against %v", i, err, got.Tokens, want.Tokens)
+	for _, c := range []specCase{{SpecAuto, 0, mamba.Replay}, {SpecTree, 8, mamba.Snapshot}} {
+		mk := func(slots int) *Engine {
+			e := loadTP(t, dir, 2, Options{Context: 256, PrefillChunk: 64, PrefixSlots: slots, VerifyTokens: 9})
+			setOracleDrafter(e, 8, c, func(s []int32) int32 { return s[len(s)-2] }, 0.3, 8)
+			return e
 		}
-		if i > 0 && got.Stats.CachedTokens == 0 {
-			t.Fatalf("turn %d reused nothing", i)
+		on, off := mk(2), mk(0)
+		ch := &chat{rng: rand.New(rand.NewPCG(5, 6))}
+		prompt := ch.user(140)
+		for i := range 3 {
+			r := Request{Prompt: prompt, MaxTokens: 10, Sampling: SamplingParams{Logprobs: 1}, IgnoreEOS: true}
+			got, gotRows := generateLogits(t, on, r)
+			want, wantRows := generateLogits(t, off, r)
+			if err := sameBits(gotRows, wantRows); err != nil || !slices.Equal(got.Tokens, want.Tokens) {
+				t.Fatalf("%v turn %d: %v; tokens %v against %v", c, i, err, got.Tokens, want.Tokens)
+			}
+			if i > 0 && got.Stats.CachedTokens == 0 {
+				t.Fatalf("%v turn %d reused nothing", c, i)
+			}
+			prompt = concat(concat(prompt, got.Tokens), ch.user(7))
 		}
-		prompt = concat(concat(prompt, got.Tokens), ch.user(7))
 	}
 }
 
