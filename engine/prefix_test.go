@@ -172,9 +172,10 @@ func TestPrefixCacheTensorParallel(t *testing.T) {
 	}
 }
 
-// TestPrefixCacheSchedulerMix runs many concurrent chats through the
-// scheduler with a KV pool and checkpoint slots small enough that the cache
-// evicts all along, in each decoding mode, and compares every output with
+// TestPrefixCacheSchedulerMix runs many concurrent chats (greedy and
+// seeded sampling) through the scheduler with a KV pool and checkpoint
+// slots small enough that the cache evicts all along, in each decoding
+// mode, and compares every output with
 // the same request alone on an engine without the cache. At the end every
 // page and slot is free or held by the cache, and evicting the cache frees
 // them all.
@@ -196,6 +197,9 @@ func TestPrefixCacheSchedulerMix(t *testing.T) {
 					}
 				}
 				r := Request{Prompt: prompt, MaxTokens: 1 + rng.IntN(16), IgnoreEOS: true}
+				if i%3 == 0 {
+					r.Sampling = SamplingParams{Temperature: 0.9, Seed: uint64(i)}
+				}
 				res, err := ref.Generate(context.Background(), r)
 				if err != nil {
 					t.Fatal(err)
