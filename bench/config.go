@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -15,13 +16,34 @@ type Mode struct {
 	Name   string // as on the command line and in file names: auto, linear, b15, adaptive
 	Kind   string // auto, linear, ddtree or adaptive
 	Budget int    // DDTree nodes per verify (adaptive: the most); 0 otherwise
+	// NoPrefixCache runs the mode with the engine's prefix cache off (a
+	// name ending in NoCacheSuffix), to compare with the same mode with it.
+	NoPrefixCache bool
+}
+
+// NoCacheSuffix marks a mode run without the prefix cache: auto-nocache.
+const NoCacheSuffix = "-nocache"
+
+// ParseMode reads auto, linear, bN (N ≥ 1) or adaptive, each optionally
+// followed by NoCacheSuffix.
+func ParseMode(s string) (Mode, error) {
+	base, off := strings.CutSuffix(s, NoCacheSuffix)
+	m, err := parseBaseMode(base)
+	if err != nil {
+		return Mode{}, fmt.Errorf("mode %q: want auto, linear, bN for a DDTree of N nodes (b8, b15, ...) or adaptive, optionally followed by %s", s, NoCacheSuffix)
+	}
+	m.Name, m.NoPrefixCache = s, off
+	return m, nil
 }
 
 // AdaptiveBudget is the largest tree the adaptive mode may choose.
 const AdaptiveBudget = 32
 
-// ParseMode reads auto, linear, bN (N ≥ 1) or adaptive.
-func ParseMode(s string) (Mode, error) {
+// baseline reports whether the mode is the sweep's baseline: autoregressive
+// decoding with the engine's prefix cache as configured.
+func (m Mode) baseline() bool { return m.Kind == "auto" && !m.NoPrefixCache }
+
+func parseBaseMode(s string) (Mode, error) {
 	switch s {
 	case "auto", "linear":
 		return Mode{Name: s, Kind: s}, nil
@@ -33,7 +55,7 @@ func ParseMode(s string) (Mode, error) {
 			return Mode{Name: s, Kind: "ddtree", Budget: n}, nil
 		}
 	}
-	return Mode{}, fmt.Errorf("mode %q: want auto, linear, bN for a DDTree of N nodes (b8, b15, ...) or adaptive", s)
+	return Mode{}, errors.New("unknown mode")
 }
 
 // ParseModes reads a comma-separated list of modes. The baseline (auto) is

@@ -26,7 +26,10 @@ func TestParseModes(t *testing.T) {
 	if modes[4] != (Mode{Name: "adaptive", Kind: "adaptive", Budget: AdaptiveBudget}) {
 		t.Errorf("adaptive = %+v", modes[4])
 	}
-	for _, bad := range []string{"", "b0", "b", "b-3", "b08", "tree", "auto,auto"} {
+	if m, err := ParseMode("b8-nocache"); err != nil || m != (Mode{Name: "b8-nocache", Kind: "ddtree", Budget: 8, NoPrefixCache: true}) {
+		t.Errorf("b8-nocache = %+v, %v", m, err)
+	}
+	for _, bad := range []string{"", "b0", "b", "b-3", "b08", "tree", "auto,auto", "-nocache", "auto-nocache-nocache"} {
 		if _, err := ParseModes(bad); err == nil {
 			t.Errorf("ParseModes(%q) accepted", bad)
 		}
@@ -107,6 +110,20 @@ func TestLoadWorkloadsFromJSONL(t *testing.T) {
 	}
 	if got := w.passConversations(5); len(got) != 5 || got[2][0] != w.Conversations[0][0] {
 		t.Errorf("5 in flight over 2 conversations: %v", got)
+	}
+	// The limit cuts built-in workloads too, and a system prompt is part of the hash.
+	mt, err := LoadWorkloads("multiturn", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, _ := LoadWorkloads("multiturn", 0)
+	if len(mt[0].Conversations) != 1 || len(full[0].Conversations) != 4 || mt[0].System == "" || mt[0].Info().SHA256 == full[0].Info().SHA256 {
+		t.Errorf("multiturn cut to 1: %d conversations (full %d), system %d bytes", len(mt[0].Conversations), len(full[0].Conversations), len(mt[0].System))
+	}
+	noSystem := *mt[0]
+	noSystem.System = ""
+	if noSystem.Info().SHA256 == mt[0].Info().SHA256 {
+		t.Error("the system prompt does not change the workload's hash")
 	}
 
 	for name, body := range map[string]string{

@@ -156,7 +156,7 @@ func (p *InProcess) Knobs(c Config) Knobs {
 	if err != nil {
 		return k
 	}
-	k.Context, k.MaxRunning = e.Context, e.Model.States.Slots()
+	k.Context, k.MaxRunning = e.Context, e.MaxSeqs()
 	if m.Kind != "auto" && e.Drafter != nil {
 		k.Rollback = p.Rollback.String()
 		k.BlockSize = e.Drafter.BlockSize()
@@ -178,6 +178,7 @@ func (p *InProcess) Open(c Config) (Target, error) {
 		return nil, err
 	}
 	e.Spec = p.spec(c)
+	e.SetPrefixCache(!m.NoPrefixCache)
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &engineTarget{p: p, sched: engine.NewScheduler(e, engine.SchedulerOptions{}), stop: cancel, done: make(chan struct{})}
 	if m.Kind != "auto" {
@@ -226,7 +227,7 @@ func (t *engineTarget) Generate(ctx context.Context, r Request) (*Response, erro
 	}
 	resp := &Response{
 		Chunks: chunks, E2E: time.Since(start), Tokens: res.Tokens, PromptTokens: res.Stats.PromptTokens,
-		OutputTokens: len(res.Tokens), Finish: res.FinishReason,
+		CachedTokens: res.Stats.CachedTokens, OutputTokens: len(res.Tokens), Finish: res.FinishReason,
 	}
 	if resp.Text, err = t.p.Prompter.Text(res.Tokens); err != nil {
 		return nil, err

@@ -157,6 +157,7 @@ func computeMetrics(passes []pass, before *SpecCounter) (Metrics, []Sample) {
 	}
 	var m Metrics
 	m.TTFT, m.TPOT, m.ITLChunk, m.ITLToken, m.E2E = latencies(all)
+	m.LaterTurnsTTFT, m.PrefixCacheHitRate = prefixReuse(all)
 	m.OutputThroughput = float64(tokens) / wall.Seconds()
 	if m.TPOT.Mean > 0 {
 		m.PerUserTokS = 1000 / m.TPOT.Mean
@@ -166,6 +167,28 @@ func computeMetrics(passes []pass, before *SpecCounter) (Metrics, []Sample) {
 	}
 	m.AcceptanceLength, m.AcceptanceRate, m.PerPositionAcceptance = acceptance(m.SpecDecode)
 	return m, samples
+}
+
+// prefixReuse is the TTFT of requests after a conversation's first turn
+// (those that resend earlier turns, which a prefix cache can reuse) and
+// the share of prompt tokens the server reported cached (nil without
+// prompt token counts).
+func prefixReuse(reqs []measured) (laterTurns Dist, hitRate *float64) {
+	var ttfts []float64
+	prompt, cached := 0, 0
+	for i := range reqs {
+		m := &reqs[i]
+		if m.turn > 0 {
+			ttfts = append(ttfts, millis(m.ttft()))
+		}
+		prompt += m.resp.PromptTokens
+		cached += m.resp.CachedTokens
+	}
+	if prompt > 0 {
+		r := float64(cached) / float64(prompt)
+		hitRate = &r
+	}
+	return dist(ttfts), hitRate
 }
 
 // speedup is the baseline's TPOT over the run's (same prompts, same binary);

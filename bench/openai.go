@@ -106,6 +106,9 @@ func (o *OpenAI) Validate(p *Plan) error {
 	if w := p.WeightsList(); len(w) != 1 || w[0] != "" {
 		return errors.New("--url: a server's weights are fixed when it starts; --weights needs an in-process target (--model)")
 	}
+	if p.Modes[0].NoPrefixCache {
+		return fmt.Errorf("--url: mode %s: a server's prefix cache is set when it starts; run one with --no-prefix-cache and label its mode without %s", p.Modes[0].Name, NoCacheSuffix)
+	}
 	return nil
 }
 
@@ -133,8 +136,11 @@ type chatChunk struct {
 		TokenIDs     []int32 `json:"token_ids"` // vLLM's return_token_ids
 	} `json:"choices"`
 	Usage *struct {
-		PromptTokens     int `json:"prompt_tokens"`
-		CompletionTokens int `json:"completion_tokens"`
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
 	} `json:"usage"`
 	Error *struct {
 		Message string `json:"message"`
@@ -227,6 +233,9 @@ func readStream(body io.Reader, start time.Time) (*Response, error) {
 		}
 		if c.Usage != nil {
 			out.PromptTokens, out.OutputTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
+			if d := c.Usage.PromptTokensDetails; d != nil {
+				out.CachedTokens = d.CachedTokens
+			}
 		}
 		for _, ch := range c.Choices {
 			piece := ch.Delta.ReasoningContent + ch.Delta.Reasoning + ch.Delta.Content + ch.Text

@@ -143,7 +143,7 @@ func (f *fakeServer) chat(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(time.Millisecond)
 	}
 	send(map[string]any{"choices": []choice{{"index": 0, "delta": map[string]any{}, "finish_reason": "length"}}})
-	send(map[string]any{"choices": []choice{}, "usage": map[string]any{"prompt_tokens": 20, "completion_tokens": n}})
+	send(map[string]any{"choices": []choice{}, "usage": map[string]any{"prompt_tokens": 20, "completion_tokens": n, "prompt_tokens_details": map[string]any{"cached_tokens": 5}}})
 	fmt.Fprint(w, "data: [DONE]\n\n")
 }
 
@@ -241,6 +241,11 @@ func TestSweepAgainstAnOpenAIServer(t *testing.T) {
 	}
 	if m.ITLChunk.N != 12*3 || !near(m.ITLToken.Mean*3, m.ITLChunk.Mean) {
 		t.Errorf("itl: %d chunk gaps, token mean %v, chunk mean %v", m.ITLChunk.N, m.ITLToken.Mean, m.ITLChunk.Mean)
+	}
+	// The fake reports 5 of its 20 prompt tokens cached; 8 of the 12
+	// requests are later turns of the chat.
+	if h := m.PrefixCacheHitRate; h == nil || !near(*h, 0.25) || m.LaterTurnsTTFT.N != 8 {
+		t.Errorf("prefix cache hit rate %v, %d later-turn TTFTs; want 0.25 and 8", h, m.LaterTurnsTTFT.N)
 	}
 	if len(run.Samples) != 2 || run.Samples[1].AcceptanceLength == nil {
 		t.Errorf("samples %+v", run.Samples)
@@ -345,6 +350,10 @@ func TestOpenAIBackendRejectsSweepsItCannotRun(t *testing.T) {
 	modes, _ := ParseModes("auto,b15")
 	if err := o.Validate(&Plan{TP: []int{1}, Modes: modes}); err == nil || !strings.Contains(err.Error(), "one --modes label") {
 		t.Errorf("two modes against one server: %v", err)
+	}
+	modes, _ = ParseModes("auto-nocache")
+	if err := o.Validate(&Plan{TP: []int{1}, Modes: modes}); err == nil || !strings.Contains(err.Error(), "--no-prefix-cache") {
+		t.Errorf("a -nocache mode against a server: %v", err)
 	}
 	if _, err := NewOpenAI(context.Background(), "localhost:8000", "m", ""); err == nil {
 		t.Error("a URL without a scheme was accepted")

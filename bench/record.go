@@ -165,6 +165,8 @@ type Metrics struct {
 	OutputThroughput      float64      `json:"output_throughput"`
 	PerUserTokS           float64      `json:"per_user_tok_s"`
 	TTFT                  Dist         `json:"ttft_ms"`
+	LaterTurnsTTFT        Dist         `json:"ttft_later_turns_ms"`   // turns after a conversation's first
+	PrefixCacheHitRate    *float64     `json:"prefix_cache_hit_rate"` // cached prompt tokens / prompt tokens
 	TPOT                  Dist         `json:"tpot_ms"`
 	ITLChunk              Dist         `json:"itl_chunk_ms"`
 	ITLToken              Dist         `json:"itl_token_ms"`

@@ -83,7 +83,7 @@ func LoadResults(dirs []string) (*Results, error) {
 				if b.Knobs.TP != k.TP || b.Run.RunKey != rows[i].Run.RunKey {
 					continue
 				}
-				if b.Knobs.Spec == "auto" && b.Knobs.Weights == k.Weights {
+				if b.Knobs.Spec == "auto" && b.Knobs.Weights == k.Weights && !strings.HasSuffix(b.Knobs.Mode, NoCacheSuffix) {
 					rows[i].Speedup = speedup(&b.Run.Metrics, &rows[i].Run.Metrics)
 				}
 				if k.Weights != "" && b.Knobs.Weights == "" && b.Knobs.Mode == k.Mode {
@@ -119,6 +119,53 @@ func compareRows(a, b Row) int {
 		cmp.Compare(a.Knobs.TP, b.Knobs.TP), cmp.Compare(ak, bk), cmp.Compare(ab, bb),
 		cmp.Compare(a.Knobs.Weights, b.Knobs.Weights),
 	)
+}
+
+// prefixTable lists the runs of multi-turn workloads: the share of prompt
+// tokens the prefix cache supplied, the TTFT of turns after the first (which
+// resend the conversation so far) and its ratio to the same mode's run
+// without the cache (mode NoCacheSuffix) from the same directory. Only
+// results that used a prefix cache (a hit, or a NoCacheSuffix mode) have it.
+func (r *Results) prefixTable(w io.Writer, multi bool) {
+	if !slices.ContainsFunc(r.Rows, func(row Row) bool {
+		h := row.Run.Metrics.PrefixCacheHitRate
+		return (h != nil && *h > 0) || strings.HasSuffix(row.Knobs.Mode, NoCacheSuffix)
+	}) {
+		return
+	}
+	head := "| TP | mode | workload | max tokens | conc. | prefix hit rate | TTFT ms | TTFT turn ≥ 2 ms | turn ≥ 2 TTFT vs " + NoCacheSuffix + " |"
+	if multi {
+		head = "| source " + head
+	}
+	header := false
+	for _, row := range r.Rows {
+		m := &row.Run.Metrics
+		if m.LaterTurnsTTFT.N == 0 {
+			continue
+		}
+		if !header {
+			fmt.Fprint(w, "\n**Prefix cache (multi-turn workloads):**\n\n")
+			fmt.Fprintln(w, head)
+			fmt.Fprintln(w, strings.Repeat("|---", strings.Count(head, "|")-1)+"|")
+			header = true
+		}
+		ratio := "-"
+		for _, o := range r.Rows {
+			if o.Source == row.Source && o.Knobs.TP == row.Knobs.TP && o.Run.RunKey == row.Run.RunKey &&
+				o.Knobs.Mode == row.Knobs.Mode+NoCacheSuffix && o.Run.Metrics.LaterTurnsTTFT.Mean > 0 {
+				ratio = fmt.Sprintf("%.2fx", m.LaterTurnsTTFT.Mean/o.Run.Metrics.LaterTurnsTTFT.Mean)
+			}
+		}
+		hit := "-"
+		if m.PrefixCacheHitRate != nil {
+			hit = fmt.Sprintf("%.0f%%", 100**m.PrefixCacheHitRate)
+		}
+		if multi {
+			fmt.Fprintf(w, "| %s ", filepath.Base(row.Source))
+		}
+		fmt.Fprintf(w, "| %d | %s | %s | %d | %d | %s | %.1f | %.1f | %s |\n", row.Knobs.TP, row.Knobs.Mode, row.Run.Workload,
+			row.Run.MaxTokens, row.Run.Concurrency, hit, m.TTFT.Mean, m.LaterTurnsTTFT.Mean, ratio)
+	}
 }
 
 func optFloat(v *float64, format string) string {
@@ -166,6 +213,7 @@ func (r *Results) Markdown(w io.Writer) {
 		}
 		fmt.Fprintln(w)
 	}
+	r.prefixTable(w, multi)
 	if lossy := slices.DeleteFunc(slices.Clone(r.Rows), func(row Row) bool { return !row.lossy() }); len(lossy) > 0 {
 		fmt.Fprintln(w, "\n**Lossy runs (greedy outputs differ from autoregressive decoding's; their speed is not a result):**")
 		for _, row := range lossy {

@@ -149,6 +149,9 @@ func (s *sweeper) pass(ctx context.Context, t Target, convs [][]string, key RunK
 		wg.Go(func() {
 			defer func() { <-slots }()
 			var msgs []Message
+			if system := s.o.Plan.Workload(key.Workload).System; system != "" {
+				msgs = append(msgs, Message{Role: "system", Content: system})
+			}
 			for turn, text := range conv {
 				msgs = append(msgs, Message{Role: "user", Content: text})
 				sent := time.Since(start)

@@ -143,7 +143,7 @@ func (s *sweeper) prepare() error {
 					st.resultPath(name), strings.Join(diff, ", "))
 			}
 			s.records[name] = rec
-			if c.Mode.Kind == "auto" {
+			if c.Mode.baseline() {
 				s.baselines[baselineKey(c)] = rec
 			}
 		}
@@ -413,7 +413,7 @@ func (s *sweeper) failed(f *Failure, rf RunFailure) error {
 // save adds a run to the record, with its speedup over the baseline (the
 // same degree and weights' autoregressive run), and writes the record.
 func (s *sweeper) save(rec *Record, c Config, run *measuredRun) error {
-	if c.Mode.Kind == "auto" {
+	if c.Mode.baseline() {
 		s.baselines[baselineKey(c)] = rec
 		run.Metrics.Speedup = speedup(&run.Metrics, &run.Metrics)
 	} else if base := s.baselines[baselineKey(c)]; base != nil {

@@ -49,6 +49,7 @@ type Response struct {
 	Tokens       []int32 // output token ids; nil when the server sends none
 	Text         string  // the reply, which the next turn of a conversation includes
 	PromptTokens int
+	CachedTokens int // prompt tokens the server's prefix cache supplied (usage.prompt_tokens_details)
 	OutputTokens int
 	Finish       string
 	Spec         *SpecStat

@@ -19,6 +19,8 @@ type Workload struct {
 	Name          string
 	Source        string // "builtin" or the JSONL file it came from
 	Conversations [][]string
+	// System, when set, is a system prompt every conversation starts with.
+	System string
 }
 
 // builtins are short so they fit the tiny test model's 256-token context
@@ -39,6 +41,32 @@ var builtins = []*Workload{
 		"What should I pack?",
 		"Suggest one day trip.",
 	}}},
+	// multiturn is the prefix cache's workload: a long system prompt that
+	// every conversation shares, and four turns per conversation, each
+	// resending the conversation so far. It needs a model with a context
+	// of a few thousand tokens.
+	{Name: "multiturn", Source: "builtin", System: multiturnSystem(), Conversations: [][]string{
+		{"Summarise the handbook's rules on deliveries.", "Which of them apply on Sundays?", "Draft a notice about it.", "Make the notice shorter."},
+		{"What does the handbook say about the river path?", "Who maintains it?", "List the tools they need.", "Which tool costs most?"},
+		{"Explain the morning checklist.", "Why does step three come first?", "What if it rains?", "Write it as a poem."},
+		{"How are new staff trained?", "How long does that take?", "Who signs them off?", "Suggest one improvement."},
+	}},
+}
+
+// multiturnSystem is a handbook of 64 numbered rules, 3,560 characters:
+// 2,035 tokens with the test models' small tokenizer (testmodel presets),
+// fewer with a real model's (about 800 with Qwen's). It is made from a fixed
+// recipe so the workload's hash is stable.
+func multiturnSystem() string {
+	subjects := []string{"the farmer", "the river keeper", "the night guard", "the baker", "the ferry pilot", "the gardener", "the archivist"}
+	actions := []string{"checks the gate", "records the weather", "counts the crates", "sweeps the path", "lights the lamps", "waters the trees", "locks the shed"}
+	times := []string{"before sunrise", "at noon", "every evening", "after rain", "on market days", "once a week", "when the bell rings"}
+	var b strings.Builder
+	b.WriteString("You are the assistant of a small river town. Answer from this handbook.\n")
+	for i := range 64 {
+		fmt.Fprintf(&b, "Rule %d: %s %s %s.\n", i+1, subjects[i%7], actions[(i/7)%7], times[(i*3)%7])
+	}
+	return b.String()
 }
 
 // BuiltinNames lists the built-in workloads.
@@ -54,7 +82,7 @@ var workloadName = regexp.MustCompile(`^[a-z0-9][a-z0-9_]*$`)
 
 // LoadWorkloads resolves --workloads: built-in names, or paths to JSONL
 // files in the z-lab format (one {"turns": [...]} per line), named after the
-// file. limit > 0 keeps each file's first limit conversations.
+// file. limit > 0 keeps each workload's first limit conversations.
 func LoadWorkloads(list string, limit int) ([]*Workload, error) {
 	var out []*Workload
 	for _, item := range splitList(list) {
@@ -79,6 +107,11 @@ func loadWorkload(item string, limit int) (*Workload, error) {
 	if !strings.HasSuffix(item, ".jsonl") {
 		for _, w := range builtins {
 			if w.Name == item {
+				if limit > 0 && limit < len(w.Conversations) {
+					cut := *w
+					cut.Conversations = w.Conversations[:limit]
+					return &cut, nil
+				}
 				return w, nil
 			}
 		}
@@ -150,7 +183,11 @@ func (w *Workload) Turns() int {
 
 // Info describes the workload in a record; the hash ties results to the text.
 func (w *Workload) Info() WorkloadInfo {
-	data, _ := json.Marshal(w.Conversations) // []string values always marshal
+	var text any = w.Conversations
+	if w.System != "" {
+		text = []any{w.System, w.Conversations}
+	}
+	data, _ := json.Marshal(text) // strings always marshal
 	sum := sha256.Sum256(data)
 	return WorkloadInfo{Name: w.Name, Source: w.Source, Conversations: len(w.Conversations), Turns: w.Turns(), SHA256: hex.EncodeToString(sum[:])}
 }

@@ -461,7 +461,7 @@ func (a *arena) free() {
 // VerifyTokens.
 func Attach(e *engine.Engine, dir string, spec engine.SpecOptions) error {
 	kv := e.Model.KV
-	d, err := LoadDrafter(dir, e.Model, Options{Sequences: e.Model.States.Slots(), Context: e.Context, Tokens: kv.Pages() * kv.PageSize()})
+	d, err := LoadDrafter(dir, e.Model, Options{Sequences: e.MaxSeqs(), Context: e.Context, Tokens: kv.Pages() * kv.PageSize()})
 	if err != nil {
 		return err
 	}

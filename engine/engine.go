@@ -22,7 +22,7 @@ type Options struct {
 	MaxSeqs      int // GDN state slots, i.e. sequences in flight; 0 means 1
 	PageSize     int // KV tokens per page; 0 means DefaultPageSize
 	KVTokens     int // KV cache capacity in tokens; 0 means MaxSeqs × (Context + VerifyTokens)
-	PrefillChunk int // longest prefill forward; 0 means 512
+	PrefillChunk int // longest prefill forward (rounded down to 64-token GDN chunks, at least one); 0 means 512
 	// KVDType is the KV cache's storage dtype: F32 (the zero value) or BF16.
 	KVDType kernels.DType
 	// ConvDType is the GDN conv state's storage dtype: F32 (the zero
@@ -36,6 +36,15 @@ type Options struct {
 	// KV cache (the block, or the tree budget plus its root); 0 without
 	// speculation. A tree's nodes sit past the sequence's end until commit.
 	VerifyTokens int
+	// PrefixSlots is how many GDN checkpoints the prefix cache may hold, in
+	// state slots beside MaxSeqs; 0 turns the prefix cache off. Its KV
+	// pages come out of KVTokens (see prefix.go).
+	PrefixSlots int
+	// PrefixInterval, with the prefix cache, also checkpoints a prompt every
+	// this many KV pages (rounded up to whole GDN chunks), so that prompts
+	// that share only part of another's prefix can reuse it; 0 checkpoints
+	// only each prompt's end.
+	PrefixInterval int
 }
 
 // SSMDType chooses the GDN recurrent state's storage dtype.
@@ -85,6 +94,9 @@ type Engine struct {
 	Drafter Drafter
 	Spec    SpecOptions
 	opts    Options
+	prefix  *prefixCache // nil without prefix slots
+	// prefixOff stops looking up and storing prefixes (SetPrefixCache).
+	prefixOff bool
 }
 
 // Load reads a checkpoint directory and allocates caches on b.
@@ -172,7 +184,7 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 	if err != nil {
 		return nil, err
 	}
-	states, err := mamba.NewPool(stateShards, opts.MaxSeqs)
+	states, err := mamba.NewPool(stateShards, opts.MaxSeqs+max(opts.PrefixSlots, 0))
 	if err != nil {
 		kv.Close()
 		return nil, err
@@ -184,8 +196,16 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 		return nil, err
 	}
 	m.ValidVocab = validVocab
-	return &Engine{Model: m, ValidVocab: validVocab, EOS: eos, Context: opts.Context, opts: opts}, nil
+	e := &Engine{Model: m, ValidVocab: validVocab, EOS: eos, Context: opts.Context, opts: opts}
+	if opts.PrefixSlots > 0 {
+		e.prefix = newPrefixCache(opts.PageSize, opts.PrefixSlots, opts.PrefixInterval)
+	}
+	return e, nil
 }
+
+// MaxSeqs is the number of sequences the engine runs at once (its state
+// slots, less the prefix cache's checkpoints).
+func (e *Engine) MaxSeqs() int { return e.opts.MaxSeqs }
 
 // Close releases everything the engine allocated on its backends: the
 // model, its caches and scratch, and the drafter when it can be closed.
@@ -241,6 +261,7 @@ type Result struct {
 // Stats describes where a generation's time went.
 type Stats struct {
 	PromptTokens int     `json:"prompt_tokens"`
+	CachedTokens int     `json:"cached_tokens"` // prompt tokens reused from the prefix cache
 	OutputTokens int     `json:"output_tokens"`
 	PrefillMs    float64 `json:"prefill_ms"`
 	DecodeMs     float64 `json:"decode_ms"`

@@ -8,6 +8,7 @@ import (
 	"ddflash/adaptive"
 	"ddflash/ddtree"
 	"ddflash/mamba"
+	"ddflash/prefixtree"
 )
 
 // job is one request's decoding state machine. Each round, prepare says what
@@ -25,10 +26,15 @@ type job struct {
 	out *output
 	seq *sequence
 
-	prefilled int       // prompt tokens fed so far
-	chunk     int       // prompt tokens in the input being computed
-	last      int32     // newest token: the next input (autoregressive) or the anchor (spec)
-	features  []float32 // spec: drafter context of tokens committed since the last draft
+	prefilled int // prompt tokens fed so far
+	chunk     int // prompt tokens in the input being computed
+	// checkpointAt is the prompt length at which the prefix cache stores
+	// the prompt (0: it does not); cacheNode is the cached prefix the job
+	// holds locked.
+	checkpointAt int
+	cacheNode    *prefixtree.Node
+	last         int32     // newest token: the next input (autoregressive) or the anchor (spec)
+	features     []float32 // spec: drafter context of tokens committed since the last draft
 
 	sess   DraftSession
 	verify *mamba.Verify
@@ -79,6 +85,9 @@ func (e *Engine) newJob(r Request) (*job, error) {
 			j.close()
 		}
 	}()
+	if c := e.activePrefix(); c != nil {
+		c.reuse(e, j)
+	}
 	if e.Spec.Mode == SpecAuto {
 		built = true
 		return j, nil
@@ -109,6 +118,9 @@ func (j *job) close() {
 	if j.verify != nil {
 		j.verify.Close()
 	}
+	if j.e.prefix != nil {
+		j.e.prefix.unlock(j)
+	}
 	if j.seq != nil {
 		j.e.release(j.seq)
 		j.seq = nil
@@ -135,7 +147,7 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 	in := SeqInput{Start: j.seq.len, KV: &j.seq.kv, Slot: j.seq.slot}
 	switch {
 	case j.prefilled < len(prompt):
-		end := min(j.prefilled+maxChunk, len(prompt))
+		end := j.prefillEnd(maxChunk)
 		j.chunk = end - j.prefilled
 		in.Tokens, in.Logits = prompt[j.prefilled:end], NoRows
 		if end == len(prompt) {
@@ -170,10 +182,27 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 	if in.Logits != NoRows {
 		in.Top = j.out.deviceTop()
 	}
-	if err := e.Model.KV.Reserve(&j.seq.kv, j.seq.len+len(in.Tokens)); err != nil {
+	if err := e.reserveKV(&j.seq.kv, j.seq.len+len(in.Tokens)); err != nil {
 		return in, err
 	}
 	return in, nil
+}
+
+// prefillEnd is where the next prompt chunk ends: at most maxChunk tokens
+// on (but at least to the next GDN chunk boundary), at a GDN chunk boundary
+// unless it is the prompt's end, and at the prefix checkpoint when it
+// passes it. Chunk-aligned forwards keep prefill exact across prefix reuse
+// (see gdnChain).
+func (j *job) prefillEnd(maxChunk int) int {
+	n := len(j.out.r.Prompt)
+	end := min(j.prefilled+maxChunk, n)
+	if end < n {
+		end = min(max(end/gdnChunk, j.prefilled/gdnChunk+1)*gdnChunk, n)
+	}
+	if j.checkpointAt > j.prefilled && j.checkpointAt < end {
+		end = j.checkpointAt
+	}
+	return end
 }
 
 // setProposal makes the input verify the proposal in flight. A proposal of
@@ -198,6 +227,9 @@ func (j *job) complete(out *SeqOutput) error {
 		j.prefilled += n
 		j.seq.len += n
 		j.features = append(j.features, e.features(out, j.taps(), nil, n)...)
+		if j.prefilled == j.checkpointAt {
+			e.prefix.store(e, j)
+		}
 		if j.prefilled < len(prompt) {
 			return nil
 		}

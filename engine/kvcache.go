@@ -15,12 +15,15 @@ var ErrKVFull = errors.New("engine: KV cache is full")
 // layer has one K and one V buffer of NumPages*PageSize rows of kvDim, and a
 // sequence owns whole pages, the same page index in every layer. Under tensor
 // parallelism each rank (shard) holds the rows of its own KV heads; the page
-// table is shared.
+// table is shared. A page may be shared (the prefix cache and the requests
+// that reuse a prefix): it counts its holders and is free when none is left.
+// Only a page's first holder writes it; sharers only read.
 type KVCache struct {
 	pageSize int
 	numPages int
 	shards   []kvShard
 	free     []int32
+	refs     []int32 // holders per page
 }
 
 // KVShard is one rank's part of a KV cache: its backend, the width of one
@@ -43,7 +46,7 @@ func NewKVCache(shards []KVShard, layers, pageSize, numPages int) (*KVCache, err
 	if pageSize <= 0 || numPages <= 0 {
 		return nil, fmt.Errorf("engine: KV cache needs positive page size and page count, got %d and %d", pageSize, numPages)
 	}
-	c := &KVCache{pageSize: pageSize, numPages: numPages}
+	c := &KVCache{pageSize: pageSize, numPages: numPages, refs: make([]int32, numPages)}
 	rows := pageSize * numPages
 	for r, sh := range shards {
 		if sh.DType != kernels.F32 && sh.DType != kernels.BF16 {
@@ -120,17 +123,49 @@ func (c *KVCache) Reserve(s *SeqKV, n int) error {
 		return fmt.Errorf("%w: %d tokens need %d more pages, %d free", ErrKVFull, n, need-len(s.Pages), len(c.free))
 	}
 	for len(s.Pages) < need {
-		s.Pages = append(s.Pages, c.free[len(c.free)-1])
+		p := c.free[len(c.free)-1]
 		c.free = c.free[:len(c.free)-1]
+		c.refs[p] = 1
+		s.Pages = append(s.Pages, p)
 	}
 	return nil
 }
 
-// Truncate keeps pages for the first n tokens and returns the rest.
+// Truncate keeps pages for the first n tokens and lets go of the rest.
 func (c *KVCache) Truncate(s *SeqKV, n int) {
 	keep := (n + c.pageSize - 1) / c.pageSize
 	for len(s.Pages) > keep {
-		c.free = append(c.free, s.Pages[len(s.Pages)-1])
+		c.Release(s.Pages[len(s.Pages)-1])
 		s.Pages = s.Pages[:len(s.Pages)-1]
+	}
+}
+
+// Share appends pages held elsewhere to an empty sequence's table (a cached
+// prefix) and counts the sequence as one more holder of each.
+func (c *KVCache) Share(s *SeqKV, pages []int32) {
+	if len(s.Pages) != 0 {
+		panic("engine: a shared prefix must start the sequence")
+	}
+	for _, p := range pages {
+		c.Retain(p)
+	}
+	s.Pages = append(s.Pages, pages...)
+}
+
+// Retain counts one more holder of a page in use.
+func (c *KVCache) Retain(p int32) {
+	if c.refs[p] <= 0 {
+		panic(fmt.Sprintf("engine: retain of free KV page %d", p))
+	}
+	c.refs[p]++
+}
+
+// Release drops one holder of a page; the last one frees it.
+func (c *KVCache) Release(p int32) {
+	if c.refs[p] <= 0 {
+		panic(fmt.Sprintf("engine: release of free KV page %d", p))
+	}
+	if c.refs[p]--; c.refs[p] == 0 {
+		c.free = append(c.free, p)
 	}
 }

@@ -414,23 +414,54 @@ func (m *Model) deltaNet(r *rank, lw *LayerWeights, idx int, seqs []SeqInput, ro
 	for _, sq := range seqs {
 		T := len(sq.Tokens)
 		state := m.States.SSM(r.id, idx, sq.Slot)
-		out := rowsOf(b, s.gout, r0, T, valueDim)
-		q, k, v := rowsOf(b, s.gq, r0, T, keyDim), rowsOf(b, s.gk, r0, T, keyDim), rowsOf(b, s.gv, r0, T, valueDim)
-		g, beta := rowsOf(b, s.g, r0, T, hv), rowsOf(b, s.beta, r0, T, hv)
-		switch {
-		case sq.Spec != nil:
+		if sq.Spec != nil {
+			out := rowsOf(b, s.gout, r0, T, valueDim)
+			q, k, v := rowsOf(b, s.gq, r0, T, keyDim), rowsOf(b, s.gk, r0, T, keyDim), rowsOf(b, s.gv, r0, T, valueDim)
+			g, beta := rowsOf(b, s.g, r0, T, hv), rowsOf(b, s.beta, r0, T, hv)
 			sq.Spec.Save(r.id, idx, rowsOf(b, s.mixed, r0, T, convDim), q, k, v, g, beta)
 			stateOut, nodeStates := sq.Spec.Targets(r.id, idx)
 			b.GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeStates, sq.Spec.Parents(r.id), T, r.gdn)
-		case T >= chunkedPrefillMin:
-			b.GDNChunked(out, q, k, v, g, beta, state, state, T, gdnChunk, r.gdn)
-		default:
-			b.GDNRecurrence(out, q, k, v, g, beta, state, state, nil, nil, T, r.gdn)
+		} else {
+			m.gdnChain(r, sq.Start, T, r0, state)
 		}
 		r0 += T
 	}
 	b.GatedRMSNorm(s.gout, s.gout, s.z, lw.Norm, rows*hv, cfg.LinearValueDim, float32(cfg.RMSNormEps))
 	b.MatMul(s.mix, s.gout, lw.OutProj, rows, H, valueDim)
+}
+
+// gdnChain runs the recurrence over a chain of T tokens from position start
+// whose inputs are rows r0.. of the step: the whole gdnChunk-aligned chunks
+// (by absolute position) in the chunked form, the tokens before and after
+// them in the token loop. The states and outputs then depend only on the
+// tokens, not on where prefill forwards begin and end at chunk boundaries,
+// so a prefix restored from a cached checkpoint continues exactly as a
+// prefill from the start would.
+func (m *Model) gdnChain(r *rank, start, T, r0 int, state kernels.Buffer) {
+	b, s, cfg := r.b, &r.s, r.cfg
+	keyDim, valueDim, hv := cfg.KeyDim(), cfg.ValueDim(), cfg.LinearValueHeads
+	head := min((gdnChunk-start%gdnChunk)%gdnChunk, T)
+	whole := (T - head) / gdnChunk * gdnChunk
+	if whole < chunkedPrefillMin {
+		head, whole = T, 0
+	}
+	run := func(from, n int, chunked bool) {
+		if n == 0 {
+			return
+		}
+		i := r0 + from
+		out := rowsOf(b, s.gout, i, n, valueDim)
+		q, k, v := rowsOf(b, s.gq, i, n, keyDim), rowsOf(b, s.gk, i, n, keyDim), rowsOf(b, s.gv, i, n, valueDim)
+		g, beta := rowsOf(b, s.g, i, n, hv), rowsOf(b, s.beta, i, n, hv)
+		if chunked {
+			b.GDNChunked(out, q, k, v, g, beta, state, state, n, gdnChunk, r.gdn)
+		} else {
+			b.GDNRecurrence(out, q, k, v, g, beta, state, state, nil, nil, n, r.gdn)
+		}
+	}
+	run(0, head, false)
+	run(head, whole, true)
+	run(head+whole, T-head-whole, false)
 }
 
 func (m *Model) mlp(r *rank, lw *LayerWeights, rows int) {

@@ -22,7 +22,9 @@ type SchedulerOptions struct {
 	MaxQueue int
 	// StepPrefill caps prompt tokens fed per step over all requests, so a long
 	// prompt is prefilled in chunks between other requests' decode steps; 0
-	// means the engine's prefill chunk.
+	// means the engine's prefill chunk. Chunks end at 64-token GDN chunk
+	// boundaries (see job.prefillEnd), so under a smaller cap a step still
+	// feeds one request up to 63 tokens more.
 	StepPrefill int
 }
 
@@ -31,6 +33,8 @@ type SchedulerOptions struct {
 type Event struct {
 	Tokens   []int32
 	Logprobs []StepLogprobs
+	// CachedTokens is how many prompt tokens the prefix cache supplied.
+	CachedTokens int
 }
 
 // PanicError is a failure from a panic: the scheduler's, for a request the
@@ -87,6 +91,8 @@ type SchedulerState struct {
 	Running, Queued       int
 	FreePages, TotalPages int
 	FreeSlots, TotalSlots int
+	// PrefixPages and PrefixCheckpoints are what the prefix cache holds.
+	PrefixPages, PrefixCheckpoints int
 }
 
 // Scheduler batches requests: every step feeds each running request's next
@@ -120,7 +126,7 @@ type pending struct {
 
 // NewScheduler makes a scheduler over the engine; call Run to start it.
 func NewScheduler(e *Engine, opts SchedulerOptions) *Scheduler {
-	slots := e.Model.States.Slots()
+	slots := e.MaxSeqs()
 	if opts.MaxRunning <= 0 || opts.MaxRunning > slots {
 		opts.MaxRunning = slots
 	}
@@ -132,7 +138,7 @@ func NewScheduler(e *Engine, opts SchedulerOptions) *Scheduler {
 	}
 	s := &Scheduler{e: e, opts: opts, incoming: make(chan *pending, opts.MaxQueue)}
 	s.state.TotalPages, s.state.FreePages = e.Model.KV.Pages(), e.Model.KV.FreePages()
-	s.state.TotalSlots, s.state.FreeSlots = slots, e.Model.States.Free()
+	s.state.TotalSlots, s.state.FreeSlots = slots, e.freeSeqSlots()
 	return s
 }
 
@@ -296,7 +302,7 @@ func (s *Scheduler) step(running []*pending, reserved int) ([]*pending, int) {
 			continue
 		}
 		active = append(active, p)
-		if p.job.prefilling() && budget == 0 {
+		if p.job.prefilling() && budget <= 0 {
 			continue // its next chunk waits for a later step
 		}
 		var in SeqInput
@@ -356,7 +362,7 @@ func (s *Scheduler) deliver(p *pending, final bool) {
 	if len(res.Tokens) == p.sent || (!final && len(p.stream.events) >= eventBuffer-1) {
 		return
 	}
-	ev := Event{Tokens: res.Tokens[p.sent:]}
+	ev := Event{Tokens: res.Tokens[p.sent:], CachedTokens: res.Stats.CachedTokens}
 	if len(res.Logprobs) > 0 {
 		ev.Logprobs = res.Logprobs[p.sent:]
 	}
@@ -392,5 +398,7 @@ func (s *Scheduler) publish(running int) {
 	s.state.Running = running
 	s.state.Queued = s.queued
 	s.state.FreePages = s.e.Model.KV.FreePages()
-	s.state.FreeSlots = s.e.Model.States.Free()
+	s.state.FreeSlots = s.e.freeSeqSlots()
+	ps := s.e.PrefixStats()
+	s.state.PrefixPages, s.state.PrefixCheckpoints = int(ps.Pages), int(ps.Checkpoints)
 }

@@ -86,10 +86,16 @@ func newEngine(t testing.TB, spec engine.SpecOptions, seqs int) *engine.Engine {
 
 // loadEngine loads the target in dir (with the tiny drafter for spec modes).
 func loadEngine(t testing.TB, target string, spec engine.SpecOptions, seqs int) *engine.Engine {
+	return loadEngineWith(t, target, spec, engine.Options{MaxSeqs: seqs})
+}
+
+// loadEngineWith is loadEngine with more of the engine's options; the
+// context, page size and verify room are set here.
+func loadEngineWith(t testing.TB, target string, spec engine.SpecOptions, opts engine.Options) *engine.Engine {
 	t.Helper()
 	_, drafter, _ := modelDirs(t)
 	b := cpu.New(2)
-	opts := engine.Options{Context: testContext, MaxSeqs: seqs, PageSize: 8}
+	opts.Context, opts.PageSize = testContext, 8
 	var err error
 	if spec.Mode != engine.SpecAuto {
 		if opts.VerifyTokens, err = dflash.VerifyTokens(drafter, spec); err != nil {
@@ -140,6 +146,8 @@ type harnessOptions struct {
 	server Options        // the server's options besides the model name and API key
 	engine func(*engine.Engine)
 	setup  func(*Model) // adjusts the model before it is served
+	// prefixSlots turns the engine's prefix cache on with this many checkpoints.
+	prefixSlots int
 }
 
 // serveTiny starts a server for the tiny model and waits until /health says 200.
@@ -152,7 +160,7 @@ func serveTiny(t testing.TB, o harnessOptions) *harness {
 	if o.target != "" {
 		target = o.target
 	}
-	e := loadEngine(t, target, o.spec, max(o.sched.MaxRunning, 1))
+	e := loadEngineWith(t, target, o.spec, engine.Options{MaxSeqs: max(o.sched.MaxRunning, 1), PrefixSlots: o.prefixSlots})
 	if o.engine != nil {
 		o.engine(e)
 	}

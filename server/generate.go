@@ -40,16 +40,24 @@ type outcome struct {
 	finish                         string // stop, length or tool_calls
 	stopReason                     any    // vLLM's: the stop string that matched or the stop_token_ids id that ended it; nil otherwise
 	promptTokens, completionTokens int
+	cachedTokens                   int // prompt tokens the prefix cache supplied
 }
 
 func (o outcome) usage() *usage {
-	return &usage{PromptTokens: o.promptTokens, CompletionTokens: o.completionTokens, TotalTokens: o.promptTokens + o.completionTokens}
+	return &usage{PromptTokens: o.promptTokens, CompletionTokens: o.completionTokens, TotalTokens: o.promptTokens + o.completionTokens,
+		PromptDetails: promptDetails{CachedTokens: o.cachedTokens}}
 }
 
 type usage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	TotalTokens      int `json:"total_tokens"`
+	PromptTokens     int           `json:"prompt_tokens"`
+	CompletionTokens int           `json:"completion_tokens"`
+	TotalTokens      int           `json:"total_tokens"`
+	PromptDetails    promptDetails `json:"prompt_tokens_details"`
+}
+
+// promptDetails is OpenAI's usage.prompt_tokens_details.
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 // start submits choice index of g. ctx is the client's: when it ends, so
@@ -95,6 +103,7 @@ func (gen *generation) each(emit func(delta) error) (outcome, error) {
 			break
 		}
 		gen.timer.output()
+		gen.res.cachedTokens = ev.CachedTokens
 		d, err := gen.add(ev)
 		if err == nil {
 			err = gen.emit(emit, d)
@@ -204,7 +213,7 @@ func (gen *generation) end(finish string, spec *engine.SpecStats) outcome {
 	if gen.out.stopped != "" {
 		gen.res.stopReason = gen.out.stopped
 	}
-	gen.timer.end(finish, gen.res.promptTokens, gen.res.completionTokens, spec)
+	gen.timer.end(finish, gen.res, spec)
 	return gen.res
 }
 
@@ -212,7 +221,7 @@ func (gen *generation) end(finish string, spec *engine.SpecStats) outcome {
 // is not an error worth answering; anything else is the engine's failure.
 func (gen *generation) abort(err error) (outcome, error) {
 	defer gen.cancel()
-	gen.timer.end("abort", gen.res.promptTokens, gen.res.completionTokens, nil)
+	gen.timer.end("abort", gen.res, nil)
 	var limit *apiError
 	if errors.As(context.Cause(gen.ctx), &limit) { // the server's own deadline
 		return gen.res, limit

@@ -17,8 +17,11 @@ type metrics struct {
 	reg *prometheus.Registry
 
 	promptTokens, generationTokens prometheus.Counter
-	finished                       *prometheus.CounterVec // finished_reason
-	ttft, itl, tpot, e2e           prometheus.Histogram
+	// Prefix cache, in prompt tokens as vLLM counts them: looked up, and
+	// of those supplied by the cache.
+	prefixQueries, prefixHits prometheus.Counter
+	finished                  *prometheus.CounterVec // finished_reason
+	ttft, itl, tpot, e2e      prometheus.Histogram
 
 	// Speculative decoding, counted as vLLM counts them: a draft is one
 	// verify step, draft tokens are the proposed tokens (tree nodes, root
@@ -39,6 +42,8 @@ func newMetrics(modelName string, state func() (engine.SchedulerState, engine.Sp
 		reg:              reg,
 		promptTokens:     f.counter("vllm:prompt_tokens_total", "Prompt tokens of finished requests."),
 		generationTokens: f.counter("vllm:generation_tokens_total", "Generated tokens."),
+		prefixQueries:    f.counter("vllm:prefix_cache_queries_total", "Prompt tokens of finished requests looked up in the prefix cache."),
+		prefixHits:       f.counter("vllm:prefix_cache_hits_total", "Prompt tokens of finished requests reused from the prefix cache."),
 		finished: f.counterVec("vllm:request_success_total", "Requests ended, by finish reason (stop, length, abort).",
 			"finished_reason"),
 		ttft:        f.histogram("vllm:time_to_first_token_seconds", "Time from request submission to its first token.", latencyBuckets),
@@ -74,6 +79,9 @@ func newMetrics(modelName string, state func() (engine.SchedulerState, engine.Sp
 	})
 	gauge("ddflash:state_slot_usage_perc", "Share of GDN state slots in use (1 = all).", func(s engine.SchedulerState, _ engine.SpecOptions) float64 {
 		return usedShare(s.FreeSlots, s.TotalSlots)
+	})
+	gauge("ddflash:prefix_cache_checkpoints", "GDN checkpoints (cached prefixes a request can start from) the prefix cache holds.", func(s engine.SchedulerState, _ engine.SpecOptions) float64 {
+		return float64(s.PrefixCheckpoints)
 	})
 	gauge("ddflash:spec_decode_tree_budget", "DDTree nodes verified per step (root excluded); 0 unless --spec ddtree.", func(_ engine.SchedulerState, spec engine.SpecOptions) float64 {
 		if spec.Mode != engine.SpecTree {
@@ -144,13 +152,16 @@ func (t *requestTimer) output() {
 }
 
 // end records a request that finished (reason stop or length) or was
-// aborted, with its token counts and, when it ran to its end inside the
-// engine, its speculation statistics.
-func (t *requestTimer) end(reason string, promptTokens, outputTokens int, spec *engine.SpecStats) {
+// aborted, with its token counts (prompt, cached and output) and, when it
+// ran to its end inside the engine, its speculation statistics.
+func (t *requestTimer) end(reason string, res outcome, spec *engine.SpecStats) {
 	m := t.m
 	now := time.Now()
+	promptTokens, outputTokens := res.promptTokens, res.completionTokens
 	m.finished.WithLabelValues(reason).Inc()
 	m.promptTokens.Add(float64(promptTokens))
+	m.prefixQueries.Add(float64(promptTokens))
+	m.prefixHits.Add(float64(res.cachedTokens))
 	m.generationTokens.Add(float64(outputTokens))
 	m.e2e.Observe(now.Sub(t.start).Seconds())
 	if outputTokens > 1 && t.outputs > 0 {

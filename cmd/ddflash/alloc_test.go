@@ -114,7 +114,7 @@ func TestBenchSizingFollowsThePlan(t *testing.T) {
 	target, draft := tinyModelDirs(t)
 	mf := modelFlags{model: target, draft: draft, spec: "ddtree", budget: 4, rollback: "replay", context: 256, device: "cpu", tp: 1, threads: 1, ssmDtype: "bf16"}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	got, err := benchSizing(&mf, fs, 3, "1GiB")
+	got, err := benchSizing(&mf, fs, 3, "1GiB", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,11 +140,11 @@ func TestBenchSizingFollowsThePlan(t *testing.T) {
 		t.Errorf("engine KV of %d pages of %d tokens for a plan of %d tokens", kv.Pages(), kv.PageSize(), p.KVTokens)
 	}
 	want3 := engine.Options{MaxSeqs: 3, KVDType: kernels.BF16, ConvDType: kernels.BF16, SSMDType: engine.SSMBF16}
-	if unplanned, err := benchSizing(&mf, fs, 3, ""); err != nil || unplanned != want3 {
+	if unplanned, err := benchSizing(&mf, fs, 3, "", 0); err != nil || unplanned != want3 {
 		t.Errorf("on the CPU without --gpu-mem: %+v, %v; want %+v", unplanned, err, want3)
 	}
 	mf.ssmDtype = "fp16"
-	if _, err := benchSizing(&mf, fs, 3, ""); err == nil || !strings.Contains(err.Error(), "--ssm-dtype fp16") {
+	if _, err := benchSizing(&mf, fs, 3, "", 0); err == nil || !strings.Contains(err.Error(), "--ssm-dtype fp16") {
 		t.Errorf("--ssm-dtype fp16: %v, want a refusal naming it", err)
 	}
 }

@@ -67,7 +67,7 @@ DIR/tp1-b15.failure.json.`)
 	weights := fs.String("weights", "checkpoint", "in-process: the target's weights, checkpoint (its own) and/or fp8 (quantised to block-scaled FP8 at load, as ddflash quantize writes it, into a temporary directory); several are loaded together and their runs interleaved pass by pass, and report compares each with the checkpoint's")
 	maxTokens := fs.String("max-tokens", "256,1024", "output lengths")
 	workloads := fs.String("workloads", "fibonacci,math,prose,chat", "built-in workloads and/or z-lab .jsonl files of {\"turns\": [...]}")
-	numPrompts := fs.Int("num-prompts", 0, "use each .jsonl workload's first N conversations (0: all)")
+	numPrompts := fs.Int("num-prompts", 0, "use each workload's first N conversations (0: all)")
 	concurrency := fs.String("concurrency", "1", "requests in flight")
 	repeats := fs.Int("repeats", 3, "measured passes over each run's requests")
 	warmup := fs.Int("warmup", 1, "unmeasured requests before each run")
@@ -83,6 +83,7 @@ DIR/tp1-b15.failure.json.`)
 	url := fs.String("url", "", "benchmark this OpenAI-compatible server (ddflash, vLLM, SGLang) instead of loading --model")
 	servedModel := fs.String("served-model", "", "with --url: the model name to request (default: the server's first)")
 	apiKey := fs.String("api-key", os.Getenv("OPENAI_API_KEY"), "with --url: bearer token (default $OPENAI_API_KEY)")
+	prefixSlots := fs.Int("prefix-cache-slots", 0, "in-process: GDN checkpoints of the engine's prefix cache (0: none); modes ending in -nocache run with it off, e.g. --modes auto,auto-nocache")
 	gpuMem := fs.String("gpu-mem", "", "in-process: size each degree's engine by serve's memory plan in this memory, e.g. 64GiB (on --device cuda the GPU's by default; on the CPU, without it, room for the largest concurrency at full context)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -107,7 +108,7 @@ DIR/tp1-b15.failure.json.`)
 	} else {
 		var ip *bench.InProcess
 		var cleanup func()
-		if ip, cleanup, err = inProcessBackend(&mf, plan, fs, *gpuMem); err != nil {
+		if ip, cleanup, err = inProcessBackend(&mf, plan, fs, *gpuMem, *prefixSlots); err != nil {
 			return err
 		}
 		defer cleanup()
@@ -154,13 +155,16 @@ func parsePlan(modes, tps, maxTokens, workloads, concurrency string, numPrompts,
 // does, by the memory plan (planEngine, Plan.EngineOptions) in gpuMem or,
 // on a GPU, the GPU's memory; on the CPU without gpuMem, with room for
 // running requests at full context (a plan would take the host's memory).
-func benchSizing(mf *modelFlags, fs *flag.FlagSet, running int, gpuMem string) (engine.Options, error) {
+func benchSizing(mf *modelFlags, fs *flag.FlagSet, running int, gpuMem string, prefixSlots int) (engine.Options, error) {
 	if gpuMem == "" && mf.device == "cpu" {
-		return mf.unplannedSizing(running)
+		sizing, err := mf.unplannedSizing(running)
+		sizing.PrefixSlots = prefixSlots
+		return sizing, err
 	}
 	var memory planFlags
 	memory.convDtype = "bf16" // plan's default
 	memory.ssmDtype = mf.ssmDtype
+	memory.prefixSlots = prefixSlots
 	_, p, err := planEngine(mf, memory, fs, running, func() (gpu.Device, error) { return planDevice(gpuMem, mf.device) })
 	if err != nil {
 		return engine.Options{}, err
@@ -176,8 +180,8 @@ func benchSizing(mf *modelFlags, fs *flag.FlagSet, running int, gpuMem string) (
 // concurrency, with the drafter attached when a mode speculates; the sweep
 // then switches the spec mode between configurations. FP8 weights are the
 // target quantised into a temporary directory, which cleanup removes.
-func inProcessBackend(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem string) (*bench.InProcess, func(), error) {
-	ip, q, err := newInProcess(mf, plan, fs, gpuMem)
+func inProcessBackend(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem string, prefixSlots int) (*bench.InProcess, func(), error) {
+	ip, q, err := newInProcess(mf, plan, fs, gpuMem, prefixSlots)
 	return ip, q.remove, err
 }
 
@@ -203,7 +207,7 @@ func (q *quantized) remove() {
 	}
 }
 
-func newInProcess(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem string) (*bench.InProcess, *quantized, error) {
+func newInProcess(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem string, prefixSlots int) (*bench.InProcess, *quantized, error) {
 	q := &quantized{}
 	if err := mf.resolveDefault(); err != nil {
 		return nil, q, err
@@ -242,7 +246,7 @@ func newInProcess(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem str
 			}
 			target.model = dir
 		}
-		sizing, err := benchSizing(&target, fs, slices.Max(plan.Concurrency), gpuMem)
+		sizing, err := benchSizing(&target, fs, slices.Max(plan.Concurrency), gpuMem, prefixSlots)
 		if err != nil {
 			return nil, err
 		}

@@ -34,6 +34,7 @@ type planFlags struct {
 	maxMambaCacheSize    int
 	mambaFullMemoryRatio float64
 	disableRadixCache    bool
+	noPrefixCache        bool
 }
 
 var sglangOnlyFlags = []string{"mem-fraction-static", "max-mamba-cache-size", "mamba-full-memory-ratio", "disable-radix-cache"}
@@ -61,7 +62,8 @@ func (f *planFlags) register(fs *flag.FlagSet) {
 // registerMemory registers the cache and memory flags that serve shares
 // with plan and tune, so that the serve line a plan prints runs as printed.
 func (f *planFlags) registerMemory(fs *flag.FlagSet) {
-	fs.IntVar(&f.prefixSlots, "prefix-slots", 0, "extra GDN state slots kept for prefix caching")
+	fs.IntVar(&f.prefixSlots, "prefix-cache-slots", 0, "GDN checkpoints the prefix cache keeps, each a state slot beside the running requests' (0: no prefix cache)")
+	fs.BoolVar(&f.noPrefixCache, "no-prefix-cache", false, "turn the prefix cache off (as --prefix-cache-slots 0)")
 	fs.StringVar(&f.kvDtype, "kv-dtype", "", "KV cache dtype: bf16, fp16, fp8 or fp32 (default: the checkpoint's)")
 	fs.StringVar(&f.ssmDtype, "ssm-dtype", "", "recurrent state dtype: fp32, bf16 or fp16 (default: the config's mamba_ssm_dtype)")
 	fs.StringVar(&f.convDtype, "conv-dtype", "bf16", "conv state dtype: bf16, fp16 or fp32")
@@ -142,7 +144,9 @@ func (f *planFlags) resolveOn(fs *flag.FlagSet, device func() (gpu.Device, error
 		k.MemFraction = f.memFractionStatic
 	}
 	k.MaxRunningRequests, k.TP, k.Context, k.Budget = f.maxRunning, f.tp, f.context, f.budget
-	k.PrefixSlots = f.prefixSlots
+	if !f.noPrefixCache {
+		k.PrefixSlots = f.prefixSlots
+	}
 	if sglang {
 		k.MaxMambaCacheSize, k.MambaFullMemoryRatio, k.DisableRadixCache = f.maxMambaCacheSize, f.mambaFullMemoryRatio, f.disableRadixCache
 	}
@@ -385,7 +389,7 @@ func serveFlags(s *planSetup, p *planner.Plan) string {
 		add("mem-fraction", fmt.Sprintf("%.3f", p.MemFraction))
 	}
 	if k.PrefixSlots > 0 {
-		add("prefix-slots", k.PrefixSlots)
+		add("prefix-cache-slots", k.PrefixSlots)
 	}
 	return "ddflash serve " + strings.Join(f, " ")
 }

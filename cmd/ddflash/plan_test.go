@@ -107,7 +107,7 @@ func TestPlanFlagErrors(t *testing.T) {
 }
 
 func TestPlanTextShowsEveryUse(t *testing.T) {
-	out, err := runPlanArgs(t, "--gpu-mem 97887MiB --gpu-free 90GiB --max-running-requests 8 --rollback snapshot --prefix-slots 2")
+	out, err := runPlanArgs(t, "--gpu-mem 97887MiB --gpu-free 90GiB --max-running-requests 8 --rollback snapshot --prefix-cache-slots 2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,10 +115,10 @@ func TestPlanTextShowsEveryUse(t *testing.T) {
 		"KV cache per token                              64.00 KiB",
 		"GDN state per slot                             146.81 MiB",
 		"rollback per request (snapshot, 16 tokens)       2.29 GiB",
-		"other processes", "runtime reserve", "target weights", "GDN state slots", "rollback: per-token state snapshots",
+		"other processes", "runtime reserve", "target weights", "GDN state slots", "prefix-cache checkpoints", "rollback: per-token state snapshots",
 		"state slots           10 (1 per request; rollback reserved for 8)",
 		"warning: per-token state snapshots take 18.35 GiB",
-		"--rollback snapshot", "--prefix-slots 2",
+		"--rollback snapshot", "--prefix-cache-slots 2",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)

@@ -41,6 +41,7 @@ type serveConfig struct {
 	memory                       planFlags // the cache and memory flags only
 	addr, apiKey, name, memSize  string
 	maxRunning, maxQueue, chunk  int
+	prefixInterval               int
 	maxBody                      int64
 	timeouts                     server.Timeouts
 	allowedHosts, allowedOrigins listFlag
@@ -70,6 +71,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.maxRunning, "max-running-requests", 16, "requests decoding at once; the memory plan may lower it")
 	fs.IntVar(&c.maxQueue, "max-queue", 0, "requests waiting for admission before 429 answers (default: 4 × running)")
 	fs.IntVar(&c.chunk, "chunked-prefill-size", 0, "prompt tokens prefilled per step over all requests (default: the engine's prefill chunk, 512)")
+	fs.IntVar(&c.prefixInterval, "prefix-checkpoint-interval", 0, "with --prefix-cache-slots, also checkpoint prompts every N KV pages (rounded up to 64-token GDN chunks), not only at their end")
 	fs.Int64Var(&c.maxBody, "max-body-bytes", server.DefaultMaxBodyBytes, "largest request body")
 	t, d := &c.timeouts, server.DefaultTimeouts
 	fs.DurationVar(&t.Read, "read-timeout", d.Read, "time to read a whole request, body included (0: none)")
@@ -186,6 +188,7 @@ func (c *serveConfig) plan(fs *flag.FlagSet, log *slog.Logger, stderr io.Writer)
 	if err != nil {
 		return engine.Options{}, nil, err
 	}
+	opts.PrefixInterval = c.prefixInterval
 	if p.MaxRunning.Effective < c.maxRunning {
 		log.Warn("the memory plan lowers --max-running-requests", "requested", c.maxRunning, "effective", p.MaxRunning.Effective)
 	}

@@ -168,7 +168,7 @@ var tuneRows = []tuneRow{
 				k.Rollback = cycle([]mamba.Strategy{mamba.Replay, mamba.Snapshot}, k.Rollback, d)
 			}
 		}},
-	{"prefix slots", func(k planner.Knobs) string { return ddflashOnly(k, fmt.Sprint(k.PrefixSlots)) },
+	{"prefix-cache slots", func(k planner.Knobs) string { return ddflashOnly(k, fmt.Sprint(k.PrefixSlots)) },
 		func(k *planner.Knobs, d int) { k.PrefixSlots = max(0, k.PrefixSlots+d) }},
 	{"rules", func(k planner.Knobs) string { return k.Mode.String() },
 		func(k *planner.Knobs, d int) {
@@ -223,7 +223,7 @@ var barLetters = map[string]byte{
 	"CUDA context": 'c', "other processes": 'o',
 	"runtime reserve (activations, workspace)": 'r', "runtime headroom (activations, CUDA graphs)": 'r',
 	"target weights": 'W', "draft weights": 'w', "other static allocations": 'x',
-	"KV cache": 'K', "draft KV cache": 'k', "GDN state slots": 'S',
+	"KV cache": 'K', "draft KV cache": 'k', "GDN state slots": 'S', "prefix-cache checkpoints": 'P',
 	"rollback: replay inputs": 'R', "rollback: per-token state snapshots": 'R',
 	"unassigned": '.', "over budget": '!',
 }

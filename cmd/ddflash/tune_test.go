@@ -207,3 +207,25 @@ func TestTuneRowsStepBothWays(t *testing.T) {
 		t.Error("q does not quit")
 	}
 }
+
+// TestEverySegmentHasABarLetter plans with every kind of memory use (a
+// drafter, prefix-cache slots, snapshots; ddflash and SGLang rules) and
+// checks that tune's bar has a letter for each.
+func TestEverySegmentHasABarLetter(t *testing.T) {
+	target, _ := planner.LoadTarget("qwen3.6-27b")
+	drafter, _ := planner.LoadDrafter("qwen3.6-27b-dflash")
+	for _, k := range []planner.Knobs{
+		{GPUTotal: 97887 << 20, MaxRunningRequests: 4, Spec: planner.SpecDDTree, PrefixSlots: 2},
+		{GPUTotal: 97887 << 20, MaxRunningRequests: 4, Spec: planner.SpecDDTree, Rollback: mamba.Snapshot, Mode: planner.ModeSGLang},
+	} {
+		p, err := planner.Compute(planner.Models{Target: target, Drafter: drafter}, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range p.Memory {
+			if _, ok := barLetters[s.Use]; !ok {
+				t.Errorf("no bar letter for %q", s.Use)
+			}
+		}
+	}
+}

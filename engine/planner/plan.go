@@ -290,7 +290,8 @@ func (p *Plan) planDDFlash(k Knobs) {
 		{"draft weights", b.DraftWeights},
 		{"KV cache", p.KVTokens * b.PerKVToken},
 		{"draft KV cache", p.KVTokens*b.DraftKVPerToken + draftWindows},
-		{"GDN state slots", states},
+		{"GDN state slots", int64(k.MaxRunningRequests) * b.PerStateSlot},
+		{"prefix-cache checkpoints", int64(k.PrefixSlots) * b.PerStateSlot},
 		{rollbackUse(k.Rollback), rollback},
 	}
 	p.closeMemory(k.GPUTotal)
@@ -373,8 +374,8 @@ func EngineSSMDType(d DType) (engine.SSMDType, bool) {
 
 // EngineOptions is the engine sizing the plan sets: its KV tokens, one
 // state slot per running request, the context and the cache dtypes. It
-// refuses what the engine cannot store (fp16 or fp8 caches and states,
-// prefix-cache slots).
+// refuses what the engine cannot store (fp16 or fp8 caches and states);
+// prefix-cache slots become the engine's checkpoints.
 func (p *Plan) EngineOptions() (engine.Options, error) {
 	k := p.Settings
 	storage := map[DType]kernels.DType{FP32: kernels.F32, BF16: kernels.BF16}
@@ -388,8 +389,6 @@ func (p *Plan) EngineOptions() (engine.Options, error) {
 		return engine.Options{}, fmt.Errorf("--conv-dtype %s: the engine stores the conv state in bf16 or fp32", k.ConvDtype.Name)
 	case !okSSM:
 		return engine.Options{}, fmt.Errorf("--ssm-dtype %s: the engine keeps the GDN recurrent state in bf16 or fp32", k.SSMDtype.Name)
-	case k.PrefixSlots > 0:
-		return engine.Options{}, fmt.Errorf("--prefix-slots %d: the engine has no prefix cache", k.PrefixSlots)
 	}
-	return engine.Options{Context: k.Context, MaxSeqs: p.MaxRunning.Effective, KVTokens: int(p.KVTokens), KVDType: kv, ConvDType: conv, SSMDType: ssm}, nil
+	return engine.Options{Context: k.Context, MaxSeqs: p.MaxRunning.Effective, KVTokens: int(p.KVTokens), KVDType: kv, ConvDType: conv, SSMDType: ssm, PrefixSlots: k.PrefixSlots}, nil
 }

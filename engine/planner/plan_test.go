@@ -461,7 +461,7 @@ func TestEngineOptions(t *testing.T) {
 		{BF16, BF16, BF16, 0, ""},
 		{FP32, FP32, BF16, 0, ""},
 		{BF16, BF16, FP16, 0, "--ssm-dtype fp16"},
-		{BF16, BF16, FP32, 2, "--prefix-slots 2"},
+		{BF16, BF16, FP32, 2, ""},
 	} {
 		p := &Plan{KVTokens: 1234, Settings: Knobs{KVDtype: c.kv, ConvDtype: c.conv, SSMDtype: c.ssm, PrefixSlots: c.prefix, Context: 99}}
 		p.MaxRunning.Effective = 3
@@ -479,7 +479,7 @@ func TestEngineOptions(t *testing.T) {
 		if c.ssm == BF16 {
 			wantSSM = engine.SSMBF16
 		}
-		if err != nil || opts.KVTokens != 1234 || opts.MaxSeqs != 3 || opts.Context != 99 || opts.KVDType != wantKV || opts.ConvDType != wantConv || opts.SSMDType != wantSSM {
+		if err != nil || opts.KVTokens != 1234 || opts.MaxSeqs != 3 || opts.Context != 99 || opts.KVDType != wantKV || opts.ConvDType != wantConv || opts.SSMDType != wantSSM || opts.PrefixSlots != c.prefix {
 			t.Errorf("%+v: options %+v, %v", c, opts, err)
 		}
 	}
