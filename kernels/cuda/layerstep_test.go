@@ -47,6 +47,12 @@ type layerWeights struct {
 	bufs                                    []kernels.Buffer
 }
 
+func (w *layerWeights) free(be kernels.Backend) {
+	for _, b := range w.bufs {
+		be.Free(b)
+	}
+}
+
 type stepHarness struct {
 	tb  testing.TB
 	be  kernels.Backend
