@@ -26,7 +26,7 @@ func TestStepTime(t *testing.T) {
 	be := gpu(t)
 	peak, peakFrom := hbmBandwidth(t, be)
 	h := &stepHarness{tb: t, be: be, rng: rand.New(rand.NewPCG(21, 22))}
-	w := newLayerWeights(h, qwen36)
+	w := newLayerWeights(h, qwen36, kernels.BF16)
 	defer w.free(be)
 	const context = 4096
 	var table strings.Builder
