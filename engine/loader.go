@@ -283,7 +283,9 @@ func upload(b kernels.Backend, ckpt *safetensors.Checkpoint, t safetensors.Tenso
 }
 
 // take returns the shard the spec selects of a row-major tensor held as
-// values (unit 1) or as raw bytes (unit: the element size).
+// values (unit 1) or as raw bytes (unit: the element size). A shard that
+// is the whole tensor (one rank) is data itself: copying a 248k-row
+// embedding row by row costs gigabytes of garbage.
 func take[T any](data []T, s TensorSpec, unit int) []T {
 	if s.Rows == nil && s.Cols == (Span{}) {
 		return data
@@ -297,7 +299,14 @@ func take[T any](data []T, s TensorSpec, unit int) []T {
 	if s.Cols == (Span{}) {
 		cols = Span{0, width}
 	}
-	var out []T
+	if len(rowSpans) == 1 && rowSpans[0] == (Span{0, s.Shape[0]}) && cols == (Span{0, width}) {
+		return data
+	}
+	rows := 0
+	for _, rs := range rowSpans {
+		rows += rs.Len()
+	}
+	out := make([]T, 0, rows*cols.Len())
 	for _, rs := range rowSpans {
 		for r := rs.From; r < rs.To; r++ {
 			out = append(out, data[r*width+cols.From:r*width+cols.To]...)

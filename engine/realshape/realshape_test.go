@@ -3,7 +3,8 @@
 // 4 KV heads, GDN 16 key / 48 value heads × 128, MLP 17,408, vocabulary
 // 248,320; one GDN and one attention layer). Its checkpoint is 6.6 GB, so it
 // is regenerated from its seed rather than committed, and the test has this
-// package to itself.
+// package to itself: it runs the checkpoint on the CPU backend and on the
+// CUDA backend's CPU emulation, one after the other.
 package realshape
 
 import (
@@ -21,6 +22,7 @@ import (
 	"ddflash/engine"
 	"ddflash/engine/testmodel"
 	"ddflash/internal/closeness"
+	"ddflash/kernels"
 	"ddflash/kernels/cpu"
 )
 
@@ -36,13 +38,23 @@ type shapesGolden struct {
 	Max       []float64   `json:"max"`
 }
 
+// backend is a backend TestQwen36Shapes runs the golden sequence on.
+type backend struct {
+	name string
+	open func(t *testing.T) kernels.Backend
+}
+
+// backends: the CPU backend here, the CUDA backend on its CPU emulation
+// where cgo builds it (emulated_test.go).
+var backends = []backend{{"cpu", func(*testing.T) kernels.Backend { return cpu.New(0) }}}
+
 // TestQwen36Shapes regenerates the bf16 qwen36-shapes checkpoint from seed
 // 1, checks that it is byte for byte the one the reference read (SHA-256),
-// runs the sequence through the CPU backend and compares, at every
-// position, the sampled logits, the log-sum-exp over the whole vocabulary
-// and the argmax with the float64 reference. Bound as in the tiny golden
-// test: F32 activations against float64 with the same bf16 weights,
-// 1e-4 of the values' scale.
+// and on each backend runs the sequence in one forward and compares, at
+// every position, the sampled logits, the log-sum-exp over the whole
+// vocabulary and the argmax with the float64 reference. Bound as in the
+// tiny golden test: F32 activations against float64 with the same bf16
+// weights, 1e-4 of the values' scale.
 func TestQwen36Shapes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes and runs a 6.6 GB checkpoint (minutes on 2 cores)")
@@ -63,16 +75,26 @@ func TestQwen36Shapes(t *testing.T) {
 	if err := testmodel.Write(dir, testmodel.Options{Preset: p, Seed: 1, DType: "bf16"}); err != nil {
 		t.Fatal(err)
 	}
-	runtime.GC()
-	debug.FreeOSMemory() // the written tensors, before the loader copies the file
+	releaseMemory() // the written tensors, before the loader copies the file
 	if sum := fileSHA256(t, filepath.Join(dir, "model.safetensors")); sum != g.SHA256 {
 		t.Fatalf("regenerated checkpoint has SHA-256 %s, the reference read %s: testmodel's output changed; rerun tools/reference/make_shapes_golden.py", sum, g.SHA256)
 	}
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			checkGolden(t, b.open(t), dir, &g)
+			releaseMemory() // one backend's weights at a time
+		})
+	}
+}
 
-	e, err := engine.Load(cpu.New(0), dir, engine.Options{PageSize: 16, Context: 64})
+// checkGolden loads the checkpoint in dir on be, runs g's sequence in one
+// forward and compares every position with g.
+func checkGolden(t *testing.T, be kernels.Backend, dir string, g *shapesGolden) {
+	e, err := engine.Load(be, dir, engine.Options{PageSize: 16, Context: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer e.Close()
 	slot, err := e.Model.States.Acquire()
 	if err != nil {
 		t.Fatal(err)
@@ -106,6 +128,13 @@ func TestQwen36Shapes(t *testing.T) {
 			t.Logf("position %d: max |Δ logit| %.2e, |Δ log-sum-exp| %.2e at scale %.1f", pos, d, lse, scale)
 		}
 	}
+}
+
+// releaseMemory returns the Go heap's free memory to the OS, so that the
+// test's peak stays near one copy of the checkpoint.
+func releaseMemory() {
+	runtime.GC()
+	debug.FreeOSMemory()
 }
 
 func fileSHA256(t *testing.T, path string) string {

@@ -3,17 +3,15 @@
 package cuda
 
 import (
-	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
 	"ddflash/kernels"
 	"ddflash/kernels/cpu"
+	"ddflash/kernels/cuda/emulator"
 	"ddflash/kernels/kerneltest"
 )
 
@@ -38,34 +36,19 @@ func TestEmulator(t *testing.T) {
 	if err != nil {
 		t.Fatalf("emulated tests: %v\n%s", err, out)
 	}
-	for _, name := range []string{"TestEmulatedConformance", "TestEmulatedMatMul", "TestEmulatedAttentionSplit", "TestEmulatedGDNChunked", "TestEmulatedGraph", "TestEmulatedLayerStep", "TestEmulatedModel"} {
+	for _, name := range []string{"TestEmulatedConformance", "TestEmulatedMatMul", "TestEmulatedMatMulFP8", "TestEmulatedAttentionSplit", "TestEmulatedGDNChunked", "TestEmulatedGraph", "TestEmulatedLayerStep", "TestEmulatedModel"} {
 		if !strings.Contains(string(out), "--- PASS: "+name) {
 			t.Errorf("the child process did not pass %s:\n%s", name, out)
 		}
 	}
 }
 
-// buildEmulator compiles emu/driver.cc with every kernel of the embedded
-// PTX in its table and returns the library's path.
+// buildEmulator builds the CPU emulation with every kernel of the embedded
+// PTX and returns the library's path.
 func buildEmulator(t *testing.T) string {
 	t.Helper()
-	cxx := "clang++-16"
-	if _, err := exec.LookPath(cxx); err != nil {
-		cxx = "c++"
-	}
-	dir := t.TempDir()
-	names := make([]string, 0, len(kernelParams))
-	for name := range kernelParams {
-		names = append(names, "K("+name+")\n")
-	}
-	slices.Sort(names)
-	must(t, os.WriteFile(filepath.Join(dir, "table.inc"), []byte(strings.Join(names, "")), 0o644))
-	lib := filepath.Join(dir, "libcuda-emu.so")
-	cmd := exec.Command(cxx, "-std=c++17", "-O1", "-w", "-shared", "-fPIC", "-DDDFLASH_EMU", "-I", dir,
-		"-o", lib, "emu/driver.cc")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building the CPU emulation with %s: %v\n%s", cxx, err, out)
-	}
+	lib, err := emulator.Build(t.TempDir(), KernelNames())
+	must(t, err)
 	return lib
 }
 
@@ -91,6 +74,32 @@ func TestEmulatedMatMul(t *testing.T) {
 		t.Fatal("the emulated cuBLASLt did not load")
 	}
 	checkMatMul(t, be, 24, 136)
+}
+
+// TestEmulatedMatMulFP8 runs MatMul on a block-scaled FP8 weight of
+// Qwen3.6-27B's down projection shape [5120, 17408] (136 scale blocks per
+// row) for decode and a verify block (the warp-per-row and the tiled
+// kernel), against the CPU backend.
+func TestEmulatedMatMulFP8(t *testing.T) {
+	be := emulated(t)
+	const n, k = 5120, 17408
+	for _, m := range []int{1, 9} {
+		var out [2][]float32
+		for i, b := range []kernels.Backend{cpu.New(2), be} {
+			h := &stepHarness{tb: t, be: b, rng: rand.New(rand.NewPCG(3, uint64(m)))}
+			var bufs []kernels.Buffer
+			w, x, o := h.fp8(n, k, &bufs), h.alloc(kernels.F32, m*k, 1, &bufs), h.alloc(kernels.F32, m*n, 0, &bufs)
+			b.MatMul(o, x, w, m, n, k)
+			out[i] = make([]float32, m*n)
+			must(t, b.DownloadF32(o, 0, out[i]))
+			for _, buf := range bufs {
+				b.Free(buf)
+			}
+		}
+		if d := relNorm(out[1], out[0]); !(d < 1e-5) {
+			t.Errorf("m=%d: ‖emulated−cpu‖/‖cpu‖ = %.2g", m, d)
+		}
+	}
 }
 
 // TestEmulatedGDNChunked compares GDNChunked with the CPU backend at
@@ -135,25 +144,56 @@ func TestEmulatedGDNChunked(t *testing.T) {
 
 func TestEmulatedGraph(t *testing.T) { checkGraphReplay(t, emulated(t)) }
 
-// TestEmulatedLayerStep runs the step-time benchmark's step at toy sizes,
-// decode and tree verify, and compares it with the CPU backend.
+// TestEmulatedLayerStep runs the step-time benchmark's step, decode and
+// tree verify, at toy sizes and at Qwen3.6-27B's own shapes (random
+// weights: every op of an attention and a GDN layer with their MLPs; with
+// bf16 linear layers the verify rows go through cuBLASLt; FP8 block-scaled
+// ones decode only), and compares what the step adds to the residual stream
+// with the CPU backend.
 func TestEmulatedLayerStep(t *testing.T) {
 	be := emulated(t)
-	s := layerShape{
+	toy := layerShape{
 		hidden: 64, inter: 96, heads: 4, kvHeads: 2, headDim: 32, rotDim: 8,
 		gdn: kernels.GDNShape{KeyHeads: 2, ValueHeads: 4, KeyDim: 40, ValueDim: 36}, convK: 4, pageSize: 4,
 	}
-	for _, rows := range []int{1, 9} {
-		var out [2][]float32
+	// FP8 verify rows (the tiled kernel) at every one of these shapes would
+	// cost the emulation half a minute: TestEmulatedMatMulFP8 runs them at
+	// the largest.
+	for _, c := range []struct {
+		name    string
+		s       layerShape
+		linear  kernels.DType
+		context int
+		rows    []int
+	}{
+		{"toy", toy, kernels.BF16, 13, []int{1, 9}},
+		{"qwen36", qwen36, kernels.BF16, 100, []int{1, 9}},
+		{"qwen36-fp8", qwen36, kernels.F8E4M3, 100, []int{1}},
+	} {
+		var out [2][][]float32 // [backend][rows]
 		for i, b := range []kernels.Backend{cpu.New(2), be} {
 			h := &stepHarness{tb: t, be: b, rng: rand.New(rand.NewPCG(1, 2))}
-			l := newLayerStep(h, newLayerWeights(h, s), s, rows, 13)
-			l.run()
-			out[i] = make([]float32, rows*s.hidden)
-			must(t, b.DownloadF32(l.x, 0, out[i]))
+			w := newLayerWeights(h, c.s, c.linear)
+			for _, r := range c.rows {
+				l := newLayerStep(h, w, c.s, r, c.context)
+				before, after := make([]float32, r*c.s.hidden), make([]float32, r*c.s.hidden)
+				must(t, b.DownloadF32(l.x, 0, before))
+				l.run()
+				must(t, b.DownloadF32(l.x, 0, after))
+				for j := range after {
+					after[j] -= before[j] // what the two layers add to the residual stream
+				}
+				out[i] = append(out[i], after)
+				l.free()
+			}
+			w.free(b)
 		}
-		if d := relNorm(out[1], out[0]); !(d < 1e-4) || math.IsNaN(d) {
-			t.Errorf("rows %d: ‖emulated−cpu‖/‖cpu‖ = %.2g", rows, d)
+		for j, r := range c.rows {
+			if d := relNorm(out[1][j], out[0][j]); !(d < 1e-4) {
+				t.Errorf("%s rows %d: the step's residual update differs, ‖emulated−cpu‖/‖cpu‖ = %.2g", c.name, r, d)
+			} else {
+				t.Logf("%s rows %d: residual update ‖emulated−cpu‖/‖cpu‖ = %.2g", c.name, r, d)
+			}
 		}
 	}
 }

@@ -47,6 +47,12 @@ type layerWeights struct {
 	bufs                                    []kernels.Buffer
 }
 
+func (w *layerWeights) free(be kernels.Backend) {
+	for _, b := range w.bufs {
+		be.Free(b)
+	}
+}
+
 type stepHarness struct {
 	tb  testing.TB
 	be  kernels.Backend
@@ -72,6 +78,8 @@ func (h *stepHarness) alloc(dt kernels.DType, n int, scale float64, bufs *[]kern
 		switch dt {
 		case kernels.BF16:
 			binary.LittleEndian.PutUint16(block[i:], half.Float32ToBF16(v))
+		case kernels.F8E4M3:
+			block[i] = half.Float32ToE4M3(v)
 		default:
 			binary.LittleEndian.PutUint32(block[i:], math.Float32bits(v))
 		}
@@ -84,20 +92,43 @@ func (h *stepHarness) alloc(dt kernels.DType, n int, scale float64, bufs *[]kern
 	return b
 }
 
-func newLayerWeights(h *stepHarness, s layerShape) *layerWeights {
+// newLayerWeights makes the weights with the linear layers (every MatMul
+// weight) in linear: BF16, or F8E4M3 block-scaled with random block scales.
+// fp8 returns a random block-scaled FP8 weight [rows, cols]: values about
+// 1.3·N(0,1) and block scales about N(0,1)/64, so weights near 0.02·N(0,1)
+// as newLayerWeights' bf16 ones.
+func (h *stepHarness) fp8(rows, cols int, bufs *[]kernels.Buffer) *kernels.BlockScaled {
+	h.tb.Helper()
+	br, bc := kernels.ScaleBlocks(rows, cols)
+	w, err := kernels.NewBlockScaled(h.alloc(kernels.F8E4M3, rows*cols, 1.3, bufs), h.alloc(kernels.F32, br*bc, 1.0/64, bufs), rows, cols)
+	if err != nil {
+		h.tb.Fatal(err)
+	}
+	return w
+}
+
+func newLayerWeights(h *stepHarness, s layerShape, linear kernels.DType) *layerWeights {
 	w := &layerWeights{}
 	bf := func(rows, cols int) kernels.Buffer {
 		w.bytes += int64(rows * cols * 2)
 		return h.alloc(kernels.BF16, rows*cols, 0.02, &w.bufs)
 	}
+	lin := bf
+	if linear == kernels.F8E4M3 {
+		lin = func(rows, cols int) kernels.Buffer {
+			br, bc := kernels.ScaleBlocks(rows, cols)
+			w.bytes += int64(rows*cols + br*bc*4)
+			return h.fp8(rows, cols, &w.bufs)
+		}
+	}
 	qDim := s.heads * s.headDim
-	w.q, w.k, w.v, w.o = bf(2*qDim, s.hidden), bf(s.kvDim(), s.hidden), bf(s.kvDim(), s.hidden), bf(s.hidden, qDim)
+	w.q, w.k, w.v, w.o = lin(2*qDim, s.hidden), lin(s.kvDim(), s.hidden), lin(s.kvDim(), s.hidden), lin(s.hidden, qDim)
 	w.qNorm, w.kNorm = bf(1, s.headDim), bf(1, s.headDim)
-	w.qkv, w.z, w.b, w.a = bf(s.convDim(), s.hidden), bf(s.vDim(), s.hidden), bf(s.gdn.ValueHeads, s.hidden), bf(s.gdn.ValueHeads, s.hidden)
+	w.qkv, w.z, w.b, w.a = lin(s.convDim(), s.hidden), lin(s.vDim(), s.hidden), lin(s.gdn.ValueHeads, s.hidden), lin(s.gdn.ValueHeads, s.hidden)
 	w.conv, w.aLog, w.dtBias, w.gNorm = bf(s.convDim(), s.convK), bf(1, s.gdn.ValueHeads), bf(1, s.gdn.ValueHeads), bf(1, s.gdn.ValueDim)
-	w.out, w.inNorm, w.postNorm = bf(s.hidden, s.vDim()), bf(1, s.hidden), bf(1, s.hidden)
+	w.out, w.inNorm, w.postNorm = lin(s.hidden, s.vDim()), bf(1, s.hidden), bf(1, s.hidden)
 	for i := range w.mlp {
-		w.mlp[i] = [3]kernels.Buffer{bf(s.inter, s.hidden), bf(s.inter, s.hidden), bf(s.hidden, s.inter)}
+		w.mlp[i] = [3]kernels.Buffer{lin(s.inter, s.hidden), lin(s.inter, s.hidden), lin(s.hidden, s.inter)}
 	}
 	freq := make([]float32, s.rotDim/2)
 	for i := range freq {
@@ -268,7 +299,7 @@ func TestLayerStepOnCPU(t *testing.T) {
 		gdn: kernels.GDNShape{KeyHeads: 2, ValueHeads: 4, KeyDim: 16, ValueDim: 8}, convK: 4, pageSize: 4,
 	}
 	h := &stepHarness{tb: t, be: cpu.New(2), rng: rand.New(rand.NewPCG(1, 2))}
-	w := newLayerWeights(h, s)
+	w := newLayerWeights(h, s, kernels.BF16)
 	for _, rows := range []int{1, 9} {
 		l := newLayerStep(h, w, s, rows, 13)
 		l.run()

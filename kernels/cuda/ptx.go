@@ -6,6 +6,7 @@ import (
 	"embed"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -25,6 +26,17 @@ type param struct {
 // that launch can reject arguments that do not match the kernel's
 // signature: a mismatch would otherwise read garbage on the device.
 var kernelParams = parsePTXParams("ptx/sm_80")
+
+// KernelNames lists every kernel in the embedded PTX (for the CPU
+// emulation, kernels/cuda/emulator).
+func KernelNames() []string {
+	names := make([]string, 0, len(kernelParams))
+	for name := range kernelParams {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
 
 var (
 	entryRE = regexp.MustCompile(`(?s)\.entry\s+(\w+)\(\s*(.*?)\)`)

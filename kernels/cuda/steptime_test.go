@@ -26,12 +26,8 @@ func TestStepTime(t *testing.T) {
 	be := gpu(t)
 	peak, peakFrom := hbmBandwidth(t, be)
 	h := &stepHarness{tb: t, be: be, rng: rand.New(rand.NewPCG(21, 22))}
-	w := newLayerWeights(h, qwen36)
-	defer func() {
-		for _, b := range w.bufs {
-			be.Free(b)
-		}
-	}()
+	w := newLayerWeights(h, qwen36, kernels.BF16)
+	defer w.free(be)
 	const context = 4096
 	var table strings.Builder
 	fmt.Fprintf(&table, "step-time: 1 attention + 1 GDN layer + 2 MLPs at Qwen3.6-27B shapes, %d cached tokens, %s\n", context, be.Name())

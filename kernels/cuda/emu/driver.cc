@@ -1,6 +1,6 @@
 // A stand-in libcuda.so.1 that runs the kernels on the CPU, so that the
 // tests can drive the real backend (kernels/cuda) through the whole
-// kernels.Backend conformance suite without a GPU: emu_test.go builds it
+// kernels.Backend conformance suite without a GPU: package emulator builds it
 // with the kernels compiled as C++ and points DDFLASH_LIBCUDA at it.
 //
 // Memory is host memory, every call is synchronous, and a launch runs its
@@ -115,8 +115,15 @@ static void *sched_sp;
 static int current, n_threads;
 static const char *cur_name;               // the running kernel
 static const std::function<void()> *cur_call;  // and its bound arguments
-static float shfl_f[1024];
-static int shfl_i[1024];
+// ShuffleSlots hold each thread's value for a warp shuffle and the warp
+// barrier generation it was written at, by that generation's parity.
+template <typename T>
+struct ShuffleSlots {
+  T value[2][1024];
+  unsigned gen[2][1024];
+};
+static ShuffleSlots<float> shfl_f;
+static ShuffleSlots<int> shfl_i;
 
 static void yield() { emu_switch(&fibers[current].sp, sched_sp); }
 
@@ -145,14 +152,21 @@ static void drop(Barrier &b) {
 
 void emu_barrier() { arrive(block_bar); }
 
+// shfl waits once per shuffle: each lane writes its value at the parity
+// of the warp barrier's generation, arrives, and reads its partner's. No
+// lane writes that parity again before every lane has read it, since that
+// takes passing the next shuffle's barrier. A partner that has exited (or
+// lies outside the block) wrote nothing at this generation: the lane keeps
+// its own value.
 template <typename T>
-static T shfl(T *slots, T v, int lane_mask) {
+static T shfl(ShuffleSlots<T> &slots, T v, int lane_mask) {
   int t = current, p = t ^ lane_mask;
-  slots[t] = v;
-  arrive(warp_bars[t / 32]);
-  T r = p < n_threads && !fibers[p].done ? slots[p] : v;
-  arrive(warp_bars[t / 32]);
-  return r;
+  Barrier &warp = warp_bars[t / 32];
+  unsigned gen = warp.gen, parity = gen & 1;
+  slots.value[parity][t] = v;
+  slots.gen[parity][t] = gen;
+  arrive(warp);
+  return p < n_threads && slots.gen[parity][p] == gen ? slots.value[parity][p] : v;
 }
 float emu_shfl_f32(float v, int lane_mask) { return shfl(shfl_f, v, lane_mask); }
 int emu_shfl_i32(int v, int lane_mask) { return shfl(shfl_i, v, lane_mask); }
@@ -184,6 +198,8 @@ static void run_block() {
     f.sp = top - 6;
     memset(f.sp, 0, 6 * sizeof(void *));
   }
+  for (unsigned *stamps : {shfl_f.gen[0], shfl_f.gen[1], shfl_i.gen[0], shfl_i.gen[1]})
+    memset(stamps, 0xff, n_threads * sizeof *stamps);  // no generation: nothing from an earlier block
   block_bar = {n_threads, 0, 0};
   warp_bars.assign((n_threads + 31) / 32, Barrier{});
   for (int w = 0; w * 32 < n_threads; w++) warp_bars[w].live = n_threads - 32 * w < 32 ? n_threads - 32 * w : 32;
@@ -465,20 +481,46 @@ LT cublasLtMatmulAlgoGetHeuristic(void *, LtDesc *, LtLayout *, LtLayout *, LtLa
   *n = 1;
   return 0;
 }
+// lt_column widens column c of a matrix (contiguous in column-major
+// storage) to floats.
+static void lt_column(const LtLayout *l, const void *p, uint64_t c, float *out) {
+  size_t base = c * (size_t)l->ld;
+  for (uint64_t r = 0; r < l->rows; r++) switch (l->type) {
+      case CUDA_R_16BF: out[r] = to_f32(((const bf16 *)p)[base + r]); break;
+      case CUDA_R_16F: out[r] = to_f32(((const f16 *)p)[base + r]); break;
+      default: out[r] = ((const float *)p)[base + r];
+    }
+}
+
+// cublasLtMatmul widens op(B) (the activations: a few columns) once, laid
+// out [k][m] with m padded to whole 16-column groups, and each row of op(A)
+// (a weight row) once, then runs 16 output columns' accumulations side by
+// side (one vector register); each element is still one fma chain over k
+// in order.
 LT cublasLtMatmul(void *, LtDesc *d, const float *alpha, const void *A, LtLayout *a, const void *B, LtLayout *b,
                   const float *beta, const void *C, LtLayout *c, void *D, LtLayout *dl, const void *, void *, size_t,
                   void *) {
-  uint64_t n = dl->rows, m = dl->cols, k = d->trans[0] ? a->rows : a->cols;
-  for (uint64_t j = 0; j < m; j++)
-    for (uint64_t i = 0; i < n; i++) {
-      float acc = 0;
+  const uint64_t group = 16;
+  uint64_t n = dl->rows, m = dl->cols, k = d->trans[0] ? a->rows : a->cols, mp = (m + group - 1) / group * group;
+  std::vector<float> bt(k * mp, 0.0f), arow(k);
+  for (uint64_t l = 0; l < k; l++)
+    for (uint64_t j = 0; j < m; j++) bt[l * mp + j] = d->trans[1] ? lt_load(b, B, j, l) : lt_load(b, B, l, j);
+  for (uint64_t i = 0; i < n; i++) {
+    if (d->trans[0])
+      lt_column(a, A, i, arow.data());
+    else
+      for (uint64_t l = 0; l < k; l++) arow[l] = lt_load(a, A, i, l);
+    for (uint64_t j0 = 0; j0 < m; j0 += group) {
+      float acc[group] = {};
       for (uint64_t l = 0; l < k; l++) {
-        float av = d->trans[0] ? lt_load(a, A, l, i) : lt_load(a, A, i, l);
-        float bv = d->trans[1] ? lt_load(b, B, j, l) : lt_load(b, B, l, j);
-        acc = __builtin_fmaf(av, bv, acc);
+        const float av = arow[l], *bl = &bt[l * mp + j0];
+        for (uint64_t j = 0; j < group; j++) acc[j] = __builtin_fmaf(av, bl[j], acc[j]);
       }
-      float *out = (float *)D + i + j * (size_t)dl->ld;
-      *out = *alpha * acc + (*beta != 0 ? *beta * lt_load(c, C, i, j) : 0.0f);
+      for (uint64_t j = j0; j < m && j < j0 + group; j++) {
+        float *out = (float *)D + i + j * (size_t)dl->ld;
+        *out = *alpha * acc[j - j0] + (*beta != 0 ? *beta * lt_load(c, C, i, j) : 0.0f);
+      }
     }
+  }
   return 0;
 }
