@@ -115,7 +115,7 @@ func weightBytes(raw []byte, dt kernels.DType) []byte {
 // keys it sees, with every kernel set and cache dtype.
 func TestAttentionBatchInvariant(t *testing.T) {
 	rng := seededRand(t, 4)
-	for _, hd := range []int{48, 10} {
+	for _, hd := range []int{144, 48, 10} { // 144: one 128-lane panel of mixRows and a tail
 		shape := kernels.AttnShape{NumHeads: 4, NumKVHeads: 2, HeadDim: hd, PageSize: 1, Scale: 0.3}
 		qDim, kvDim := shape.NumHeads*hd, shape.NumKVHeads*hd
 		const prefix, rows = attnBlockKeys + 23, attnBlockRows + 5
@@ -221,8 +221,8 @@ func TestAttentionScratchBounded(t *testing.T) {
 		sq := &kernels.AttnSeq{QueryLen: rows, Prefix: keys - rows}
 		sc := new(attnScratch)
 		portableKernels.attendBlock(sc, out, q, k, v, shape, sq, pages, nil, attnItem{rows: rows})
-		sizes = append(sizes, 4*(cap(sc.k)+cap(sc.v)+cap(sc.q)+cap(sc.scores)+cap(sc.factors)+cap(sc.top)+cap(sc.sum)+cap(sc.acc))+
-			cap(sc.sees)+8*(cap(sc.keys)+cap(sc.raised)+cap(sc.events)))
+		sizes = append(sizes, 4*(cap(sc.k)+cap(sc.v)+cap(sc.q)+cap(sc.scores)+cap(sc.top)+cap(sc.sums)+cap(sc.acc))+
+			cap(sc.sees)+cap(sc.partVisible)+8*cap(sc.keys))
 	}
 	if sizes[0] != sizes[1] || sizes[1] > 1<<20 {
 		t.Errorf("attention scratch of %d bytes at 600 keys and %d at 6,000: want equal and under 1 MiB", sizes[0], sizes[1])
