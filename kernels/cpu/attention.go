@@ -363,7 +363,7 @@ func scaledExpPortable(x []float32, scale, top float32) {
 }
 
 // mixRowsPortable adds, for each of the nq rows i, Σ_u w[i·wStride+u]·v_u
-// to acc[i·accStride:][:vStride] and Σ_u w[i·wStride+u] to
+// to acc[i·accStride:][:vStride] and (sums not nil) Σ_u w[i·wStride+u] to
 // sums[i·attnSumStride], over the n value rows v_u (v[u·vStride:]) in order.
 func mixRowsPortable(acc []float32, accStride int, w []float32, wStride, nq, n int, v []float32, vStride int, sums []float32) {
 	for i := range nq {
@@ -373,8 +373,11 @@ func mixRowsPortable(acc []float32, accStride int, w []float32, wStride, nq, n i
 	}
 }
 
-// addWeights adds the weights w to row i's sum in sums, in order.
+// addWeights adds the weights w to row i's sum in sums (if not nil), in order.
 func addWeights(sums []float32, i int, w []float32) {
+	if sums == nil {
+		return
+	}
 	s := sums[i*attnSumStride]
 	for _, x := range w {
 		s += x

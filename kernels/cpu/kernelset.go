@@ -45,9 +45,10 @@ type kernelSet struct {
 	// of x[j] (0 for x[j] = −Inf).
 	scaledExp func(x []float32, scale, top float32)
 	// mixRows adds Σ_u w[i·wStride+u]·v[u·vStride:][:vStride] to acc's row
-	// i (stride accStride) and Σ_u w[i·wStride+u] to sums[i·16], for the nq
-	// rows i, over the n value rows u in order: each element a fixed chain
-	// of FMAs (adds for the sums) whatever the other rows.
+	// i (stride accStride) and, unless sums is nil, Σ_u w[i·wStride+u] to
+	// sums[i·16], for the nq rows i, over the n rows u in order: each
+	// element gets accumRows' chain of FMAs (adds for the sums) whatever
+	// the other rows (attention's values, the chunked GDN's state products).
 	mixRows func(acc []float32, accStride int, w []float32, wStride, nq, n int, v []float32, vStride int, sums []float32)
 	// expWeights sets w[i] = exp((x[i]−top)·scale) and returns the float64
 	// sum (see ExpWeights).

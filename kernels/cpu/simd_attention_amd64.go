@@ -60,10 +60,11 @@ func mixRowsAVX512(acc []float32, accStride int, w []float32, wStride, nq, n int
 	i := 0
 	for ; panels > 0 && i+3 <= nq; i += 3 {
 		_, _ = acc[(i+2)*accStride+vStride-1], w[(i+2)*wStride+n-1]
-		_, _ = v[(n-1)*vStride+vStride-1], sums[(i+2)*attnSumStride]
+		_ = v[(n-1)*vStride+vStride-1]
 		for p := range panels {
 			var s unsafe.Pointer // the first panel also sums the weights
-			if p == 0 {
+			if p == 0 && sums != nil {
+				_ = sums[(i+2)*attnSumStride]
 				s = unsafe.Pointer(&sums[i*attnSumStride])
 			}
 			mix3x128(unsafe.Pointer(&acc[i*accStride+p*128]), accStride, unsafe.Pointer(&w[i*wStride]), wStride, unsafe.Pointer(&v[p*128]), vStride, n, s)
