@@ -238,17 +238,27 @@ func (kern *kernelSet) attendBlock(sc *attnScratch, out, q []float32, kc, vc kvR
 	const n4 = attnBlockKeys // scores stride: whole tiles of keys, zero-padded
 	sc.sees = grow(sc.sees, it.rows*attnBlockKeys)
 	sc.partVisible = grow(sc.partVisible, it.rows)
+	// The first pass keeps the scores of its first blocks (as many as fit
+	// in attnScoreFloats, one slot left for the others): the second pass
+	// reads them instead of gathering the keys again, which a decode row's
+	// whole context fits in.
+	block := nq * n4
+	kept := max(0, attnScoreFloats/block-1)
+	sc.scores = grow(sc.scores, max(attnScoreFloats, block))
 	for pass := range 2 {
-		for b0 := first; b0 < total; b0 += attnBlockKeys {
-			n := kern.gatherKeys(sc, kc, vc, shape, sq, pages, mask, it, b0, pass == 1)
+		for bi, b0 := 0, first; b0 < total; bi, b0 = bi+1, b0+attnBlockKeys {
+			stored := pass == 1 && bi < kept
+			n := kern.gatherKeys(sc, kc, vc, shape, sq, pages, mask, it, b0, !stored, pass == 1)
 			if n == 0 {
 				continue
 			}
-			sc.scores = grow(sc.scores, nq*n4)
-			kern.rows4(sc.scores, n4, sc.q, nq, hd, sc.k[:(n+matmulTile-1)&^(matmulTile-1)*hd], nil)
+			scores := sc.scores[min(bi, kept)*block:][:block]
+			if !stored {
+				kern.rows4(scores, n4, sc.q, nq, hd, sc.k[:(n+matmulTile-1)&^(matmulTile-1)*hd], nil)
+			}
 			for i := range nq {
-				x := sc.scores[i*n4 : i*n4+n]
-				if r := i / group; sc.partVisible[r] {
+				x := scores[i*n4 : i*n4+n]
+				if r := i / group; !stored && sc.partVisible[r] {
 					for u, v := range sc.sees[r*attnBlockKeys : r*attnBlockKeys+n] {
 						if !v {
 							x[u] = float32(math.Inf(-1))
@@ -258,13 +268,13 @@ func (kern *kernelSet) attendBlock(sc *attnScratch, out, q []float32, kc, vc kvR
 				if pass == 0 {
 					sc.top[i] = max(sc.top[i], kern.scaledMax(x, shape.Scale))
 				} else if math.IsInf(float64(sc.top[i]), -1) {
-					clear(x) // the row has seen no key yet
+					clear(x) // the row sees no key
 				} else {
 					kern.scaledExp(x, shape.Scale, sc.top[i])
 				}
 			}
 			if pass == 1 {
-				kern.mixRows(sc.acc, hd16, sc.scores, n4, nq, n, sc.v, hd16, sc.sums)
+				kern.mixRows(sc.acc, hd16, scores, n4, nq, n, sc.v, hd16, sc.sums)
 			}
 		}
 	}
@@ -283,17 +293,20 @@ func (kern *kernelSet) attendBlock(sc *attnScratch, out, q []float32, kc, vc kvR
 	}
 }
 
+// attnScoreFloats bounds the scores a work item keeps between its passes.
+const attnScoreFloats = 1 << 17
+
 // attnSumStride is the stride of the rows' weight sums in attnScratch.sums
 // (mixRows keeps each in the first lane of a vector).
 const attnSumStride = 16
 
 // gatherKeys collects the positions in [b0, b0+attnBlockKeys) that any row
 // of the item sees (sc.keys, with each row's visibility in sc.sees and
-// sc.partVisible set for rows that miss some of them), widens their keys
-// into sc.k (zero-padded to a whole tile) and, when values is set, their
-// values into sc.v (rows of hd rounded up to 16, zero-padded). It returns
-// the number of keys.
-func (kern *kernelSet) gatherKeys(sc *attnScratch, kc, vc kvRows, shape kernels.AttnShape, sq *kernels.AttnSeq, pages, mask []int32, it attnItem, b0 int, values bool) int {
+// sc.partVisible set for rows that miss some of them), and widens, when
+// keys is set, their keys into sc.k (zero-padded to a whole tile) and,
+// when values is set, their values into sc.v (rows of hd rounded up to 16,
+// zero-padded). It returns the number of positions.
+func (kern *kernelSet) gatherKeys(sc *attnScratch, kc, vc kvRows, shape kernels.AttnShape, sq *kernels.AttnSeq, pages, mask []int32, it attnItem, b0 int, keys, values bool) int {
 	hd, kvDim := shape.HeadDim, shape.NumKVHeads*shape.HeadDim
 	hd16 := (hd + 15) &^ 15
 	total := sq.Prefix + sq.QueryLen
@@ -327,7 +340,9 @@ func (kern *kernelSet) gatherKeys(sc *attnScratch, kc, vc kvRows, shape kernels.
 			panic(fmt.Sprintf("cpu: Attention page table points at slot %d outside the cache's %d slots", slot, kc.slots()))
 		}
 		base := slot*kvDim + it.kvHead*hd
-		kern.widenRow(sc.k[u*hd:(u+1)*hd], kc.span(base, hd))
+		if keys {
+			kern.widenRow(sc.k[u*hd:(u+1)*hd], kc.span(base, hd))
+		}
 		if values {
 			kern.widenRow(sc.v[u*hd16:u*hd16+hd], vc.span(base, hd))
 			clear(sc.v[u*hd16+hd : (u+1)*hd16])
