@@ -111,7 +111,7 @@ func (kern *kernelSet) widenRow(dst []float32, r kvRows) {
 
 // attnBlockRows is the most query rows of one work item: all the query
 // heads of these rows that read one KV head share its key and value loads.
-const attnBlockRows = 16
+const attnBlockRows = 32
 
 // attnBlockKeys is the most key positions a work item gathers at a time:
 // its scratch is bounded by this, not by the context.
@@ -140,7 +140,16 @@ func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernel
 		sq := &seqs[s]
 		qRows = max(qRows, sq.QueryStart+sq.QueryLen)
 		maxKeys = max(maxKeys, sq.Prefix+sq.QueryLen)
-		for r0 := 0; r0 < sq.QueryLen; r0 += attnBlockRows {
+		// Causal rows see more keys the later they are: the blocks go
+		// first, last, second, second to last…, so that the workers'
+		// contiguous ranges of items get even shares of the work.
+		blocks := (sq.QueryLen + attnBlockRows - 1) / attnBlockRows
+		for j := range blocks {
+			b := j / 2
+			if j%2 == 1 {
+				b = blocks - 1 - j/2
+			}
+			r0 := b * attnBlockRows
 			rows := min(attnBlockRows, sq.QueryLen-r0)
 			maxRows = max(maxRows, rows)
 			for g := range shape.NumKVHeads {
@@ -159,7 +168,7 @@ func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernel
 		}
 	}
 	group := shape.NumHeads / shape.NumKVHeads
-	be.pool.parallelFor(len(items), 2*maxRows*group*maxKeys*shape.HeadDim, func(lo, hi int) {
+	be.pool.parallelFor(len(items), 3*maxRows*group*maxKeys*shape.HeadDim, func(lo, hi int) {
 		sc := attnScratchPool.Get().(*attnScratch)
 		defer attnScratchPool.Put(sc)
 		for _, it := range items[lo:hi] {
@@ -174,12 +183,13 @@ func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernel
 // attnScratch holds one worker's buffers for attendBlock, all bounded by
 // attnBlockRows, attnBlockKeys and the head shape.
 type attnScratch struct {
-	sees            []bool
-	keys            []int
-	k, v, q         []float32
-	scores, factors []float32
-	top, sum, acc   []float32
-	raised, events  []int
+	sees        []bool
+	keys        []int
+	k, v, q     []float32
+	scores      []float32
+	top, sums   []float32
+	acc         []float32
+	partVisible []bool
 }
 
 var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
@@ -192,21 +202,22 @@ func grow[T any](s []T, n int) []T {
 	return s[:n]
 }
 
-// attendBlock computes one work item, streaming over the keys in blocks
-// of attnBlockKeys positions: it gathers the keys any of its rows sees in
-// the block (widened to F32) and the rows' query heads, scores every query
-// against every gathered key with rows4, and folds each row's visible
-// scores into its online softmax one key at a time, in order (see
-// foldScores): the running max, sum and value accumulator are rescaled
-// exactly when a key raises the max. Every step depends only on the row's
-// own visible keys in order, never on where blocks start or on the other
-// rows (a score is a fixed function of its query and key; an invisible
-// key gets weight 0 and factor 1, which change no bit of finite sums), so
-// a row's result depends only on what it sees.
+// attendBlock computes one work item in two passes over the keys, each in
+// blocks of attnBlockKeys positions: the first finds each query row's
+// largest scaled score x = q·k·scale over the keys it sees, the second
+// adds exp(x − top)·v and exp(x − top) to the row's value and weight sums,
+// key by key in order (mixRows). Each block gathers the keys any of its
+// rows sees (widened to F32) and scores every query against every one
+// with rows4; a key a row does not see gets weight 0, which changes no bit
+// of its sums. A score is a fixed function of its query and key, the max
+// does not depend on order, and the sums run over the row's own visible
+// keys in order, so a row's result depends only on what it sees: not on
+// where blocks start, on the other rows, or on the keys' positions (a
+// verify row equals the same row decoded over its accepted path).
 func (kern *kernelSet) attendBlock(sc *attnScratch, out, q []float32, kc, vc kvRows, shape kernels.AttnShape, sq *kernels.AttnSeq, pages, mask []int32, it attnItem) {
 	hd, total := shape.HeadDim, sq.Prefix+sq.QueryLen
 	group := shape.NumHeads / shape.NumKVHeads
-	kvDim, qDim := shape.NumKVHeads*hd, shape.NumHeads*hd
+	qDim := shape.NumHeads * hd
 	hd16 := (hd + 15) &^ 15 // value rows are padded to whole vectors
 	nq := it.rows * group
 	// Query heads kvHead·group … +group-1 are adjacent in each row.
@@ -214,11 +225,11 @@ func (kern *kernelSet) attendBlock(sc *attnScratch, out, q []float32, kc, vc kvR
 	for r := range it.rows {
 		copy(sc.q[r*group*hd:(r+1)*group*hd], q[r*qDim+it.kvHead*group*hd:])
 	}
-	sc.top, sc.sum, sc.acc = grow(sc.top, nq), grow(sc.sum, nq), grow(sc.acc, nq*hd)
+	sc.top, sc.sums, sc.acc = grow(sc.top, nq), grow(sc.sums, nq*attnSumStride), grow(sc.acc, nq*hd16)
 	for i := range nq {
 		sc.top[i] = float32(math.Inf(-1))
 	}
-	clear(sc.sum)
+	clear(sc.sums)
 	clear(sc.acc)
 	first := 0 // no row of the item sees a key before its first row's window
 	if sq.Window > 0 {
@@ -226,108 +237,118 @@ func (kern *kernelSet) attendBlock(sc *attnScratch, out, q []float32, kc, vc kvR
 	}
 	const n4 = attnBlockKeys // scores stride: whole tiles of keys, zero-padded
 	sc.sees = grow(sc.sees, it.rows*attnBlockKeys)
-	for b0 := first; b0 < total; b0 += attnBlockKeys {
-		sc.keys = sc.keys[:0]
-		for p := b0; p < min(b0+attnBlockKeys, total); p++ {
-			seen := false
-			for r := range it.rows {
-				v := sees(sq, it.row0+r, p, mask)
-				sc.sees[r*attnBlockKeys+len(sc.keys)] = v
-				seen = seen || v
+	sc.partVisible = grow(sc.partVisible, it.rows)
+	// The first pass keeps the scores of its first blocks (as many as fit
+	// in attnScoreFloats, one slot left for the others): the second pass
+	// reads them instead of gathering the keys again, which a decode row's
+	// whole context fits in.
+	block := nq * n4
+	kept := max(0, attnScoreFloats/block-1)
+	sc.scores = grow(sc.scores, max(attnScoreFloats, block))
+	for pass := range 2 {
+		for bi, b0 := 0, first; b0 < total; bi, b0 = bi+1, b0+attnBlockKeys {
+			stored := pass == 1 && bi < kept
+			n := kern.gatherKeys(sc, kc, vc, shape, sq, pages, mask, it, b0, !stored, pass == 1)
+			if n == 0 {
+				continue
 			}
-			if seen {
-				sc.keys = append(sc.keys, p)
+			scores := sc.scores[min(bi, kept)*block:][:block]
+			if !stored {
+				kern.rows4(scores, n4, sc.q, nq, hd, sc.k[:(n+matmulTile-1)&^(matmulTile-1)*hd], nil)
+			}
+			for i := range nq {
+				x := scores[i*n4 : i*n4+n]
+				if r := i / group; !stored && sc.partVisible[r] {
+					for u, v := range sc.sees[r*attnBlockKeys : r*attnBlockKeys+n] {
+						if !v {
+							x[u] = float32(math.Inf(-1))
+						}
+					}
+				}
+				if pass == 0 {
+					sc.top[i] = max(sc.top[i], kern.scaledMax(x, shape.Scale))
+				} else if math.IsInf(float64(sc.top[i]), -1) {
+					clear(x) // the row sees no key
+				} else {
+					kern.scaledExp(x, shape.Scale, sc.top[i])
+				}
+			}
+			if pass == 1 {
+				kern.mixRows(sc.acc, hd16, scores, n4, nq, n, sc.v, hd16, sc.sums)
 			}
 		}
-		n := len(sc.keys)
-		if n == 0 {
-			continue
-		}
-		sc.k, sc.v = grow(sc.k, n4*hd), grow(sc.v, n*hd16)
-		clear(sc.k[n*hd:])
-		for u, p := range sc.keys {
-			slot := int(pages[p/shape.PageSize])*shape.PageSize + p%shape.PageSize
-			if slot < 0 || slot >= kc.slots() {
-				panic(fmt.Sprintf("cpu: Attention page table points at slot %d outside the cache's %d slots", slot, kc.slots()))
-			}
-			base := slot*kvDim + it.kvHead*hd
-			kern.widenRow(sc.k[u*hd:(u+1)*hd], kc.span(base, hd))
-			kern.widenRow(sc.v[u*hd16:u*hd16+hd], vc.span(base, hd))
-			clear(sc.v[u*hd16+hd : (u+1)*hd16])
-		}
-		sc.scores, sc.factors = grow(sc.scores, nq*n4), grow(sc.factors, nq*n4)
-		kern.rows4(sc.scores, n4, sc.q, nq, hd, sc.k[:(n+matmulTile-1)&^(matmulTile-1)*hd])
-		for i := range nq {
-			visible := sc.sees[i/group*attnBlockKeys : i/group*attnBlockKeys+n]
-			kern.foldScores(sc, sc.scores[i*n4:i*n4+n], sc.factors[i*n4:i*n4+n], visible, shape.Scale, &sc.top[i], &sc.sum[i])
-		}
-		sc.events = rescaleEvents(sc.events[:0], sc.factors, n4, nq, n)
-		kern.mixValues(sc.acc, sc.scores, sc.factors, n4, nq, n, sc.v, hd, sc.events)
 	}
 	for r := range it.rows {
 		for g := range group {
 			i := r*group + g
 			o := out[r*qDim+(it.kvHead*group+g)*hd:][:hd]
 			inv := float32(0) // a row that sees no key gets zeros
-			if sc.sum[i] > 0 {
-				inv = 1 / sc.sum[i]
+			if s := sc.sums[i*attnSumStride]; s > 0 {
+				inv = 1 / s
 			}
-			for d, a := range sc.acc[i*hd : (i+1)*hd] {
+			for d, a := range sc.acc[i*hd16 : i*hd16+hd] {
 				o[d] = a * inv
 			}
 		}
 	}
 }
 
-// foldScores folds one row's scores of a block into its online softmax
-// (running max top, running sum), key by key in order. It sets scores[u]
-// to the key's weight exp(x_u - top_u), where x_u is its scaled score and
-// top_u the max over the row's visible keys up to u, and factors[u] to
-// exp(top_{u-1} - top_u), by which everything summed before key u must be
-// scaled (1 unless u raises the max; 0 at the row's first key). Invisible
-// keys get weight 0 and factor 1.
-func (kern *kernelSet) foldScores(sc *attnScratch, scores, factors []float32, visible []bool, scale float32, top, sum *float32) {
-	sc.raised = sc.raised[:0]
-	m := *top
-	for u, s := range scores {
-		factors[u] = 1
-		if !visible[u] {
-			scores[u] = 0
-			continue
-		}
-		x := s * scale
-		if x > m {
-			sc.raised = append(sc.raised, u)
-			factors[u] = float32(math.Exp(float64(m - x))) // 0 when m is -Inf
-			m = x
-		}
-		scores[u] = x - m
-	}
-	*top = m
-	kern.exp(scores)
-	l := *sum
-	for u, w := range scores {
-		if !visible[u] {
-			scores[u] = 0
-			continue
-		}
-		l = l*factors[u] + w
-	}
-	*sum = l
-}
+// attnScoreFloats bounds the scores a work item keeps between its passes.
+const attnScoreFloats = 1 << 17
 
-// rescaleEvents appends to dst, in order, the keys u < n at which any of
-// the nq rows' factors (row i at factors[i*stride:]) is not 1.
-func rescaleEvents(dst []int, factors []float32, stride, nq, n int) []int {
-	for u := range n {
-		for i := range nq {
-			if factors[i*stride+u] != 1 {
-				dst = append(dst, u)
-				break
-			}
+// attnSumStride is the stride of the rows' weight sums in attnScratch.sums
+// (mixRows keeps each in the first lane of a vector).
+const attnSumStride = 16
+
+// gatherKeys collects the positions in [b0, b0+attnBlockKeys) that any row
+// of the item sees (sc.keys, with each row's visibility in sc.sees and
+// sc.partVisible set for rows that miss some of them), and widens, when
+// keys is set, their keys into sc.k (zero-padded to a whole tile) and,
+// when values is set, their values into sc.v (rows of hd rounded up to 16,
+// zero-padded). It returns the number of positions.
+func (kern *kernelSet) gatherKeys(sc *attnScratch, kc, vc kvRows, shape kernels.AttnShape, sq *kernels.AttnSeq, pages, mask []int32, it attnItem, b0 int, keys, values bool) int {
+	hd, kvDim := shape.HeadDim, shape.NumKVHeads*shape.HeadDim
+	hd16 := (hd + 15) &^ 15
+	total := sq.Prefix + sq.QueryLen
+	sc.keys = sc.keys[:0]
+	clear(sc.partVisible)
+	for p := b0; p < min(b0+attnBlockKeys, total); p++ {
+		seen := false
+		for r := range it.rows {
+			v := sees(sq, it.row0+r, p, mask)
+			sc.sees[r*attnBlockKeys+len(sc.keys)] = v
+			seen = seen || v
+		}
+		if seen {
+			sc.keys = append(sc.keys, p)
 		}
 	}
-	return dst
+	n := len(sc.keys)
+	for r := range it.rows {
+		for _, v := range sc.sees[r*attnBlockKeys : r*attnBlockKeys+n] {
+			sc.partVisible[r] = sc.partVisible[r] || !v
+		}
+	}
+	sc.k = grow(sc.k, attnBlockKeys*hd)
+	clear(sc.k[n*hd : (n+matmulTile-1)&^(matmulTile-1)*hd])
+	if values {
+		sc.v = grow(sc.v, attnBlockKeys*hd16)
+	}
+	for u, p := range sc.keys {
+		slot := int(pages[p/shape.PageSize])*shape.PageSize + p%shape.PageSize
+		if slot < 0 || slot >= kc.slots() {
+			panic(fmt.Sprintf("cpu: Attention page table points at slot %d outside the cache's %d slots", slot, kc.slots()))
+		}
+		base := slot*kvDim + it.kvHead*hd
+		if keys {
+			kern.widenRow(sc.k[u*hd:(u+1)*hd], kc.span(base, hd))
+		}
+		if values {
+			kern.widenRow(sc.v[u*hd16:u*hd16+hd], vc.span(base, hd))
+			clear(sc.v[u*hd16+hd : (u+1)*hd16])
+		}
+	}
+	return n
 }
 
 // sees reports whether query row i of sq may attend to key position p.
@@ -340,28 +361,41 @@ func sees(sq *kernels.AttnSeq, i, p int, mask []int32) bool {
 	return sq.Window <= 0 || sq.Prefix+i-p < sq.Window
 }
 
-// expPortable sets x[j] = exp(x[j]).
-func expPortable(x []float32) {
+// scaledMaxPortable returns the largest x[j]·scale (−Inf for none).
+func scaledMaxPortable(x []float32, scale float32) float32 {
+	m := float32(math.Inf(-1))
+	for _, v := range x {
+		m = max(m, v*scale)
+	}
+	return m
+}
+
+// scaledExpPortable sets x[j] = exp(x[j]·scale − top) (0 for x[j] = −Inf).
+func scaledExpPortable(x []float32, scale, top float32) {
 	for j, v := range x {
-		x[j] = float32(math.Exp(float64(v)))
+		x[j] = float32(math.Exp(float64(v*scale - top)))
 	}
 }
 
-// mixValuesPortable updates each of the nq rows of acc [nq, hd], key by
-// key in order: acc_i = acc_i·f[i·pStride+u] + p[i·pStride+u]·v_u over the
-// n value rows v_u (of stride hd rounded up to 16). Events lists the keys
-// where some factor is not 1; this version needs no list.
-func mixValuesPortable(acc, p, f []float32, pStride, nq, n int, v []float32, hd int, _ []int) {
-	hd16 := (hd + 15) &^ 15
+// mixRowsPortable adds, for each of the nq rows i, Σ_u w[i·wStride+u]·v_u
+// to acc[i·accStride:][:vStride] and (sums not nil) Σ_u w[i·wStride+u] to
+// sums[i·attnSumStride], over the n value rows v_u (v[u·vStride:]) in order.
+func mixRowsPortable(acc []float32, accStride int, w []float32, wStride, nq, n int, v []float32, vStride int, sums []float32) {
 	for i := range nq {
-		o := acc[i*hd : (i+1)*hd]
-		for u, pu := range p[i*pStride : i*pStride+n] {
-			if fu := f[i*pStride+u]; fu != 1 {
-				for d := range o {
-					o[d] *= fu
-				}
-			}
-			axpy(o, v[u*hd16:u*hd16+hd], pu)
-		}
+		wi := w[i*wStride : i*wStride+n]
+		accumRowsPortable(acc[i*accStride:i*accStride+vStride], wi, v, vStride)
+		addWeights(sums, i, wi)
 	}
+}
+
+// addWeights adds the weights w to row i's sum in sums (if not nil), in order.
+func addWeights(sums []float32, i int, w []float32) {
+	if sums == nil {
+		return
+	}
+	s := sums[i*attnSumStride]
+	for _, x := range w {
+		s += x
+	}
+	sums[i*attnSumStride] = s
 }

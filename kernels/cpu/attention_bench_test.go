@@ -8,13 +8,20 @@ import (
 	"ddflash/kernels"
 )
 
-// BenchmarkAttention times Qwen3.6-27B's attention shape (24 query heads,
-// 4 KV heads, head dim 256) on one thread: a decode row and a 64-row
-// prefill chunk after a long prefix, over an F32 cache.
+// BenchmarkAttention times attention on one thread over an F32 cache:
+// Qwen3.6-27B's shape (24 query heads, 4 KV heads, head dim 256), a decode
+// row and a 64-row prefill chunk after a long prefix; and the mid preset's
+// (12 query heads, 2 KV heads, head dim 128), the last 512-token chunk of
+// a 4,096-token prefill.
 func BenchmarkAttention(b *testing.B) {
-	shape := kernels.AttnShape{NumHeads: 24, NumKVHeads: 4, HeadDim: 256, PageSize: 16, Scale: 0.0625}
-	for _, c := range []struct{ prefix, rows int }{{8192, 1}, {2048, 64}} {
-		b.Run(fmt.Sprintf("prefix%d-rows%d", c.prefix, c.rows), func(b *testing.B) {
+	qwen := kernels.AttnShape{NumHeads: 24, NumKVHeads: 4, HeadDim: 256, PageSize: 16, Scale: 0.0625}
+	mid := kernels.AttnShape{NumHeads: 12, NumKVHeads: 2, HeadDim: 128, PageSize: 16, Scale: 0.088}
+	for _, c := range []struct {
+		shape        kernels.AttnShape
+		prefix, rows int
+	}{{qwen, 8192, 1}, {qwen, 2048, 64}, {mid, 3584, 512}} {
+		shape := c.shape
+		b.Run(fmt.Sprintf("hd%d-prefix%d-rows%d", shape.HeadDim, c.prefix, c.rows), func(b *testing.B) {
 			be := New(1)
 			rng := rand.New(rand.NewPCG(1, 2))
 			total := c.prefix + c.rows

@@ -112,11 +112,15 @@ func weightBytes(raw []byte, dt kernels.DType) []byte {
 // TestAttentionBatchInvariant checks that each query row of a block (causal
 // or tree-masked, longer than one work item, after a prefix longer than one
 // block of keys) equals, bit for bit, the same row computed alone over the
-// keys it sees, with every kernel set and cache dtype.
+// keys it sees (at other positions: the row alone reads them contiguously),
+// with every kernel set and cache dtype.
 func TestAttentionBatchInvariant(t *testing.T) {
 	rng := seededRand(t, 4)
-	for _, hd := range []int{48, 10} {
-		shape := kernels.AttnShape{NumHeads: 4, NumKVHeads: 2, HeadDim: hd, PageSize: 1, Scale: 0.3}
+	for _, hd := range []int{144, 48, 10} { // 144: one 128-lane panel of mixRows and a tail
+		// 8 query heads per KV head: a block's 32 rows keep only their first
+		// block of scores between the passes and score the second twice,
+		// where a row alone keeps both.
+		shape := kernels.AttnShape{NumHeads: 16, NumKVHeads: 2, HeadDim: hd, PageSize: 1, Scale: 0.3}
 		qDim, kvDim := shape.NumHeads*hd, shape.NumKVHeads*hd
 		const prefix, rows = attnBlockKeys + 23, attnBlockRows + 5
 		total := prefix + rows
@@ -221,8 +225,8 @@ func TestAttentionScratchBounded(t *testing.T) {
 		sq := &kernels.AttnSeq{QueryLen: rows, Prefix: keys - rows}
 		sc := new(attnScratch)
 		portableKernels.attendBlock(sc, out, q, k, v, shape, sq, pages, nil, attnItem{rows: rows})
-		sizes = append(sizes, 4*(cap(sc.k)+cap(sc.v)+cap(sc.q)+cap(sc.scores)+cap(sc.factors)+cap(sc.top)+cap(sc.sum)+cap(sc.acc))+
-			cap(sc.sees)+8*(cap(sc.keys)+cap(sc.raised)+cap(sc.events)))
+		sizes = append(sizes, 4*(cap(sc.k)+cap(sc.v)+cap(sc.q)+cap(sc.scores)+cap(sc.top)+cap(sc.sums)+cap(sc.acc))+
+			cap(sc.sees)+cap(sc.partVisible)+8*cap(sc.keys))
 	}
 	if sizes[0] != sizes[1] || sizes[1] > 1<<20 {
 		t.Errorf("attention scratch of %d bytes at 600 keys and %d at 6,000: want equal and under 1 MiB", sizes[0], sizes[1])

@@ -177,26 +177,221 @@ reduce:
 	VZEROUPPER
 	RET
 
-// func dot4x4F32(p0, p1, p2, p3, x unsafe.Pointer, k int, out unsafe.Pointer, outStride int)
+// STEP_4X4_F32 loads 16 elements at AX of the four float32 weight rows
+// into Z16-Z19, runs FMA_4X4 and moves AX to the next 16.
+#define STEP_4X4_F32 \
+	VMOVUPS (R8)(AX*4), Z16; \
+	VMOVUPS (R9)(AX*4), Z17; \
+	VMOVUPS (R10)(AX*4), Z18; \
+	VMOVUPS (R11)(AX*4), Z19; \
+	FMA_4X4; \
+	ADDQ $16, AX
+
+// func dot4x4F32(p0, p1, p2, p3, x unsafe.Pointer, k int, out unsafe.Pointer, outStride int, next uintptr)
 //
 // dot4x4BF16 for float32 weight rows (a prefill's BF16 tiles widened once):
 // the same FMA chains and the same tree, with 8 loads and no widening per
-// 16 FMAs.
-TEXT ·dot4x4F32(SB), NOSPLIT, $0-64
+// 16 FMAs. With next set, each 16 elements also prefetch two lines of the
+// next tile's 8·k bytes, so that its widening does not wait on memory.
+TEXT ·dot4x4F32(SB), NOSPLIT, $0-72
 	LOAD_ARGS
 	JZ reduceF32
+	MOVQ next+64(FP), DX
+	TESTQ DX, DX
+	JZ loopF32
+
+loopF32Prefetch:
+	PREFETCHT1 (DX)(AX*8)
+	PREFETCHT1 64(DX)(AX*8)
+	STEP_4X4_F32
+	CMPQ AX, CX
+	JLT loopF32Prefetch
+	JMP reduceF32
 
 loopF32:
-	VMOVUPS (R8)(AX*4), Z16
-	VMOVUPS (R9)(AX*4), Z17
-	VMOVUPS (R10)(AX*4), Z18
-	VMOVUPS (R11)(AX*4), Z19
-	FMA_4X4
-	ADDQ $16, AX
+	STEP_4X4_F32
 	CMPQ AX, CX
 	JLT loopF32
 
 reduceF32:
 	REDUCE_STORE
+	VZEROUPPER
+	RET
+
+// FMA_BF16 widens the 16 bfloat16s at element AX of row into w and adds
+// them times the x vector Z4 to acc.
+#define FMA_BF16(row, w, acc) \
+	VPMOVZXWD (row)(AX*2), w; \
+	VPSLLD $16, w, w; \
+	VFMADD231PS Z4, w, acc
+
+// func dot4x1BF16(p0, p1, p2, p3, q unsafe.Pointer, n int, next uintptr, acc *[4][16]float32)
+//
+// acc[r] = the lane partial sums of bfloat16 weight row r (p0…p3, widened
+// exactly) times the x row q over n elements (a multiple of 16), one FMA
+// per 16 elements in order. A decode step streams its weights from memory
+// once, so while it reads these four rows it prefetches the 8·n bytes at
+// next (the following tile of four rows) into L2, two lines per 16
+// elements: the memory latency of the next tile overlaps this one's FMAs.
+TEXT ·dot4x1BF16(SB), NOSPLIT, $0-64
+	MOVQ p0+0(FP), R8
+	MOVQ p1+8(FP), R9
+	MOVQ p2+16(FP), R10
+	MOVQ p3+24(FP), R11
+	MOVQ q+32(FP), SI
+	MOVQ n+40(FP), CX
+	MOVQ next+48(FP), DX
+	MOVQ acc+56(FP), DI
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	XORQ AX, AX
+	TESTQ CX, CX
+	JZ store1
+
+loop1:
+	PREFETCHT1 (DX)(AX*8)
+	PREFETCHT1 64(DX)(AX*8)
+	VMOVUPS (SI)(AX*4), Z4
+	FMA_BF16(R8, Z5, Z0)
+	FMA_BF16(R9, Z6, Z1)
+	FMA_BF16(R10, Z7, Z2)
+	FMA_BF16(R11, Z8, Z3)
+	ADDQ $16, AX
+	CMPQ AX, CX
+	JLT loop1
+
+store1:
+	VMOVUPS Z0, (DI)
+	VMOVUPS Z1, 64(DI)
+	VMOVUPS Z2, 128(DI)
+	VMOVUPS Z3, 192(DI)
+	VZEROUPPER
+	RET
+
+// MIX_CHUNK adds the 16 values at off(SI) times the three broadcast
+// weights Z24-Z26 to one accumulator of each of three rows.
+#define MIX_CHUNK(off, a, b, c) \
+	VMOVUPS off(SI), Z27; \
+	VFMADD231PS Z24, Z27, a; \
+	VFMADD231PS Z25, Z27, b; \
+	VFMADD231PS Z26, Z27, c
+
+// MIX_KEY broadcasts the weights of key AX of the three rows (R8, R10, R9)
+// and adds them times the key's 128 values at SI to Z0-Z7, Z8-Z15, Z16-Z23.
+#define MIX_KEY \
+	VBROADCASTSS (R8)(AX*4), Z24; \
+	VBROADCASTSS (R10)(AX*4), Z25; \
+	VBROADCASTSS (R9)(AX*4), Z26; \
+	MIX_CHUNK(0, Z0, Z8, Z16); \
+	MIX_CHUNK(64, Z1, Z9, Z17); \
+	MIX_CHUNK(128, Z2, Z10, Z18); \
+	MIX_CHUNK(192, Z3, Z11, Z19); \
+	MIX_CHUNK(256, Z4, Z12, Z20); \
+	MIX_CHUNK(320, Z5, Z13, Z21); \
+	MIX_CHUNK(384, Z6, Z14, Z22); \
+	MIX_CHUNK(448, Z7, Z15, Z23)
+
+// func mix3x128(acc unsafe.Pointer, accStride int, w unsafe.Pointer, wStride int, v unsafe.Pointer, vStride, n int, sums unsafe.Pointer)
+//
+// See mixRowsAVX512: three rows of 128 accumulator lanes stay in Z0-Z23
+// while the n value rows stream past, one FMA per lane and key in key
+// order; the weight sums (Z28-Z30, when sums is not nil) add the weights
+// in key order.
+TEXT ·mix3x128(SB), NOSPLIT, $0-64
+	MOVQ acc+0(FP), DI
+	MOVQ accStride+8(FP), BX
+	SHLQ $2, BX
+	MOVQ w+16(FP), R8
+	MOVQ wStride+24(FP), R9
+	SHLQ $2, R9
+	LEAQ (R8)(R9*1), R10
+	LEAQ (R10)(R9*1), R9
+	MOVQ v+32(FP), SI
+	MOVQ vStride+40(FP), DX
+	SHLQ $2, DX
+	MOVQ n+48(FP), CX
+	MOVQ sums+56(FP), R11
+	LEAQ (DI)(BX*1), R12
+	LEAQ (R12)(BX*1), R13
+	VMOVUPS 0(DI), Z0
+	VMOVUPS 64(DI), Z1
+	VMOVUPS 128(DI), Z2
+	VMOVUPS 192(DI), Z3
+	VMOVUPS 256(DI), Z4
+	VMOVUPS 320(DI), Z5
+	VMOVUPS 384(DI), Z6
+	VMOVUPS 448(DI), Z7
+	VMOVUPS 0(R12), Z8
+	VMOVUPS 64(R12), Z9
+	VMOVUPS 128(R12), Z10
+	VMOVUPS 192(R12), Z11
+	VMOVUPS 256(R12), Z12
+	VMOVUPS 320(R12), Z13
+	VMOVUPS 384(R12), Z14
+	VMOVUPS 448(R12), Z15
+	VMOVUPS 0(R13), Z16
+	VMOVUPS 64(R13), Z17
+	VMOVUPS 128(R13), Z18
+	VMOVUPS 192(R13), Z19
+	VMOVUPS 256(R13), Z20
+	VMOVUPS 320(R13), Z21
+	VMOVUPS 384(R13), Z22
+	VMOVUPS 448(R13), Z23
+	XORQ AX, AX
+	TESTQ R11, R11
+	JZ plain
+
+	VBROADCASTSS 0(R11), Z28
+	VBROADCASTSS 64(R11), Z29
+	VBROADCASTSS 128(R11), Z30
+
+summing:
+	MIX_KEY
+	VADDPS Z24, Z28, Z28
+	VADDPS Z25, Z29, Z29
+	VADDPS Z26, Z30, Z30
+	ADDQ DX, SI
+	INCQ AX
+	CMPQ AX, CX
+	JLT summing
+	VMOVUPS Z28, 0(R11)
+	VMOVUPS Z29, 64(R11)
+	VMOVUPS Z30, 128(R11)
+	JMP store
+
+plain:
+	MIX_KEY
+	ADDQ DX, SI
+	INCQ AX
+	CMPQ AX, CX
+	JLT plain
+
+store:
+	VMOVUPS Z0, 0(DI)
+	VMOVUPS Z1, 64(DI)
+	VMOVUPS Z2, 128(DI)
+	VMOVUPS Z3, 192(DI)
+	VMOVUPS Z4, 256(DI)
+	VMOVUPS Z5, 320(DI)
+	VMOVUPS Z6, 384(DI)
+	VMOVUPS Z7, 448(DI)
+	VMOVUPS Z8, 0(R12)
+	VMOVUPS Z9, 64(R12)
+	VMOVUPS Z10, 128(R12)
+	VMOVUPS Z11, 192(R12)
+	VMOVUPS Z12, 256(R12)
+	VMOVUPS Z13, 320(R12)
+	VMOVUPS Z14, 384(R12)
+	VMOVUPS Z15, 448(R12)
+	VMOVUPS Z16, 0(R13)
+	VMOVUPS Z17, 64(R13)
+	VMOVUPS Z18, 128(R13)
+	VMOVUPS Z19, 192(R13)
+	VMOVUPS Z20, 256(R13)
+	VMOVUPS Z21, 320(R13)
+	VMOVUPS Z22, 384(R13)
+	VMOVUPS Z23, 448(R13)
 	VZEROUPPER
 	RET

@@ -48,7 +48,7 @@ type chunkScratch struct {
 	tri    []float32 // [C, C] strictly lower part of the UT transform
 	coef   []float32 // [max(C, kd)] the coefficients of one accumRows
 	u      []float32 // [C, vd] transformed beta·v, then the new values
-	wk     []float32 // [kd] -(transformed beta·k·exp(gc)) of one token
+	rows   []float32 // [C, kd] or [kd, C]: the coefficient rows of one mixRows
 }
 
 // pad16 rounds n up to a whole number of 16-lane vectors.
@@ -59,7 +59,7 @@ func newChunkScratch(kern *kernelSet, c, kd, vd int) *chunkScratch {
 		kern: kern, kd: kd, vd: vd,
 		gc: make([]float32, c), kt: make([]float32, kd*pad16(c)), dots: make([]float32, pad16(c)),
 		tri: make([]float32, c*c), coef: make([]float32, max(c, kd)),
-		u: make([]float32, c*vd), wk: make([]float32, kd),
+		u: make([]float32, c*vd), rows: make([]float32, c*kd),
 	}
 }
 
@@ -69,9 +69,11 @@ func expDiff(x, y float32) float32 { return float32(math.Exp(float64(x - y))) }
 
 // run applies tokens [start, start+n) of value head h to the state S. Every
 // product over the chunk is an accumRows (rows of keys, values, the state
-// or u, read in place), so the SIMD kernel does the O(n·kd·vd) work.
+// or u, read in place), so the SIMD kernel does the O(n·kd·vd) work; those
+// with the state or u on the right run for all their rows at once
+// (mixRows), each row's sum in the same order as one accumRows.
 func (w *chunkScratch) run(a *gdnArgs, S []float32, h, start, n int) {
-	kd, vd, acc := w.kd, w.vd, w.kern.accumRows
+	kd, vd, acc, mix := w.kd, w.vd, w.kern.accumRows, w.kern.mixRows
 	// Key dot products run over whole rows of kt (np columns, the padding
 	// zero), so that accumRows never takes its partial-vector path.
 	np := pad16(n)
@@ -125,21 +127,26 @@ func (w *chunkScratch) run(a *gdnArgs, S []float32, h, start, n int) {
 		for j := range c {
 			c[j] *= -float32(math.Exp(float64(gc[j])))
 		}
-		clear(w.wk)
-		acc(w.wk, c, k0, a.qkDim)
-		acc(ui, w.wk, S, vd)
+		wk := w.rows[i*kd : (i+1)*kd]
+		clear(wk)
+		acc(wk, c, k0, a.qkDim)
 	}
+	mix(u, vd, w.rows, kd, n, kd, S, vd, nil)
 	if a.out != nil {
 		// out_i = exp(gc_i)·q_i·S + Σ_{j≤i} (q_i·k_j)·exp(gc_i-gc_j)·u_j.
 		for i := range n {
 			qi, _, _, _, _ := a.token(start+i, h)
-			oi, c := a.outRow(start+i, h), w.coef[:kd]
+			clear(a.outRow(start+i, h))
 			decay := float32(math.Exp(float64(gc[i])))
 			for r, x := range qi {
-				c[r] = x * decay
+				w.rows[i*kd+r] = x * decay
 			}
-			clear(oi)
-			acc(oi, c, S, vd)
+		}
+		out0 := a.out[start*a.vDim+h*vd:]
+		mix(out0, a.vDim, w.rows, kd, n, kd, S, vd, nil)
+		for i := range n {
+			qi, _, _, _, _ := a.token(start+i, h)
+			oi := a.outRow(start+i, h)
 			clear(dots)
 			acc(dots, qi, kt, np)
 			for j := range i + 1 {
@@ -158,13 +165,12 @@ func (w *chunkScratch) run(a *gdnArgs, S []float32, h, start, n int) {
 	for j := range n {
 		dots[j] = expDiff(last, gc[j])
 	}
-	c := w.coef[:n]
 	for r := range kd {
 		for j := range n {
-			c[j] = dots[j] * kt[r*np+j]
+			w.rows[r*n+j] = dots[j] * kt[r*np+j]
 		}
-		acc(S[r*vd:(r+1)*vd], c, u, vd)
 	}
+	mix(S, vd, w.rows, n, kd, n, u, vd, nil)
 }
 
 func accumRowsPortable(out, c, b []float32, stride int) {

@@ -13,7 +13,9 @@ type kernelSet struct {
 	// and the float32 rows w_j of w, whole tiles of four. Each output is a
 	// fixed function of its x row and weight row, whatever m is (the SIMD
 	// kernel: one 16-lane FMA chain over k, then one fixed tree over the lanes).
-	rows4 func(out []float32, outStride int, x []float32, m, k int, w []float32)
+	// next, when not nil, is the BF16 weights the caller reads after these:
+	// the SIMD kernel prefetches them while it runs.
+	rows4 func(out []float32, outStride int, x []float32, m, k int, w []float32, next []uint16)
 	// rows4BF16 is rows4 for bfloat16 weight rows, widened in registers as
 	// they are loaded (widening is exact: the outputs equal rows4's on the
 	// widened rows, bit for bit).
@@ -36,13 +38,18 @@ type kernelSet struct {
 	// conv sets out[c] = Σ_j wT[j·len(out)+c]·window[j][c], summing over the
 	// taps j in order.
 	conv func(out []float32, window [][]float32, wT []float32)
-	// exp sets x[j] = exp(x[j]), each a fixed function of x[j].
-	exp func(x []float32)
-	// mixValues updates the nq rows of acc [nq, hd] key by key in order:
-	// acc_i = acc_i·f[i·pStride+u] + p[i·pStride+u]·v_u over the n rows v_u
-	// (stride hd rounded up to 16, zero-padded). events lists, in order,
-	// the keys u where some row's factor is not 1.
-	mixValues func(acc, p, f []float32, pStride, nq, n int, v []float32, hd int, events []int)
+	// scaledMax returns the largest x[j]·scale, −Inf for none (attention's
+	// first pass).
+	scaledMax func(x []float32, scale float32) float32
+	// scaledExp sets x[j] = exp(x[j]·scale − top), each a fixed function
+	// of x[j] (0 for x[j] = −Inf).
+	scaledExp func(x []float32, scale, top float32)
+	// mixRows adds Σ_u w[i·wStride+u]·v[u·vStride:][:vStride] to acc's row
+	// i (stride accStride) and, unless sums is nil, Σ_u w[i·wStride+u] to
+	// sums[i·16], for the nq rows i, over the n rows u in order: each
+	// element gets accumRows' chain of FMAs (adds for the sums) whatever
+	// the other rows (attention's values, the chunked GDN's state products).
+	mixRows func(acc []float32, accStride int, w []float32, wStride, nq, n int, v []float32, vStride int, sums []float32)
 }
 
 var portableKernels = kernelSet{
@@ -57,8 +64,9 @@ var portableKernels = kernelSet{
 	deltaStep:  deltaStepPortable,
 	accumRows:  accumRowsPortable,
 	conv:       convPortable,
-	exp:        expPortable,
-	mixValues:  mixValuesPortable,
+	scaledMax:  scaledMaxPortable,
+	scaledExp:  scaledExpPortable,
+	mixRows:    mixRowsPortable,
 }
 
 func swigluPortable(out, gate, up []float32) {

@@ -78,12 +78,16 @@ func (kern *kernelSet) columns(out, x []float32, w *buffer, m, n, k, nLo, nHi in
 		case widenTiles:
 			for j := nLo; j < full; j += matmulTile {
 				kern.widen(tile, w.u16[j*k:(j+matmulTile)*k], w.dt)
-				kern.rows4(o[j:], n, xb, rows, k, tile)
+				var next []uint16 // read from memory while this tile runs
+				if j+matmulTile < full {
+					next = w.u16[(j+matmulTile)*k : (j+2*matmulTile)*k]
+				}
+				kern.rows4(o[j:], n, xb, rows, k, tile, next)
 			}
 		case w.dt == kernels.BF16:
 			kern.rows4BF16(o[nLo:], n, xb, rows, k, w.u16[nLo*k:full*k])
 		default:
-			kern.rows4(o[nLo:], n, xb, rows, k, w.f32[nLo*k:full*k])
+			kern.rows4(o[nLo:], n, xb, rows, k, w.f32[nLo*k:full*k], nil)
 		}
 		if full < nHi { // the last, partial tile
 			last := tile[:(nHi-full)*k]
@@ -101,7 +105,7 @@ func (kern *kernelSet) columns(out, x []float32, w *buffer, m, n, k, nLo, nHi in
 	}
 }
 
-func rows4Portable(out []float32, outStride int, x []float32, m, k int, w []float32) {
+func rows4Portable(out []float32, outStride int, x []float32, m, k int, w []float32, _ []uint16) {
 	for j := 0; j*k < len(w); j += 4 {
 		w0, w1, w2, w3 := w[j*k:(j+1)*k], w[(j+1)*k:(j+2)*k], w[(j+2)*k:(j+3)*k], w[(j+3)*k:(j+4)*k]
 		for i := range m {

@@ -24,15 +24,8 @@ func BenchmarkMatMul(b *testing.B) {
 			w := benchWeights(b, be, dt, n*k, rng)
 			for _, m := range []int{1, 16} {
 				b.Run(fmt.Sprintf("%v/m=%d/k=%d/n=%d", dt, m, k, n), func(b *testing.B) {
-					x, _ := be.Alloc(kernels.F32, m*k)
+					x := benchActivations(b, be, m*k, rng)
 					out, _ := be.Alloc(kernels.F32, m*n)
-					xs := make([]float32, m*k)
-					for i := range xs {
-						xs[i] = float32(rng.NormFloat64())
-					}
-					if err := be.UploadF32(x, 0, xs); err != nil {
-						b.Fatal(err)
-					}
 					for b.Loop() {
 						be.MatMul(out, x, w, m, n, k)
 					}
@@ -42,6 +35,19 @@ func BenchmarkMatMul(b *testing.B) {
 			}
 		}
 	}
+}
+
+// benchActivations returns n random normal F32 values.
+func benchActivations(b *testing.B, be kernels.Backend, n int, rng *rand.Rand) kernels.Buffer {
+	x, _ := be.Alloc(kernels.F32, n)
+	xs := make([]float32, n)
+	for i := range xs {
+		xs[i] = float32(rng.NormFloat64())
+	}
+	if err := be.UploadF32(x, 0, xs); err != nil {
+		b.Fatal(err)
+	}
+	return x
 }
 
 // benchWeights returns n random normal weights of dt (BF16: truncated float32 bits).
@@ -113,4 +119,24 @@ func benchFP8Weights(b *testing.B, be kernels.Backend, n, k int, rng *rand.Rand)
 		b.Fatal(err)
 	}
 	return w
+}
+
+// BenchmarkMatMulPrefill times one 512-row prefill forward's MatMul shapes of
+// the mid preset (BF16 weights, one thread) and reports GFLOP/s.
+func BenchmarkMatMulPrefill(b *testing.B) {
+	be := New(1)
+	rng := rand.New(rand.NewPCG(1, 2))
+	const m = 512
+	for _, kn := range [][2]int{{1536, 6144}, {6144, 1536}, {2048, 1536}} {
+		k, n := kn[0], kn[1]
+		w := benchWeights(b, be, kernels.BF16, n*k, rng)
+		x := benchActivations(b, be, m*k, rng)
+		out, _ := be.Alloc(kernels.F32, m*n)
+		b.Run(fmt.Sprintf("k=%d/n=%d", k, n), func(b *testing.B) {
+			for b.Loop() {
+				be.MatMul(out, x, w, m, n, k)
+			}
+			b.ReportMetric(2*float64(m*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
 }

@@ -26,8 +26,9 @@ func simdKernels() (kernelSet, bool) {
 		deltaStep:  deltaStepAVX512,
 		accumRows:  accumRowsAVX512,
 		conv:       convAVX512,
-		exp:        expAVX512,
-		mixValues:  mixValuesAVX512,
+		scaledMax:  scaledMaxAVX512,
+		scaledExp:  scaledExpAVX512,
+		mixRows:    mixRowsAVX512,
 	}, true
 }
 
@@ -67,22 +68,23 @@ func rowPtr[T float32 | uint16 | uint8](s []T, k int) unsafe.Pointer {
 
 // rows4AVX512 computes each tile's pairs of x rows with dot4x2, then a
 // last odd x row with dot4x1.
-func rows4AVX512(out []float32, outStride int, x []float32, m, k int, w []float32) {
-	rows4Tiles(out, outStride, x, m, k, w, nil)
+func rows4AVX512(out []float32, outStride int, x []float32, m, k int, w []float32, next []uint16) {
+	rows4Tiles(out, outStride, x, m, k, w, nil, next)
 }
 
 // rows4BF16AVX512 is rows4AVX512 with bfloat16 weight rows, each weight
 // vector widened in registers right before its FMAs: no widened copy of
 // the weights is written, which for a few x rows costs more than the FMAs.
 func rows4BF16AVX512(out []float32, outStride int, x []float32, m, k int, w []uint16) {
-	rows4Tiles(out, outStride, x, m, k, nil, w)
+	rows4Tiles(out, outStride, x, m, k, nil, w, nil)
 }
 
 // rows4Tiles runs the tiles of four weight rows of wf (float32) or wh
 // (bfloat16): rowsQuad over fours of x rows (without k%16 tails),
 // dot4x2 or dot4x2BF16 over pairs of the rest, dot4x1 or dot4x1BF16 over a
-// last odd one, then the k%16 tails, then the sums.
-func rows4Tiles(out []float32, outStride int, x []float32, m, k int, wf []float32, wh []uint16) {
+// last odd one, then the k%16 tails, then the sums. The first rowsQuad
+// prefetches next (see dot4x4F32).
+func rows4Tiles(out []float32, outStride int, x []float32, m, k int, wf []float32, wh []uint16, next []uint16) {
 	bf16 := wh != nil
 	k16 := k &^ 15
 	for j := 0; j*k < len(wf)+len(wh); j += 4 {
@@ -94,7 +96,11 @@ func rows4Tiles(out []float32, outStride int, x []float32, m, k int, wf []float3
 		}
 		i := 0
 		for ; k16 == k && i+4 <= m; i += 4 {
-			rowsQuad(out[i*outStride+j:], outStride, x[i*k:(i+4)*k], k, bf16, p0, p1, p2, p3)
+			var pf uintptr
+			if i == 0 && next != nil {
+				pf = uintptr(rowPtr(next, 4*k))
+			}
+			rowsQuad(out[i*outStride+j:], outStride, x[i*k:(i+4)*k], k, bf16, p0, p1, p2, p3, pf)
 		}
 		for ; i+2 <= m; i += 2 {
 			x0, x1 := x[i*k:(i+1)*k], x[(i+1)*k:(i+2)*k]
@@ -116,7 +122,9 @@ func rows4Tiles(out []float32, outStride int, x []float32, m, k int, wf []float3
 			xr := x[i*k : (i+1)*k]
 			var a0, a1, a2, a3 archsimd.Float32x16
 			if bf16 {
-				a0, a1, a2, a3 = dot4x1BF16(p0, p1, p2, p3, rowPtr(xr, k), k16)
+				var acc [4][16]float32
+				dot4x1BF16(p0, p1, p2, p3, rowPtr(xr, k), k16, uintptr(p3)+uintptr(2*k), &acc)
+				a0, a1, a2, a3 = archsimd.LoadFloat32x16(&acc[0]), archsimd.LoadFloat32x16(&acc[1]), archsimd.LoadFloat32x16(&acc[2]), archsimd.LoadFloat32x16(&acc[3])
 			} else {
 				a0, a1, a2, a3 = dot4x1(p0, p1, p2, p3, rowPtr(xr, k), k16)
 			}
@@ -133,12 +141,12 @@ func rows4Tiles(out []float32, outStride int, x []float32, m, k int, wf []float3
 // the four weight rows at p0…p3 (bfloat16 when bf16, else float32) to
 // out[i*outStride+r]. Widening a weight vector costs as much as two FMAs;
 // dot4x4BF16 feeds each to four x rows, with the registers this needs.
-func rowsQuad(out []float32, outStride int, x []float32, k int, bf16 bool, p0, p1, p2, p3 unsafe.Pointer) {
+func rowsQuad(out []float32, outStride int, x []float32, k int, bf16 bool, p0, p1, p2, p3 unsafe.Pointer, next uintptr) {
 	_ = out[3*outStride+3] // the assembly writes rows 0…3, columns 0…3
 	if bf16 {
 		dot4x4BF16(p0, p1, p2, p3, rowPtr(x, 4*k), k, unsafe.Pointer(&out[0]), outStride)
 	} else {
-		dot4x4F32(p0, p1, p2, p3, rowPtr(x, 4*k), k, unsafe.Pointer(&out[0]), outStride)
+		dot4x4F32(p0, p1, p2, p3, rowPtr(x, 4*k), k, unsafe.Pointer(&out[0]), outStride, next)
 	}
 }
 
@@ -151,10 +159,12 @@ func rowsQuad(out []float32, outStride int, x []float32, k int, bf16 bool, p0, p
 //go:noescape
 func dot4x4BF16(p0, p1, p2, p3, x unsafe.Pointer, k int, out unsafe.Pointer, outStride int)
 
-// dot4x4F32 is dot4x4BF16 with float32 weight rows.
+// dot4x4F32 is dot4x4BF16 with float32 weight rows. Unless next is 0, it
+// also prefetches the 8·k bytes there into L2 (the next tile of four
+// bfloat16 rows, which a prefill widens next) as it goes.
 //
 //go:noescape
-func dot4x4F32(p0, p1, p2, p3, x unsafe.Pointer, k int, out unsafe.Pointer, outStride int)
+func dot4x4F32(p0, p1, p2, p3, x unsafe.Pointer, k int, out unsafe.Pointer, outStride int, next uintptr)
 
 // addTail adds the last k%16 elements of an x row (xTail) times those of
 // weight rows j…j+3 (zero-padded) to the four accumulators.
@@ -264,16 +274,12 @@ func dot4x2BF16(p0, p1, p2, p3, q0, q1 unsafe.Pointer, n int) (a0, a1, a2, a3, b
 	return
 }
 
-// dot4x1BF16 is dot4x2BF16 for one x row.
+// dot4x1BF16 is dot4x2BF16 for one x row (a decode step), in assembly
+// (dot_amd64.s) to prefetch the next tile of weight rows, which starts at
+// next, while it reads this one: it stores its accumulators to acc.
 //
-//go:noinline
-func dot4x1BF16(p0, p1, p2, p3, q unsafe.Pointer, n int) (a0, a1, a2, a3 archsimd.Float32x16) {
-	for l := 0; l < n; l += 16 {
-		u := f32x16(q, l)
-		a0, a1, a2, a3 = bf16x16(p0, l).MulAdd(u, a0), bf16x16(p1, l).MulAdd(u, a1), bf16x16(p2, l).MulAdd(u, a2), bf16x16(p3, l).MulAdd(u, a3)
-	}
-	return
-}
+//go:noescape
+func dot4x1BF16(p0, p1, p2, p3, q unsafe.Pointer, n int, next uintptr, acc *[4][16]float32)
 
 // widenAVX512 widens bfloat16 weights 16 at a time; F16 takes the portable path.
 func widenAVX512(dst []float32, src []uint16, dt kernels.DType) {

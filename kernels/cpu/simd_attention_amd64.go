@@ -3,76 +3,89 @@
 package cpu
 
 import (
+	"math"
 	"simd/archsimd"
 	"unsafe"
 )
 
-// expAVX512 is expPortable on 16-lane vectors (exp16: each lane a fixed
-// function of its input).
-func expAVX512(x []float32) {
+// scaledMaxAVX512 is scaledMaxPortable on 16-lane vectors (a max is exact,
+// so the lanes' order does not matter); the tail lanes are padded with −Inf.
+func scaledMaxAVX512(x []float32, scale float32) float32 {
+	s, m := splat(scale), splat(float32(math.Inf(-1)))
+	j := 0
+	for ; j+16 <= len(x); j += 16 {
+		m = m.Max(archsimd.LoadFloat32x16Slice(x[j:]).Mul(s))
+	}
+	if j < len(x) {
+		var buf [16]float32
+		for l := range buf {
+			buf[l] = float32(math.Inf(-1))
+		}
+		copy(buf[:], x[j:])
+		m = m.Max(archsimd.LoadFloat32x16(&buf).Mul(s))
+	}
+	var lanes [16]float32
+	m.Store(&lanes)
+	archsimd.ClearAVXUpperBits()
+	top := lanes[0]
+	for _, v := range lanes[1:] {
+		top = max(top, v)
+	}
+	return top
+}
+
+// scaledExpAVX512 is scaledExpPortable on 16-lane vectors (exp16: each
+// lane a fixed function of its input), with −Inf inputs set to 0.
+func scaledExpAVX512(x []float32, scale, top float32) {
+	s, t, none := splat(scale), splat(top), splat(float32(math.Inf(-1)))
 	for j := 0; j < len(x); j += 16 {
 		n := min(16, len(x)-j)
-		storeN(exp16(loadN(x[j:], n)), x[j:], n)
+		v := loadN(x[j:], n)
+		storeN(exp16(v.Mul(s).Sub(t)).Masked(v.Greater(none)), x[j:], n)
 	}
 	archsimd.ClearAVXUpperBits()
 }
 
-// mixValuesAVX512 is mixValuesPortable for four rows of acc at a time, one
-// 16-lane chunk of the head dimension at a time: each value vector loaded
-// feeds four FMAs, one per row, in key order. The keys between two events
-// run without rescaling; at an event every row's accumulator is scaled by
-// its factor (1, which changes no bit, for the rows that do not rescale).
-func mixValuesAVX512(acc, p, f []float32, pStride, nq, n int, v []float32, hd int, events []int) {
-	hd16 := (hd + 15) &^ 15
-	vp := rowPtr(v, n*hd16)
-	for i := 0; i < nq; i += 4 {
-		var w [4]unsafe.Pointer
-		var fr [4][]float32
-		for r := range w { // past nq, repeat the last row and drop its sums
-			row := min(i+r, nq-1)
-			w[r], fr[r] = rowPtr(p[row*pStride:], n), f[row*pStride:row*pStride+n]
+// mixRowsAVX512 is mixRowsPortable with the rows in threes and the value
+// lanes in panels of 128 (mix3x128, all 24 accumulators in registers: each
+// value vector loaded feeds three FMAs, each weight broadcast eight); the
+// lanes past the last panel, and the rows past the last three, go through
+// accumRowsAVX512. Every element gets the same FMA chain either way, and
+// every sum the same adds.
+func mixRowsAVX512(acc []float32, accStride int, w []float32, wStride, nq, n int, v []float32, vStride int, sums []float32) {
+	if n == 0 {
+		return
+	}
+	panels := vStride / 128
+	i := 0
+	for ; panels > 0 && i+3 <= nq; i += 3 {
+		_, _ = acc[(i+2)*accStride+vStride-1], w[(i+2)*wStride+n-1]
+		_ = v[(n-1)*vStride+vStride-1]
+		for p := range panels {
+			var s unsafe.Pointer // the first panel also sums the weights
+			if p == 0 && sums != nil {
+				_ = sums[(i+2)*attnSumStride]
+				s = unsafe.Pointer(&sums[i*attnSumStride])
+			}
+			mix3x128(unsafe.Pointer(&acc[i*accStride+p*128]), accStride, unsafe.Pointer(&w[i*wStride]), wStride, unsafe.Pointer(&v[p*128]), vStride, n, s)
 		}
-		rows := min(4, nq-i)
-		for d := 0; d < hd; d += 16 {
-			lanes := min(16, hd-d)
-			var a [4]archsimd.Float32x16
-			for r := range rows {
-				a[r] = loadN(acc[(i+r)*hd+d:], lanes)
-			}
-			from := 0
-			for e := 0; e <= len(events); e++ {
-				to := n
-				if e < len(events) {
-					to = events[e]
-				}
-				a[0], a[1], a[2], a[3] = mix4(unsafe.Add(w[0], 4*from), unsafe.Add(w[1], 4*from), unsafe.Add(w[2], 4*from), unsafe.Add(w[3], 4*from),
-					unsafe.Add(vp, 4*(from*hd16+d)), to-from, hd16, a[0], a[1], a[2], a[3])
-				if e < len(events) {
-					for r := range a {
-						a[r] = a[r].Mul(splat(fr[r][to]))
-					}
-				}
-				from = to
-			}
-			for r := range rows {
-				storeN(a[r], acc[(i+r)*hd+d:], lanes)
+		if rest := panels * 128; rest < vStride {
+			for r := i; r < i+3; r++ {
+				accumRowsAVX512(acc[r*accStride+rest:r*accStride+vStride], w[r*wStride:r*wStride+n], v[rest:], vStride)
 			}
 		}
 	}
-	archsimd.ClearAVXUpperBits()
+	for ; i < nq; i++ {
+		wi := w[i*wStride : i*wStride+n]
+		accumRowsAVX512(acc[i*accStride:i*accStride+vStride], wi, v, vStride)
+		addWeights(sums, i, wi)
+	}
 }
 
-// mix4 returns a_r + Σ_j w_r[j]·v_j for the four weight rows w_r over the
-// n vectors v_j at v + j·stride floats, adding in order.
+// mix3x128 adds Σ_u w_r[u]·v_u[0:128] to the 128 floats at acc + r·accStride
+// for the three weight rows w_r (w + r·wStride floats) over the n value
+// rows v_u (v + u·vStride floats), in order, and, when sums is not nil,
+// Σ_u w_r[u] to the float at sums + 16·r (dot_amd64.s).
 //
-//go:noinline
-func mix4(w0, w1, w2, w3, v unsafe.Pointer, n, stride int, a0, a1, a2, a3 archsimd.Float32x16) (archsimd.Float32x16, archsimd.Float32x16, archsimd.Float32x16, archsimd.Float32x16) {
-	for j := range n {
-		x := f32x16(v, j*stride)
-		a0 = splat(*(*float32)(unsafe.Add(w0, 4*j))).MulAdd(x, a0)
-		a1 = splat(*(*float32)(unsafe.Add(w1, 4*j))).MulAdd(x, a1)
-		a2 = splat(*(*float32)(unsafe.Add(w2, 4*j))).MulAdd(x, a2)
-		a3 = splat(*(*float32)(unsafe.Add(w3, 4*j))).MulAdd(x, a3)
-	}
-	return a0, a1, a2, a3
-}
+//go:noescape
+func mix3x128(acc unsafe.Pointer, accStride int, w unsafe.Pointer, wStride int, v unsafe.Pointer, vStride, n int, sums unsafe.Pointer)

@@ -34,16 +34,19 @@ func ancestryMask(parents []int32) []int32 {
 // Each cache storage dtype: WriteKV must round to it to nearest even (read
 // back exactly), and the reference attends over the rounded K/V.
 // Bound: |Δ| ≤ 2e-5·max|V|, which covers float32 scores and softmax.
+// Head dims 10 and 144 (past a 128-lane panel, the real models' width).
 func testAttention(h *harness) {
-	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
-		for _, pageSize := range []int{1, 3} {
-			testAttentionCache(h, dt, pageSize)
+	for _, headDim := range []int{10, 144} {
+		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+			for _, pageSize := range []int{1, 3} {
+				testAttentionCache(h, dt, pageSize, headDim)
+			}
 		}
 	}
 }
 
-func testAttentionCache(h *harness, cacheType kernels.DType, pageSize int) {
-	shape := kernels.AttnShape{NumHeads: 6, NumKVHeads: 2, HeadDim: 10}
+func testAttentionCache(h *harness, cacheType kernels.DType, pageSize, headDim int) {
+	shape := kernels.AttnShape{NumHeads: 6, NumKVHeads: 2, HeadDim: headDim}
 	shape.Scale = float32(1 / math.Sqrt(float64(shape.HeadDim)))
 	kvDim, qDim := shape.NumKVHeads*shape.HeadDim, shape.NumHeads*shape.HeadDim
 	shape.PageSize = pageSize
@@ -114,7 +117,7 @@ func testAttentionCache(h *harness, cacheType kernels.DType, pageSize int) {
 	for ci, c := range cases {
 		lo, hi := c.queryStart*qDim, (c.queryStart+c.queryLen)*qDim
 		want := refAttention(c, q[lo:hi], shape)
-		h.expectClose(fmt.Sprintf("Attention %v cache page %d seq %d (prefix %d, len %d, mask %v, window %d)", cacheType, pageSize, ci, c.prefix, c.queryLen, c.mask != nil, c.window),
+		h.expectClose(fmt.Sprintf("Attention hd %d %v cache page %d seq %d (prefix %d, len %d, mask %v, window %d)", headDim, cacheType, pageSize, ci, c.prefix, c.queryLen, c.mask != nil, c.window),
 			got[lo:hi], want, nil, tolerance{2e-5 * maxAbs(widen(concat(c.values))), 0})
 	}
 }
