@@ -101,16 +101,19 @@ func chainPaths(T int) [][]int {
 // expectGDN compares a GDN result with its float64 reference. Bound,
 // normwise: 2e-5 of the tensor's largest magnitude, a few hundred float32
 // roundings over the longest (65-token) run. With a BF16 state, float32
-// error can tip a rounding the other way: one bfloat16 step (2^-7 relative)
-// more per state element, and 2^-8 of the largest output.
+// error can tip a rounding the other way at any token, and a tipped
+// element carries its bfloat16 step (2^-7 relative) into the next tokens,
+// where another can tip: up to 4 steps per state element (2 were seen in
+// random runs, a wrong update is far larger), and 2^-6 of the largest
+// output.
 func (h *harness) expectGDN(what string, got []float32, want []float64, state kernels.DType, isState bool) {
 	h.t.Helper()
 	tol := tolerance{2e-5 * maxAbs(want), 0}
 	switch {
 	case state == kernels.BF16 && isState:
-		tol.rtol = 1.0 / 128
+		tol.rtol = 4.0 / 128
 	case state == kernels.BF16:
-		tol.atol += maxAbs(want) / 256
+		tol.atol += maxAbs(want) / 64
 	}
 	h.expectClose(what, got, want, nil, tol)
 }
