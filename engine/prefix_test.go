@@ -426,3 +426,43 @@ func TestPrefixCacheAcrossModes(t *testing.T) {
 		prompt = append(prompt, randomTokens(rng, 3, 290)...)
 	}
 }
+
+// TestSchedulerDropsCheckpointPrefill: a checkpoint prefill that holds the
+// only state slot is ended as soon as a request waits for the slot; the
+// request then runs as on an engine without the cache, and nothing leaks.
+// It steps the scheduler by hand, so that the request arrives midway.
+func TestSchedulerDropsCheckpointPrefill(t *testing.T) {
+	mk := func(slots int) *Engine {
+		return newTestEngine(t, "tiny", 9, Options{Context: 256, MaxSeqs: 1, PrefillChunk: 64, PrefixSlots: slots})
+	}
+	on, off := mk(1), mk(0)
+	rng := rand.New(rand.NewPCG(14, 15))
+	s := NewScheduler(on, SchedulerOptions{})
+	s.replies = [][]int32{randomTokens(rng, 150, 290)}
+	running, reserved := s.admit(nil, 0)
+	running, reserved = s.step(running, reserved) // the first 64 of its 128 tokens
+	if len(running) != 1 || !running[0].job.checkpointOnly {
+		t.Fatalf("%d running, want the checkpoint prefill", len(running))
+	}
+	r := Request{Prompt: randomTokens(rng, 80, 290), MaxTokens: 6}
+	st, err := s.Submit(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if running, reserved = s.round(running, reserved); len(s.waiting) > 0 {
+		t.Fatal("the request waits while a checkpoint prefill holds the slot")
+	}
+	for len(running) > 0 || len(s.waiting) > 0 || len(s.replies) > 0 {
+		running, reserved = s.round(running, reserved)
+	}
+	got, err := st.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := off.Generate(context.Background(), r)
+	if err != nil || !slices.Equal(got.Tokens, want.Tokens) {
+		t.Fatalf("%v; tokens %v against %v", err, got.Tokens, want.Tokens)
+	}
+	s.publish(nil)
+	checkNoLeaks(t, s, on)
+}
