@@ -313,30 +313,41 @@ func (e *Engine) CheckRequest(r Request) error {
 
 // Generate runs one request to completion: plain autoregressive decoding,
 // or speculative decoding with the engine's drafter when e.Spec asks for it.
-// (The Scheduler streams tokens as they are produced.)
+// (The Scheduler streams tokens as they are produced.) With the prefix
+// cache, it then runs the request's checkpoint prefill (see prefix.go)
+// before it returns.
 func (e *Engine) Generate(ctx context.Context, r Request) (*Result, error) {
 	j, err := e.newJob(r)
 	if err != nil {
 		return nil, err
 	}
-	defer j.close()
+	// The job's slot and pages are free again before its checkpoint prefill.
+	if err := func() error { defer j.close(); return e.run(ctx, j) }(); err != nil {
+		return nil, err
+	}
+	e.checkpointReply(ctx, r.Prompt, j.result().Tokens)
+	return j.result(), nil
+}
+
+// run steps one job alone until it is done.
+func (e *Engine) run(ctx context.Context, j *job) error {
 	for !j.done() {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
 		in, err := j.prepare(e.opts.PrefillChunk)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		out, err := e.forwardBatch([]*job{j}, []SeqInput{in}, j.taps())
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if err := j.complete(&out[0]); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return j.result(), nil
+	return nil
 }
 
 // output chooses a request's tokens, collects them and decides when it is finished.

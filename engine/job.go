@@ -33,8 +33,12 @@ type job struct {
 	// holds locked.
 	checkpointAt int
 	cacheNode    *prefixtree.Node
-	last         int32     // newest token: the next input (autoregressive) or the anchor (spec)
-	features     []float32 // spec: drafter context of tokens committed since the last draft
+	// checkpointOnly marks a checkpoint prefill (see newCheckpointJob): it
+	// feeds its prompt to cache it and ends without sampling.
+	checkpointOnly bool
+
+	last     int32     // newest token: the next input (autoregressive) or the anchor (spec)
+	features []float32 // spec: drafter context of tokens committed since the last draft
 
 	sess   DraftSession
 	verify *mamba.Verify
@@ -49,11 +53,13 @@ type job struct {
 	finished                          bool
 }
 
-func (e *Engine) newJob(r Request) (*job, error) {
+func (e *Engine) newJob(r Request) (*job, error) { return e.startJob(r, false) }
+
+func (e *Engine) startJob(r Request, checkpointOnly bool) (*job, error) {
 	if err := e.CheckRequest(r); err != nil {
 		return nil, err
 	}
-	j := &job{e: e, out: newOutput(e, r), started: time.Now()}
+	j := &job{e: e, out: newOutput(e, r), started: time.Now(), checkpointOnly: checkpointOnly}
 	if e.Spec.Mode != SpecAuto {
 		if e.Drafter == nil {
 			return nil, fmt.Errorf("spec mode %s needs a drafter (--draft)", e.Spec.Mode)
@@ -88,7 +94,7 @@ func (e *Engine) newJob(r Request) (*job, error) {
 	if c := e.activePrefix(); c != nil {
 		c.reuse(e, j)
 	}
-	if e.Spec.Mode == SpecAuto {
+	if e.Spec.Mode == SpecAuto || checkpointOnly {
 		built = true
 		return j, nil
 	}
@@ -131,7 +137,7 @@ func (j *job) done() bool { return j.finished }
 
 // taps are the layers whose hidden states the job needs from the target.
 func (j *job) taps() []int {
-	if j.sess == nil {
+	if j.sess == nil && (!j.checkpointOnly || j.e.featureWidth() == 0) {
 		return nil
 	}
 	return j.e.Drafter.TapLayers()
@@ -150,7 +156,7 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 		end := j.prefillEnd(maxChunk)
 		j.chunk = end - j.prefilled
 		in.Tokens, in.Logits = prompt[j.prefilled:end], NoRows
-		if end == len(prompt) {
+		if end == len(prompt) && !j.checkpointOnly {
 			in.Logits = LastRow
 		}
 	case j.sess == nil:
@@ -231,6 +237,10 @@ func (j *job) complete(out *SeqOutput) error {
 			e.prefix.store(e, j)
 		}
 		if j.prefilled < len(prompt) {
+			return nil
+		}
+		if j.checkpointOnly {
+			j.finished = true
 			return nil
 		}
 		j.out.res.Stats.PrefillMs = ms(time.Since(j.started))

@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 
 	"ddflash/prefixtree"
@@ -16,8 +18,13 @@ import (
 // holds at that position (prefill forwards end at GDN chunk boundaries and
 // gdnChain computes whole chunks the same way wherever a forward begins).
 // States after decoded tokens are computed token by token and differ in
-// rounding from a prefill of the same tokens, so they are not cached: the
-// next turn of a chat reuses the previous prompt and prefills the reply.
+// rounding from a prefill of the same tokens, so they are never cached.
+// Instead, a finished request's prompt and output are prefilled again by a
+// checkpoint prefill (newCheckpointJob), a job of the lowest priority that
+// stores their last aligned position as a prompt's, so that the next turn
+// of a chat reuses the reply too. The scheduler runs it when no request
+// waits and drops it when one needs its slot or pages; Generate runs it
+// before returning.
 //
 // Memory: checkpoints live in state slots beyond the engine's MaxSeqs and
 // cached pages in the KV pool; a running request that needs a page evicts
@@ -108,7 +115,9 @@ func (e *Engine) featureWidth() int {
 // sets where its prompt's checkpoint goes.
 func (c *prefixCache) reuse(e *Engine, j *job) {
 	prompt := j.out.r.Prompt
-	c.queried.Add(int64(len(prompt)))
+	if !j.checkpointOnly { // not a request: vLLM's counters leave it out
+		c.queried.Add(int64(len(prompt)))
+	}
 	j.checkpointAt = c.nextCheckpoint(0, len(prompt))
 	h := c.tree.Match(prompt[:len(prompt)-1])
 	width := e.featureWidth()
@@ -124,8 +133,41 @@ func (c *prefixCache) reuse(e *Engine, j *job) {
 	}
 	c.tree.Lock(h.Node)
 	j.cacheNode = h.Node
-	c.hits.Add(int64(h.Tokens))
+	if !j.checkpointOnly {
+		c.hits.Add(int64(h.Tokens))
+	}
 	j.out.res.Stats.CachedTokens = h.Tokens
+}
+
+// newCheckpointJob makes a checkpoint prefill for a finished request's
+// prompt and output: a job that feeds them, from their longest cached
+// prefix up to their last whole aligned chunk, through the normal prefill
+// path, stores the checkpoint there as a prompt's, and ends without
+// sampling. It is nil when the cache is off, the tokens hold no whole chunk
+// past what the cache already has, or no state slot is free for it.
+func (e *Engine) newCheckpointJob(tokens []int32) *job {
+	c := e.activePrefix()
+	if c == nil || e.freeSeqSlots() <= 0 {
+		return nil
+	}
+	n := len(tokens) / c.align * c.align
+	if n == 0 || c.tree.Match(tokens[:n]).Tokens == n {
+		return nil
+	}
+	j, err := e.startJob(Request{Prompt: tokens[:n], MaxTokens: 1}, true)
+	if err != nil {
+		return nil // a best effort: a prefix as long as the context, say
+	}
+	return j
+}
+
+// checkpointReply runs a checkpoint prefill for a finished request at once
+// (Generate's path, where no scheduler can run it later).
+func (e *Engine) checkpointReply(ctx context.Context, prompt, output []int32) {
+	if j := e.newCheckpointJob(slices.Concat(prompt, output)); j != nil {
+		defer j.close()
+		_ = e.run(ctx, j) // a best effort: what it stored before an error is exact
+	}
 }
 
 // store caches the job's prompt up to its current length (a multiple of

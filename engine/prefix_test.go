@@ -14,15 +14,19 @@ import (
 	"ddflash/mamba"
 )
 
-// generateLogits runs a request like Generate and also returns every logit
-// row the target produced for it (a copy), in order.
+// generateLogits runs a request like Generate (with its checkpoint
+// prefill) and also returns every logit row the target produced for it (a
+// copy), in order.
 func generateLogits(t *testing.T, e *Engine, r Request) (*Result, [][]float32) {
 	t.Helper()
 	j, err := e.newJob(r)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer j.close()
+	defer func() {
+		j.close()
+		e.checkpointReply(context.Background(), r.Prompt, j.result().Tokens)
+	}()
 	var rows [][]float32
 	for !j.done() {
 		in, err := j.prepare(e.opts.PrefillChunk)
@@ -74,7 +78,8 @@ type chat struct {
 
 func (c *chat) user(n int) []int32 { return randomTokens(c.rng, n, 290) }
 
-// TestPrefixCacheBitIdentical runs chats whose later turns and second
+// TestPrefixCacheBitIdentical runs chats whose later turns (past the
+// previous reply, thanks to its checkpoint prefill) and second
 // conversation reuse cached prefixes, in every decoding mode, greedy and
 // sampled, and checks every output token and every logit against the same
 // requests on an engine without the cache: on the CPU backend they are
@@ -112,12 +117,12 @@ func testPrefixCacheBitIdentical(t *testing.T, seed uint64, ctxLen int, c specCa
 	prompt := concat(ch.system, ch.user(20))
 	other := concat(ch.system, ch.user(30))
 	type turn struct {
-		prompt []int32
-		cached int
+		prompt, reply []int32
+		cached        int
 	}
 	var turns []turn
 	for i := range 3 {
-		r := Request{Prompt: prompt, MaxTokens: 12, Sampling: sampling, IgnoreEOS: true}
+		r := Request{Prompt: prompt, MaxTokens: 24, Sampling: sampling, IgnoreEOS: true}
 		got, gotRows := generateLogits(t, on, r)
 		want, wantRows := generateLogits(t, off, r)
 		if !slices.Equal(got.Tokens, want.Tokens) {
@@ -126,15 +131,21 @@ func testPrefixCacheBitIdentical(t *testing.T, seed uint64, ctxLen int, c specCa
 		if err := sameBits(gotRows, wantRows); err != nil {
 			t.Fatalf("turn %d: %v", i, err)
 		}
-		turns = append(turns, turn{prompt, got.Stats.CachedTokens})
-		prompt = concat(concat(prompt, got.Tokens), ch.user(10))
+		turns = append(turns, turn{prompt, got.Tokens, got.Stats.CachedTokens})
+		prompt = concat(concat(prompt, got.Tokens), ch.user(30))
 	}
-	// Turn 1 misses; later turns reuse the previous prompt's whole
-	// 64-token chunks. The other conversation reuses the system prompt's.
+	// Turn 1 misses; later turns reuse the previous prompt and reply's
+	// whole 64-token chunks (turn 2 more than the previous prompt's: the
+	// reply crosses a chunk boundary). The other conversation reuses the
+	// system prompt's.
 	for i, tn := range turns {
 		want := 0
 		if i > 0 {
-			want = len(turns[i-1].prompt) / 64 * 64
+			prev := turns[i-1]
+			want = (len(prev.prompt) + len(prev.reply)) / 64 * 64
+			if i == 1 && want <= len(prev.prompt)/64*64 {
+				t.Fatalf("test setup: turn 1's reply crosses no chunk boundary")
+			}
 		}
 		if tn.cached != want {
 			t.Fatalf("turn %d (prompt %d tokens) reused %d tokens, want %d", i, len(tn.prompt), tn.cached, want)
@@ -264,13 +275,7 @@ func TestPrefixCacheSchedulerMix(t *testing.T) {
 // evicting the whole cache leaves every page and slot free.
 func checkNoLeaks(t *testing.T, s *Scheduler, e *Engine) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for st := s.State(); st.Running > 0 || st.Queued > 0; st = s.State() {
-		if time.Now().After(deadline) {
-			t.Fatalf("the scheduler is still busy: %+v", st)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitQuiet(t, s)
 	// The step loop is idle: the engine's pools can be read.
 	st := e.PrefixStats()
 	kv, pool := e.Model.KV, e.Model.States
@@ -281,6 +286,60 @@ func checkNoLeaks(t *testing.T, s *Scheduler, e *Engine) {
 	e.prefix.evict(e, kv.Pages())
 	if kv.FreePages() != kv.Pages() || pool.Free() != pool.Slots() || e.prefix.held != 0 {
 		t.Fatalf("after evicting the cache: %d of %d pages and %d of %d slots free", kv.FreePages(), kv.Pages(), pool.Free(), pool.Slots())
+	}
+}
+
+// waitQuiet waits until the scheduler runs no request and no checkpoint
+// prefill (the prefix cache may still hold pages and slots).
+func waitQuiet(t *testing.T, s *Scheduler) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for st := s.State(); st.Running > 0 || st.Queued > 0 || st.Checkpointing > 0; st = s.State() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the scheduler is still busy: %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestPrefixCacheSchedulerReply: through the scheduler, a chat's second turn
+// reuses the first turn's prompt and reply up to their last whole 64-token
+// chunk (stored by the checkpoint prefill the scheduler runs once the first
+// turn ends), with the output of an engine without the cache.
+func TestPrefixCacheSchedulerReply(t *testing.T) {
+	const seed, ctxLen = 6, 256
+	for _, c := range []specCase{{SpecAuto, 0, mamba.Replay}, {SpecTree, 8, mamba.Snapshot}} {
+		t.Run(c.String(), func(t *testing.T) {
+			mk := func(slots int) *Engine {
+				return specEngineBlock(t, "tiny", seed, c, func(s []int32) int32 { return s[len(s)-1] }, 0.3, ctxLen, 8,
+					Options{MaxSeqs: 2, PrefillChunk: 64, PrefixSlots: slots})
+			}
+			on, off := mk(2), mk(0)
+			s := runScheduler(t, on, SchedulerOptions{})
+			rng := rand.New(rand.NewPCG(12, 13))
+			prompt := randomTokens(rng, 110, 290)
+			for turn := range 2 {
+				r := Request{Prompt: prompt, MaxTokens: 24, Sampling: SamplingParams{Temperature: 0.9, Seed: 3}, IgnoreEOS: true}
+				want, err := off.Generate(context.Background(), r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				st, err := s.Submit(context.Background(), r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := st.Wait()
+				if err != nil || !slices.Equal(got.Tokens, want.Tokens) {
+					t.Fatalf("turn %d: %v; tokens %v against %v", turn, err, got.Tokens, want.Tokens)
+				}
+				if wantCached := []int{0, 128}[turn]; got.Stats.CachedTokens != wantCached {
+					t.Fatalf("turn %d reused %d tokens, want %d", turn, got.Stats.CachedTokens, wantCached)
+				}
+				waitQuiet(t, s) // the checkpoint prefill of 110+24 tokens stores 128
+				prompt = concat(concat(prompt, got.Tokens), randomTokens(rng, 10, 290))
+			}
+			checkNoLeaks(t, s, on)
+		})
 	}
 }
 
@@ -366,4 +425,44 @@ func TestPrefixCacheAcrossModes(t *testing.T) {
 		}
 		prompt = append(prompt, randomTokens(rng, 3, 290)...)
 	}
+}
+
+// TestSchedulerDropsCheckpointPrefill: a checkpoint prefill that holds the
+// only state slot is ended as soon as a request waits for the slot; the
+// request then runs as on an engine without the cache, and nothing leaks.
+// It steps the scheduler by hand, so that the request arrives midway.
+func TestSchedulerDropsCheckpointPrefill(t *testing.T) {
+	mk := func(slots int) *Engine {
+		return newTestEngine(t, "tiny", 9, Options{Context: 256, MaxSeqs: 1, PrefillChunk: 64, PrefixSlots: slots})
+	}
+	on, off := mk(1), mk(0)
+	rng := rand.New(rand.NewPCG(14, 15))
+	s := NewScheduler(on, SchedulerOptions{})
+	s.replies = [][]int32{randomTokens(rng, 150, 290)}
+	running, reserved := s.admit(nil, 0)
+	running, reserved = s.step(running, reserved) // the first 64 of its 128 tokens
+	if len(running) != 1 || !running[0].job.checkpointOnly {
+		t.Fatalf("%d running, want the checkpoint prefill", len(running))
+	}
+	r := Request{Prompt: randomTokens(rng, 80, 290), MaxTokens: 6}
+	st, err := s.Submit(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if running, reserved = s.round(running, reserved); len(s.waiting) > 0 {
+		t.Fatal("the request waits while a checkpoint prefill holds the slot")
+	}
+	for len(running) > 0 || len(s.waiting) > 0 || len(s.replies) > 0 {
+		running, reserved = s.round(running, reserved)
+	}
+	got, err := st.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := off.Generate(context.Background(), r)
+	if err != nil || !slices.Equal(got.Tokens, want.Tokens) {
+		t.Fatalf("%v; tokens %v against %v", err, got.Tokens, want.Tokens)
+	}
+	s.publish(nil)
+	checkNoLeaks(t, s, on)
 }

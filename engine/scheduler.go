@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"sync"
 )
 
@@ -93,6 +94,9 @@ type SchedulerState struct {
 	FreeSlots, TotalSlots int
 	// PrefixPages and PrefixCheckpoints are what the prefix cache holds.
 	PrefixPages, PrefixCheckpoints int
+	// Checkpointing counts checkpoint prefills waiting or running (not in
+	// Running: they are no requests).
+	Checkpointing int
 }
 
 // Scheduler batches requests: every step feeds each running request's next
@@ -112,6 +116,9 @@ type Scheduler struct {
 	state   SchedulerState
 	queued  int // submitted and not yet admitted or ended: bounded by MaxQueue
 	waiting []*pending
+	// replies are finished requests' prompts and outputs waiting for a
+	// checkpoint prefill (see prefix.go), newest last.
+	replies [][]int32
 }
 
 type pending struct {
@@ -203,11 +210,11 @@ func (s *Scheduler) Run(ctx context.Context) {
 			s.end(p, ErrShutdown)
 		}
 		s.dequeued(len(queued))
-		s.waiting = nil
-		s.publish(0)
+		s.waiting, s.replies = nil, nil
+		s.publish(nil)
 	}()
 	for {
-		if len(running) == 0 && len(s.waiting) == 0 {
+		if len(running) == 0 && len(s.waiting) == 0 && len(s.replies) == 0 {
 			select {
 			case <-ctx.Done():
 				return
@@ -219,7 +226,7 @@ func (s *Scheduler) Run(ctx context.Context) {
 			return
 		}
 		running, reserved = s.round(running, reserved)
-		s.publish(len(running))
+		s.publish(running)
 	}
 }
 
@@ -270,7 +277,11 @@ func (s *Scheduler) admit(running []*pending, reserved int) ([]*pending, int) {
 			continue
 		}
 		need := s.worstCasePages(p.req)
-		if len(running) >= s.opts.MaxRunning || reserved+need > s.e.Model.KV.Pages() {
+		fits := func() bool { return len(running) < s.opts.MaxRunning && reserved+need <= s.e.Model.KV.Pages() }
+		if !fits() {
+			running, reserved = s.dropCheckpoints(running, reserved)
+		}
+		if !fits() {
 			kept = append(kept, s.waiting[i:]...)
 			break
 		}
@@ -285,7 +296,57 @@ func (s *Scheduler) admit(running []*pending, reserved int) ([]*pending, int) {
 		running = append(running, p)
 	}
 	s.waiting = kept
+	return s.admitCheckpoints(running, reserved)
+}
+
+// admitCheckpoints starts checkpoint prefills, newest first, while no
+// request waits and a slot and the pages are free. One that cannot start
+// (its prefix is cached already, say) is dropped.
+func (s *Scheduler) admitCheckpoints(running []*pending, reserved int) ([]*pending, int) {
+	ps := s.e.Model.KV.PageSize()
+	for len(s.replies) > 0 && len(s.waiting) == 0 && len(running) < s.opts.MaxRunning {
+		tokens := s.replies[len(s.replies)-1]
+		need := (len(tokens) + ps - 1) / ps
+		if reserved+need > s.e.Model.KV.Pages() {
+			break
+		}
+		s.replies = s.replies[:len(s.replies)-1]
+		var j *job
+		if guard(func() error { j = s.e.newCheckpointJob(tokens); return nil }) != nil || j == nil {
+			continue
+		}
+		p := &pending{ctx: context.Background(), job: j, pages: need,
+			stream: &Stream{events: make(chan Event, eventBuffer), done: make(chan struct{})}}
+		reserved += need
+		running = append(running, p)
+	}
 	return running, reserved
+}
+
+// dropCheckpoints ends the running checkpoint prefills, for a request that
+// needs their slots or pages.
+func (s *Scheduler) dropCheckpoints(running []*pending, reserved int) ([]*pending, int) {
+	kept := running[:0]
+	for _, p := range running {
+		if p.job.checkpointOnly {
+			reserved -= s.end(p, nil)
+		} else {
+			kept = append(kept, p)
+		}
+	}
+	return kept, reserved
+}
+
+// queueReply keeps a finished request's prompt and output for a checkpoint
+// prefill; only the newest MaxRunning wait.
+func (s *Scheduler) queueReply(p *pending) {
+	if s.e.activePrefix() == nil || p.job.checkpointOnly {
+		return
+	}
+	s.replies = append(s.replies, slices.Concat(p.req.Prompt, p.job.result().Tokens))
+	if len(s.replies) > s.opts.MaxRunning {
+		s.replies = s.replies[1:]
+	}
 }
 
 // step runs one batched forward over the running requests and delivers
@@ -346,6 +407,7 @@ func (s *Scheduler) step(running []*pending, reserved int) ([]*pending, int) {
 		case failed[p] != nil:
 			reserved -= s.end(p, failed[p])
 		case p.job.done():
+			s.queueReply(p)
 			reserved -= s.end(p, nil)
 		default:
 			kept = append(kept, p)
@@ -392,10 +454,17 @@ func (s *Scheduler) end(p *pending, err error) int {
 	return p.pages
 }
 
-func (s *Scheduler) publish(running int) {
+func (s *Scheduler) publish(running []*pending) {
+	requests := 0
+	for _, p := range running {
+		if !p.job.checkpointOnly {
+			requests++
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.state.Running = running
+	s.state.Running = requests
+	s.state.Checkpointing = len(running) - requests + len(s.replies)
 	s.state.Queued = s.queued
 	s.state.FreePages = s.e.Model.KV.FreePages()
 	s.state.FreeSlots = s.e.freeSeqSlots()
