@@ -94,6 +94,9 @@ func (c *KVCache) PageSize() int { return c.pageSize }
 // Pages is the total number of pages.
 func (c *KVCache) Pages() int { return c.numPages }
 
+// PagesFor is the number of pages that hold n tokens.
+func (c *KVCache) PagesFor(n int) int { return (n + c.pageSize - 1) / c.pageSize }
+
 // FreePages is the number of unused pages.
 func (c *KVCache) FreePages() int { return len(c.free) }
 
@@ -118,7 +121,7 @@ func (s *SeqKV) Slot(pageSize, pos int) int32 {
 // Reserve makes sure the sequence owns pages for n tokens. On ErrKVFull it
 // keeps the pages it already had.
 func (c *KVCache) Reserve(s *SeqKV, n int) error {
-	need := (n + c.pageSize - 1) / c.pageSize
+	need := c.PagesFor(n)
 	if need-len(s.Pages) > len(c.free) {
 		return fmt.Errorf("%w: %d tokens need %d more pages, %d free", ErrKVFull, n, need-len(s.Pages), len(c.free))
 	}
@@ -133,7 +136,7 @@ func (c *KVCache) Reserve(s *SeqKV, n int) error {
 
 // Truncate keeps pages for the first n tokens and lets go of the rest.
 func (c *KVCache) Truncate(s *SeqKV, n int) {
-	keep := (n + c.pageSize - 1) / c.pageSize
+	keep := c.PagesFor(n)
 	for len(s.Pages) > keep {
 		c.Release(s.Pages[len(s.Pages)-1])
 		s.Pages = s.Pages[:len(s.Pages)-1]

@@ -265,8 +265,7 @@ func (c *prefixCache) publish() {
 func (e *Engine) reserveKV(s *SeqKV, n int) error {
 	err := e.Model.KV.Reserve(s, n)
 	if errors.Is(err, ErrKVFull) && e.prefix != nil {
-		ps := e.Model.KV.PageSize()
-		e.prefix.evict(e, (n+ps-1)/ps-len(s.Pages))
+		e.prefix.evict(e, e.Model.KV.PagesFor(n)-len(s.Pages))
 		err = e.Model.KV.Reserve(s, n)
 	}
 	return err

@@ -167,9 +167,7 @@ func (s *Scheduler) worstCasePages(r Request) int {
 	if e.Spec.Mode != SpecAuto && e.Drafter != nil {
 		verify = e.Spec.VerifyTokens(e.Drafter.BlockSize())
 	}
-	tokens := min(len(r.Prompt)+r.MaxTokens, e.Context) + verify
-	ps := e.Model.KV.PageSize()
-	return (tokens + ps - 1) / ps
+	return e.Model.KV.PagesFor(min(len(r.Prompt)+r.MaxTokens, e.Context) + verify)
 }
 
 // Submit validates a request and queues it. ctx cancels it: queued or
@@ -303,10 +301,9 @@ func (s *Scheduler) admit(running []*pending, reserved int) ([]*pending, int) {
 // request waits and a slot and the pages are free. One that cannot start
 // (its prefix is cached already, say) is dropped.
 func (s *Scheduler) admitCheckpoints(running []*pending, reserved int) ([]*pending, int) {
-	ps := s.e.Model.KV.PageSize()
 	for len(s.replies) > 0 && len(s.waiting) == 0 && len(running) < s.opts.MaxRunning {
 		tokens := s.replies[len(s.replies)-1]
-		need := (len(tokens) + ps - 1) / ps
+		need := s.e.Model.KV.PagesFor(len(tokens))
 		if reserved+need > s.e.Model.KV.Pages() {
 			break
 		}
