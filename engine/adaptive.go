@@ -166,7 +166,7 @@ func (e *Engine) measureDraft(p *adaptive.Policy) error {
 		return err
 	}
 	defer sess.Close()
-	row := make([]float32, len(e.Drafter.TapLayers())*e.Model.Cfg.HiddenSize)
+	row := make([]float32, e.featureWidth())
 	for range 2 {
 		start := time.Now()
 		if _, err := sess.Draft(row, 0); err != nil {

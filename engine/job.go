@@ -166,7 +166,7 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 		steady := true
 		if j.drafted = j.backoff.Draft(); j.drafted {
 			// A verify commits at most a block: more context rows are catch-up.
-			steady = len(j.features) <= e.Drafter.BlockSize()*len(j.taps())*e.Model.Cfg.HiddenSize
+			steady = len(j.features) <= e.Drafter.BlockSize()*e.featureWidth()
 			draft, err := j.sess.Draft(j.features, j.last)
 			if err != nil {
 				return in, err
