@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -124,6 +125,51 @@ func TestSampledDeviceTopEqualsFullRows(t *testing.T) {
 			}
 			if !slices.Equal(reduced.Tokens, full.Tokens) {
 				t.Errorf("%s %+v: device candidates %v, full rows %v", name, p, reduced.Tokens, full.Tokens)
+			}
+		}
+	}
+}
+
+// TestPaddingRowsAreNotScored: the LM head scores the real token ids only.
+// Their logits are bit-identical to scoring every row, one row or many at
+// once, and the padding ids' logits are -Inf.
+func TestPaddingRowsAreNotScored(t *testing.T) {
+	e := newTestEngine(t, "tiny", 4, Options{Context: 64})
+	V, valid := e.Model.Cfg.VocabSize, e.ValidVocab
+	if valid >= V {
+		t.Fatalf("the preset has no padding ids (%d of %d)", valid, V)
+	}
+	prompt := randomTokens(rand.New(rand.NewPCG(6, 5)), 9, valid)
+	run := func(scored int) (rows, last []float32) {
+		e.Model.ValidVocab = scored
+		defer func() { e.Model.ValidVocab = valid }()
+		s, err := e.newSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.release(s)
+		out, err := e.forward(s, SeqInput{Tokens: prompt, Logits: AllRows}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last, err = e.step(s, prompt[0]); err != nil {
+			t.Fatal(err)
+		}
+		return out.Logits, last
+	}
+	allRows, allLast := run(V)
+	rows, last := run(valid)
+	for name, c := range map[string][2][]float32{"prompt rows": {rows, allRows}, "decode row": {last, allLast}} {
+		got, want := c[0], c[1]
+		for i := range len(want) / V {
+			row := got[i*V : (i+1)*V]
+			if !slices.Equal(row[:valid], want[i*V:i*V+valid]) {
+				t.Errorf("%s: row %d: the real ids' logits differ from scoring every row", name, i)
+			}
+			for id, x := range row[valid:] {
+				if !math.IsInf(float64(x), -1) {
+					t.Fatalf("%s: row %d: padding id %d has logit %g, want -Inf", name, i, valid+id, x)
+				}
 			}
 		}
 	}

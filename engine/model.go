@@ -242,7 +242,7 @@ func (m *Model) Forward(seqs []SeqInput, taps []int) ([]SeqOutput, error) {
 		}
 		free = append(free, func() { metas[i].free(r.b) })
 		if logitRows > 0 {
-			if heads[i], err = m.newVocabProjection(r, logitRows); err != nil {
+			if heads[i], err = m.newVocabProjection(r, logitRows, nil); err != nil {
 				return nil, err
 			}
 			free = append(free, func() { heads[i].free(r.b) })
@@ -494,11 +494,27 @@ func (m *Model) gatherLogitRows(r *rank, seqs []SeqInput) {
 type vocabProjection struct {
 	part, gathered kernels.Buffer
 	logits         kernels.Buffer // rank 0 only
-	bufs           []kernels.Buffer
+	// With padding rows in this rank's slice: the scores of its real ids
+	// when several rows are scored (MatMul writes them packed), and one
+	// row of -Inf for the padding columns.
+	packed, padding kernels.Buffer
+	bufs            []kernels.Buffer
 }
 
-func (m *Model) newVocabProjection(r *rank, n int) (*vocabProjection, error) {
-	vp := &vocabProjection{}
+// scoredRows is how many of rank r's LM-head rows belong to real token ids.
+// The padding rows beyond them are never sampled, so their weights are not
+// read and their logits are -Inf.
+func (m *Model) scoredRows(r *rank) int {
+	valid := m.ValidVocab
+	if valid <= 0 || valid > m.Cfg.VocabSize {
+		valid = m.Cfg.VocabSize
+	}
+	return min(r.vocab, max(0, valid-r.id*r.vocab))
+}
+
+// With into (one rank only), the logits are scored straight into it.
+func (m *Model) newVocabProjection(r *rank, n int, into kernels.Buffer) (*vocabProjection, error) {
+	vp := &vocabProjection{part: into}
 	alloc := func(dst *kernels.Buffer, size int) error {
 		buf, err := r.b.Alloc(kernels.F32, size)
 		if err != nil {
@@ -509,8 +525,21 @@ func (m *Model) newVocabProjection(r *rank, n int) (*vocabProjection, error) {
 		vp.bufs = append(vp.bufs, buf)
 		return nil
 	}
-	if err := alloc(&vp.part, n*r.vocab); err != nil {
-		return nil, err
+	if into == nil {
+		if err := alloc(&vp.part, n*r.vocab); err != nil {
+			return nil, err
+		}
+	}
+	if scored := m.scoredRows(r); scored < r.vocab {
+		if err := alloc(&vp.padding, r.vocab-scored); err != nil {
+			return nil, err
+		}
+		r.b.Fill(vp.padding, float32(math.Inf(-1)))
+		if n > 1 && scored > 0 {
+			if err := alloc(&vp.packed, n*scored); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if len(m.ranks) == 1 {
 		vp.logits = vp.part
@@ -537,8 +566,8 @@ func (vp *vocabProjection) free(b kernels.Backend) {
 // projectVocab scores hidden [n, hidden] (already normed) with this rank's
 // slice of the LM head and gathers the slices into rank 0's vp.logits.
 func (m *Model) projectVocab(r *rank, vp *vocabProjection, hidden kernels.Buffer, n int) error {
-	b, H, V := r.b, m.Cfg.HiddenSize, m.Cfg.VocabSize
-	b.MatMul(vp.part, hidden, r.w.LMHead, n, r.vocab, H)
+	b, V := r.b, m.Cfg.VocabSize
+	m.scoreSlice(r, vp, hidden, n)
 	if len(m.ranks) == 1 {
 		return nil
 	}
@@ -553,6 +582,24 @@ func (m *Model) projectVocab(r *rank, vp *vocabProjection, hidden kernels.Buffer
 	return nil
 }
 
+// scoreSlice writes rank r's slice of the logits of n rows, vp.part [n,
+// r.vocab]: the real ids' rows of the LM head, -Inf for the padding rows.
+func (m *Model) scoreSlice(r *rank, vp *vocabProjection, hidden kernels.Buffer, n int) {
+	b, H, scored, out := r.b, m.Cfg.HiddenSize, m.scoredRows(r), vp.part
+	pad := r.vocab - scored
+	switch {
+	case pad == 0:
+		b.MatMul(out, hidden, r.w.LMHead, n, r.vocab, H)
+		return
+	case n == 1 && scored > 0: // one row is already laid out as out's
+		b.MatMul(out, hidden, r.w.LMHead, 1, scored, H)
+	case scored > 0:
+		b.MatMul(vp.packed, hidden, r.w.LMHead, n, scored, H)
+		b.Copy(out, vp.packed, n, scored, r.vocab, scored)
+	}
+	b.Copy(b.Slice(out, scored, n*r.vocab-scored), vp.padding, n, pad, r.vocab, 0)
+}
+
 // ProjectVocab scores n rows of hidden states (on rank 0, already normed)
 // with the target's LM head into logits [n, vocab] on rank 0, through every
 // rank's vocabulary slice: the drafter shares the target's head this way.
@@ -560,7 +607,12 @@ func (m *Model) ProjectVocab(logits, hidden kernels.Buffer, n int) error {
 	H := m.Cfg.HiddenSize
 	if len(m.ranks) == 1 {
 		r := m.ranks[0]
-		r.b.MatMul(logits, hidden, r.w.LMHead, n, r.vocab, H)
+		vp, err := m.newVocabProjection(r, n, logits)
+		if err != nil {
+			return err
+		}
+		defer vp.free(r.b)
+		m.scoreSlice(r, vp, hidden, n)
 		return nil
 	}
 	inputs := make([]kernels.Buffer, len(m.ranks))
@@ -578,7 +630,7 @@ func (m *Model) ProjectVocab(logits, hidden kernels.Buffer, n int) error {
 	inputs[0] = hidden
 	for i, r := range m.ranks {
 		var err error
-		if heads[i], err = m.newVocabProjection(r, n); err != nil {
+		if heads[i], err = m.newVocabProjection(r, n, nil); err != nil {
 			return err
 		}
 		if i > 0 {

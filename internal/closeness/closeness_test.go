@@ -11,20 +11,23 @@ func TestGarbageIsInfinitelyFar(t *testing.T) {
 		name      string
 		got, want []float64
 		diff      float64
+		relInf    bool // RelNorm is +Inf: a norm of infinite values means nothing
 	}{
-		{"equal", []float64{1, 2}, []float64{1, 2}, 0},
-		{"close", []float64{1, 2.5}, []float64{1, 2}, 0.5},
-		{"NaN got", []float64{nan, 2}, []float64{1, 2}, inf},
-		{"NaN want", []float64{1, 2}, []float64{1, nan}, inf},
-		{"Inf got", []float64{1, inf}, []float64{1, 2}, inf},
-		{"Inf both", []float64{inf}, []float64{inf}, inf},
-		{"lengths", []float64{1}, []float64{1, 2}, inf},
+		{"equal", []float64{1, 2}, []float64{1, 2}, 0, false},
+		{"close", []float64{1, 2.5}, []float64{1, 2}, 0.5, false},
+		{"NaN got", []float64{nan, 2}, []float64{1, 2}, inf, true},
+		{"NaN want", []float64{1, 2}, []float64{1, nan}, inf, true},
+		{"NaN both", []float64{nan}, []float64{nan}, inf, true},
+		{"Inf got", []float64{1, inf}, []float64{1, 2}, inf, true},
+		{"Inf against -Inf", []float64{-inf}, []float64{inf}, inf, true},
+		{"masked in both", []float64{1, -inf}, []float64{1.5, -inf}, 0.5, true},
+		{"lengths", []float64{1}, []float64{1, 2}, inf, true},
 	}
 	for _, c := range cases {
 		if d := MaxAbsDiff(c.got, c.want); d != c.diff {
 			t.Errorf("%s: MaxAbsDiff = %g, want %g", c.name, d, c.diff)
 		}
-		if r := RelNorm(c.got, c.want); (c.diff == inf) != (r == inf) {
+		if r := RelNorm(c.got, c.want); c.relInf != (r == inf) {
 			t.Errorf("%s: RelNorm = %g", c.name, r)
 		}
 	}
