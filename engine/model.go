@@ -512,7 +512,8 @@ func (m *Model) scoredRows(r *rank) int {
 	return min(r.vocab, max(0, valid-r.id*r.vocab))
 }
 
-// With into (one rank only), the logits are scored straight into it.
+// newVocabProjection allocates rank r's buffers for scoring n rows; with
+// into (one rank only), the logits are scored straight into it.
 func (m *Model) newVocabProjection(r *rank, n int, into kernels.Buffer) (*vocabProjection, error) {
 	vp := &vocabProjection{part: into}
 	alloc := func(dst *kernels.Buffer, size int) error {
