@@ -5,6 +5,7 @@ package cuda_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -146,7 +147,8 @@ func checkModelLogits(t *testing.T, be kernels.Backend, preset, dtype string) {
 }
 
 // modelLogits prefills prompt in one forward (all rows' logits), then feeds
-// steps one token at a time; it returns each forward's logits.
+// steps one token at a time; it returns each forward's logits of the real
+// token ids, having checked that the padding ids' are -Inf.
 func modelLogits(t *testing.T, be kernels.Backend, dir string, prompt, steps []int32) [][]float32 {
 	t.Helper()
 	e, err := engine.Load(be, dir, engine.Options{PageSize: 16, Context: len(prompt) + len(steps) + 1})
@@ -159,7 +161,16 @@ func modelLogits(t *testing.T, be kernels.Backend, dir string, prompt, steps []i
 		must(t, e.Model.KV.Reserve(&kv, start+len(tokens)))
 		res, err := e.Model.Forward([]engine.SeqInput{{Tokens: tokens, Start: start, KV: &kv, Slot: slot, Logits: rows}}, nil)
 		must(t, err)
-		out = append(out, res[0].Logits)
+		V, valid := e.Model.Cfg.VocabSize, e.ValidVocab
+		var real []float32
+		for r := 0; r < len(res[0].Logits); r += V {
+			row := res[0].Logits[r : r+V]
+			if i := slices.IndexFunc(row[valid:], func(x float32) bool { return !math.IsInf(float64(x), -1) }); i >= 0 {
+				t.Fatalf("%s: padding id %d has logit %g, want -Inf", be.Name(), valid+i, row[valid+i])
+			}
+			real = append(real, row[:valid]...)
+		}
+		out = append(out, real)
 	}
 	forward(prompt, 0, engine.AllRows)
 	for i, tok := range steps {
