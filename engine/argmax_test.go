@@ -10,15 +10,22 @@ import (
 	"ddflash/mamba"
 )
 
+// paddedEngine is a tiny engine whose vocabulary has padding rows beyond
+// its valid real ids.
+func paddedEngine(t *testing.T) (e *Engine, V, valid int) {
+	e = newTestEngine(t, "tiny", 4, Options{Context: 64})
+	V, valid = e.Model.Cfg.VocabSize, e.ValidVocab
+	if valid >= V {
+		t.Fatalf("the preset has no padding ids (%d of %d)", valid, V)
+	}
+	return e, V, valid
+}
+
 // TestDeviceTopMatchesHost: rows reduced on the device (SeqInput.Top) give
 // the host's best logits of the same rows over the real token ids, in
 // order (ties: the lower id), with their values: the argmax for Top 1.
 func TestDeviceTopMatchesHost(t *testing.T) {
-	e := newTestEngine(t, "tiny", 4, Options{Context: 64})
-	V, valid := e.Model.Cfg.VocabSize, e.ValidVocab
-	if valid >= V {
-		t.Fatalf("the preset has no padding ids (%d of %d): packing the real ids is untested", valid, V)
-	}
+	e, V, valid := paddedEngine(t)
 	prompt := randomTokens(rand.New(rand.NewPCG(4, 5)), 9, valid)
 	run := func(top int) *SeqOutput {
 		s, err := e.newSequence()
@@ -134,11 +141,7 @@ func TestSampledDeviceTopEqualsFullRows(t *testing.T) {
 // Their logits are bit-identical to scoring every row, one row or many at
 // once, and the padding ids' logits are -Inf.
 func TestPaddingRowsAreNotScored(t *testing.T) {
-	e := newTestEngine(t, "tiny", 4, Options{Context: 64})
-	V, valid := e.Model.Cfg.VocabSize, e.ValidVocab
-	if valid >= V {
-		t.Fatalf("the preset has no padding ids (%d of %d)", valid, V)
-	}
+	e, V, valid := paddedEngine(t)
 	prompt := randomTokens(rand.New(rand.NewPCG(6, 5)), 9, valid)
 	run := func(scored int) (rows, last []float32) {
 		e.Model.ValidVocab = scored
