@@ -55,14 +55,19 @@ type Point struct {
 }
 
 // CostModel is the measured cost of a decode step: the target's forward
-// time per number of rows it computes (verify rows of every request in the
-// batch), and what each speculating request adds: the drafter's time per
+// time, and what each speculating request adds: the drafter's time per
 // draft and the commit of its accepted path (GDN state and KV compaction).
-// Safe for concurrent use.
+// A forward's time depends on its sequences as well as its rows (each
+// sequence has its own attention and recurrent state to go through, so four
+// sequences of one row cost more than one sequence of four): it is modelled
+// as a plain decoding step's time for the batch's sequences (one row each)
+// plus what the rows beyond one per sequence (verify nodes, prompt chunks)
+// add. Safe for concurrent use.
 type CostModel struct {
-	mu            sync.Mutex
-	rows          []int // measured row counts, ascending
-	steps         []samples
+	mu sync.Mutex
+	// plain are plain decoding steps' times by sequences (= rows); extra
+	// what rows beyond one per sequence added to a step, by their number.
+	plain, extra  curve
 	draft, commit samples
 	// catchUp are drafts that also took in the context of autoregressive
 	// steps: the estimate until a steady draft is seen.
@@ -76,19 +81,51 @@ type CostModel struct {
 	inside   time.Duration
 }
 
-// ObserveStep records a forward over rows rows that took d.
-func (c *CostModel) ObserveStep(rows int, d time.Duration) {
-	if rows < 1 {
+// curve is measurements by a count (rows or sequences).
+type curve struct {
+	keys  []int // ascending
+	steps []samples
+}
+
+func (c *curve) add(key int, ms float64) {
+	i, found := slices.BinarySearch(c.keys, key)
+	if !found {
+		c.keys = slices.Insert(c.keys, i, key)
+		c.steps = slices.Insert(c.steps, i, samples{})
+	}
+	c.steps[i].add(ms)
+}
+
+// points are the estimates of the counts measured at least minSamples times.
+func (c *curve) points() []Point {
+	var points []Point
+	for i, k := range c.keys {
+		if len(c.steps[i].ms) >= minSamples {
+			points = append(points, Point{Rows: k, Ms: c.steps[i].estimate()})
+		}
+	}
+	return points
+}
+
+// ObserveStep records a forward over rows rows of seqs sequences that took
+// d. A step with rows beyond one per sequence measures what they add over
+// the plain step of as many sequences, as estimated so far (not before one
+// is).
+func (c *CostModel) ObserveStep(seqs, rows int, d time.Duration) {
+	if seqs < 1 || rows < seqs {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	i, found := slices.BinarySearch(c.rows, rows)
-	if !found {
-		c.rows = slices.Insert(c.rows, i, rows)
-		c.steps = slices.Insert(c.steps, i, samples{})
+	if rows == seqs {
+		c.plain.add(seqs, millis(d))
+		return
 	}
-	c.steps[i].add(millis(d))
+	plain := Monotone(c.plain.points())
+	if len(plain) == 0 {
+		return
+	}
+	c.extra.add(rows-seqs, max(0, millis(d)-StepMs(plain, seqs)))
 }
 
 // ObserveDraft records one drafter call that took d. A steady draft took
@@ -150,22 +187,49 @@ func millis(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 // its row count until measured again.
 const minSamples = 3
 
-// Curve returns the estimated step time per row count measured at least
-// minSamples times, and the drafter's and the commit's time (0 until
-// measured).
-func (c *CostModel) Curve() (points []Point, draftMs, commitMs float64) {
+// Costs are a cost model's estimates at one time.
+type Costs struct {
+	// Plain is a plain decoding step's time by rows (one per sequence);
+	// Extra what rows beyond one per sequence add to a step, by their
+	// number. Both are non-decreasing (Monotone).
+	Plain, Extra      []Point
+	DraftMs, CommitMs float64 // 0 until measured
+}
+
+// Costs returns the current estimates: the curves' counts measured at least
+// minSamples times, and the drafter's and the commit's time.
+func (c *CostModel) Costs() Costs {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i, r := range c.rows {
-		if len(c.steps[i].ms) >= minSamples {
-			points = append(points, Point{Rows: r, Ms: c.steps[i].estimate()})
-		}
-	}
-	draftMs = c.draft.estimate()
+	draftMs := c.draft.estimate()
 	if len(c.draft.ms) == 0 {
 		draftMs = c.catchUp.estimate()
 	}
-	return points, draftMs, c.commit.estimate()
+	return Costs{Plain: Monotone(c.plain.points()), Extra: Monotone(c.extra.points()), DraftMs: draftMs, CommitMs: c.commit.estimate()}
+}
+
+// StepMs predicts a forward's time over rows rows of seqs sequences: the
+// plain step of seqs sequences and what the rows beyond them add (from
+// none at none, along the measured points).
+func (c Costs) StepMs(seqs, rows int) float64 {
+	plain := StepMs(c.Plain, seqs)
+	if rows <= seqs {
+		return plain
+	}
+	return plain + StepMs(append([]Point{{0, 0}}, c.Extra...), rows-seqs)
+}
+
+// OneSequence is the predicted step time of one sequence by rows, at 1 and
+// at each measured count of extra rows: the curve's key points.
+func (c Costs) OneSequence() []Point {
+	if len(c.Plain) == 0 {
+		return nil
+	}
+	points := []Point{{1, c.StepMs(1, 1)}}
+	for _, p := range c.Extra {
+		points = append(points, Point{1 + p.Rows, c.StepMs(1, 1+p.Rows)})
+	}
+	return points
 }
 
 // StepMs predicts a forward's time over rows rows from the measured points:
@@ -221,9 +285,13 @@ func Monotone(points []Point) []Point {
 	return out
 }
 
-// String prints the curve's points, as `generate --json` and /metrics show them.
+// String prints the curves' points, as `generate --json` and /metrics show them.
 func (c *CostModel) String() string {
-	points, draft, commit := c.Curve()
+	costs := c.Costs()
+	return fmt.Sprintf("plain [%s] extra rows [%s] draft %.3gms commit %.3gms", pointsText(costs.Plain), pointsText(costs.Extra), costs.DraftMs, costs.CommitMs)
+}
+
+func pointsText(points []Point) string {
 	var b strings.Builder
 	for i, p := range points {
 		if i > 0 {
@@ -231,5 +299,5 @@ func (c *CostModel) String() string {
 		}
 		fmt.Fprintf(&b, "%d:%.3gms", p.Rows, p.Ms)
 	}
-	return fmt.Sprintf("step [%s] draft %.3gms commit %.3gms", b.String(), draft, commit)
+	return b.String()
 }

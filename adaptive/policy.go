@@ -1,9 +1,6 @@
 package adaptive
 
-import (
-	"math"
-	"sync"
-)
+import "sync"
 
 // Policy is an engine's adaptive speculation: the measured cost model and
 // the acceptance calibration that every request's allotment uses.
@@ -45,17 +42,18 @@ func (p *Policy) MinNodes() int {
 // Snapshot is the policy's printable state.
 type Snapshot struct {
 	Mode        string            `json:"mode"`
-	StepMs      []Point           `json:"step_ms"` // the target's step time by rows
+	StepMs      []Point           `json:"step_ms"`  // the target's step time by rows, for one sequence
+	BatchMs     []Point           `json:"batch_ms"` // a plain decoding step's time by rows, one per sequence
 	DraftMs     float64           `json:"draft_ms"`
 	CommitMs    float64           `json:"commit_ms"`
 	OverheadMs  float64           `json:"overhead_ms"` // per step, outside forward, drafts and commits
 	Calibration CalibrationReport `json:"calibration"`
 }
 
-// Snapshot returns the current cost curve and calibration.
+// Snapshot returns the current cost curves and calibration.
 func (p *Policy) Snapshot() Snapshot {
-	points, draft, commit := p.Cost.Curve()
-	return Snapshot{Mode: p.Name(), StepMs: points, DraftMs: draft, CommitMs: commit, OverheadMs: p.Cost.OverheadMs(), Calibration: p.Calibration.Report()}
+	c := p.Cost.Costs()
+	return Snapshot{Mode: p.Name(), StepMs: c.OneSequence(), BatchMs: c.Plain, DraftMs: c.DraftMs, CommitMs: c.CommitMs, OverheadMs: p.Cost.OverheadMs(), Calibration: p.Calibration.Report()}
 }
 
 // Allot chooses the node counts of a step's drafted requests, whose raw
@@ -65,9 +63,9 @@ func (p *Policy) Snapshot() Snapshot {
 // --spec adaptive, backoffs are the drafted requests' schedules: each
 // learns whether its next draft is expected to pay in this batch.
 func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest, backoffs []*Backoff) []int {
-	points, draft, commit := p.Cost.Curve()
-	points, overhead := Monotone(points), p.Cost.OverheadMs()
-	stepMs := func(rows int) float64 { return overhead + StepMs(points, rows) }
+	costs, overhead := p.Cost.Costs(), p.Cost.OverheadMs()
+	draft, commit, seqs := costs.DraftMs, costs.CommitMs, rest.Seqs+len(probs)
+	stepMs := func(rows int) float64 { return overhead + costs.StepMs(seqs, rows) }
 	reqs := make([]Request, len(probs))
 	for i := range probs {
 		reqs[i] = Request{Probs: p.Calibration.Calibrate(probs[i], depths[i]), Min: p.MinNodes()}
@@ -76,11 +74,12 @@ func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest, backoffs 
 	if backoffs == nil {
 		return nodes
 	}
-	interval := ProbeInterval(len(reqs)+int(math.Round(rest.Tokens)), draft, stepMs(rest.Rows+len(reqs)))
 	// Each request's next draft is judged beside the rest of the batch
 	// decoding plainly. Beside the others' drafts, whose time dilutes its
-	// own, every request of a batch could go on drafting where none should.
-	others := Rest{Rows: rest.Rows + len(reqs) - 1, Tokens: rest.Tokens + float64(len(reqs)-1)}
+	// own, every request of a batch could go on drafting where none should;
+	// beside a prompt chunk, which a step takes once, any draft looks cheap.
+	interval := ProbeInterval(seqs, draft, stepMs(seqs))
+	others := Rest{Seqs: seqs - 1, Rows: seqs - 1, Tokens: float64(seqs - 1)}
 	meanGain := 0.0
 	for i, r := range reqs {
 		backoffs[i].record(r.Probs)

@@ -92,8 +92,8 @@ func TestAdaptiveResumesDrafting(t *testing.T) {
 	// one, so a draft that wins nothing loses 0.156 steps and probes come
 	// 5 steps apart; perfect drafts pay.
 	for range 16 {
-		p.Cost.ObserveStep(1, time.Microsecond)
-		p.Cost.ObserveStep(33, time.Microsecond)
+		p.Cost.ObserveStep(1, 1, time.Microsecond)
+		p.Cost.ObserveStep(1, 33, time.Microsecond)
 		p.Cost.ObserveDraft(156*time.Nanosecond, true)
 	}
 	b := p.StartBackoff()

@@ -37,8 +37,12 @@ type job struct {
 	// feeds its prompt to cache it and ends without sampling.
 	checkpointOnly bool
 
-	last     int32     // newest token: the next input (autoregressive) or the anchor (spec)
-	features []float32 // spec: drafter context of tokens committed since the last draft
+	last int32 // newest token: the next input (autoregressive) or the anchor (spec)
+	// features is the drafter context of the tokens committed since the
+	// last draft (spec), in the pieces the forwards gave: a request that
+	// decodes without drafting gathers it for many steps, and one growing
+	// slice would copy it over and over.
+	features [][]float32
 
 	sess   DraftSession
 	verify *mamba.Verify
@@ -143,6 +147,14 @@ func (j *job) taps() []int {
 	return j.e.Drafter.TapLayers()
 }
 
+// context is the drafter context gathered since the last draft, in one piece.
+func (j *job) context() []float32 {
+	if len(j.features) == 1 {
+		return j.features[0]
+	}
+	return slices.Concat(j.features...)
+}
+
 // prefilling reports whether prompt tokens remain to be fed.
 func (j *job) prefilling() bool { return j.prefilled < len(j.out.r.Prompt) }
 
@@ -165,9 +177,10 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 		td := time.Now()
 		steady := true
 		if j.drafted = j.backoff.Draft(); j.drafted {
+			context := j.context()
 			// A verify commits at most a block: more context rows are catch-up.
-			steady = len(j.features) <= e.Drafter.BlockSize()*e.featureWidth()
-			draft, err := j.sess.Draft(j.features, j.last)
+			steady = len(context) <= e.Drafter.BlockSize()*e.featureWidth()
+			draft, err := j.sess.Draft(context, j.last)
 			if err != nil {
 				return in, err
 			}
@@ -232,7 +245,7 @@ func (j *job) complete(out *SeqOutput) error {
 		n := j.chunk
 		j.prefilled += n
 		j.seq.len += n
-		j.features = append(j.features, e.features(out, j.taps(), nil, n)...)
+		j.features = append(j.features, e.features(out, j.taps(), nil, n))
 		if j.prefilled == j.checkpointAt {
 			e.prefix.store(e, j)
 		}
@@ -309,7 +322,7 @@ func (j *job) completeVerify(out *SeqOutput) error {
 		}
 		j.finished = j.out.emit(tok, j.out.rowLogits(out, int(path[i-1])))
 	}
-	j.features = append(j.features, e.features(out, j.taps(), path, 0)...)
+	j.features = append(j.features, e.features(out, j.taps(), path, 0))
 	j.last = bonus
 	if j.finished {
 		j.finish()
