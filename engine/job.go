@@ -113,9 +113,6 @@ func (e *Engine) startJob(r Request, checkpointOnly bool) (*job, error) {
 	if j.sess, err = e.Drafter.NewSession(r.Prompt); err != nil {
 		return nil, err
 	}
-	if j.verify, err = mamba.NewVerify(e.Model.States, e.Spec.Rollback, e.Spec.VerifyTokens(e.Drafter.BlockSize())); err != nil {
-		return nil, err
-	}
 	built = true
 	return j, nil
 }
@@ -174,9 +171,17 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 	case j.sess == nil:
 		in.Tokens, in.Logits = []int32{j.last}, LastRow
 	default:
+		// The verify scratch is made at the first draft: a request that
+		// never drafts needs none.
+		if j.drafted = j.backoff.Draft(); j.drafted && j.verify == nil {
+			var err error
+			if j.verify, err = mamba.NewVerify(e.Model.States, e.Spec.Rollback, e.Spec.VerifyTokens(e.Drafter.BlockSize())); err != nil {
+				return in, err
+			}
+		}
 		td := time.Now()
 		steady := true
-		if j.drafted = j.backoff.Draft(); j.drafted {
+		if j.drafted {
 			context := j.context()
 			// A verify commits at most a block: more context rows are catch-up.
 			steady = len(context) <= e.Drafter.BlockSize()*e.featureWidth()
