@@ -74,12 +74,13 @@ func TestCostModelEstimates(t *testing.T) {
 		c.ObserveStep(2, 2, time.Duration(ms)*time.Millisecond)
 	}
 	// Rows beyond one per sequence: what they add to the plain step of as
-	// many sequences (5 ms for one, 10.5 for four).
+	// many sequences (5 ms for one, 10.5 for four), alone and as a factor of
+	// that beside other sequences.
 	for _, ms := range []time.Duration{13, 14, 12} {
 		c.ObserveStep(1, 9, ms*time.Millisecond) // 8 extra rows: 7 ms (of 8, 9, 7)
 	}
-	for _, ms := range []float64{17.5, 18.5, 19.5} {
-		c.ObserveStep(4, 12, time.Duration(ms*float64(time.Millisecond))) // 8 extra rows: 7 ms again (of 7, 8, 9)
+	for _, ms := range []float64{24.5, 26.5, 25.5} {
+		c.ObserveStep(4, 12, time.Duration(ms*float64(time.Millisecond))) // 8 extra rows beside 3 others: 14 ms, twice what they add alone
 	}
 	c.ObserveStep(1, 17, 40*time.Millisecond) // once: not a point yet
 	c.ObserveStep(0, 1, time.Second)          // no sequences: ignored
@@ -90,14 +91,14 @@ func TestCostModelEstimates(t *testing.T) {
 	got := c.Costs()
 	// Lower quartiles (of 3, the smallest), made non-decreasing: the
 	// 2-sequence step measured slower than the 4-sequence one is noise.
-	plain, extra := []Point{{1, 5}, {2, 10.5}, {4, 10.5}}, []Point{{8, 7}}
+	plain, extra, factor := []Point{{1, 5}, {2, 10.5}, {4, 10.5}}, []Point{{8, 7}}, []Point{{4, 2}}
 	samePoints := func(a, b []Point) bool {
 		return slices.EqualFunc(a, b, func(a, b Point) bool { return a.Rows == b.Rows && near(a.Ms, b.Ms) })
 	}
-	if !samePoints(got.Plain, plain) || !samePoints(got.Extra, extra) || !near(got.DraftMs, 3) || !near(got.CommitMs, 2) {
-		t.Errorf("costs %+v, want plain %v extra %v draft 3 commit 2", got, plain, extra)
+	if !samePoints(got.Plain, plain) || !samePoints(got.Extra, extra) || !samePoints(got.Factor, factor) || !near(got.DraftMs, 3) || !near(got.CommitMs, 2) {
+		t.Errorf("costs %+v, want plain %v extra %v factor %v draft 3 commit 2", got, plain, extra, factor)
 	}
-	if s := c.String(); s != "plain [1:5ms 2:10.5ms 4:10.5ms] extra rows [8:7ms] draft 3ms commit 2ms" {
+	if s := c.String(); s != "plain [1:5ms 2:10.5ms 4:10.5ms] extra rows [8:7ms] factor [4:2x] draft 3ms commit 2ms" {
 		t.Errorf("String() = %q", s)
 	}
 	if one := got.OneSequence(); !samePoints(one, []Point{{1, 5}, {9, 12}}) {
@@ -115,7 +116,7 @@ func TestCostModelEstimates(t *testing.T) {
 // TestCostsStepMs checks the step-time model: the plain step of the batch's
 // sequences plus what its rows beyond them add.
 func TestCostsStepMs(t *testing.T) {
-	c := Costs{Plain: []Point{{1, 5}, {4, 8}}, Extra: []Point{{4, 2}, {8, 6}}}
+	c := Costs{Plain: []Point{{1, 5}, {4, 8}}, Extra: []Point{{4, 2}, {8, 6}}, Factor: []Point{{4, 1.5}}}
 	for _, tc := range []struct {
 		seqs, rows int
 		want       float64
@@ -126,9 +127,11 @@ func TestCostsStepMs(t *testing.T) {
 		{8, 8, 12},    // beyond: along the last two
 		{1, 3, 5 + 1}, // 2 extra rows: from none at none to 2 ms at 4
 		{1, 5, 5 + 2},
-		{4, 12, 8 + 6},
-		{4, 20, 8 + 6 + 8}, // 16 extra rows: 1 ms a row beyond 8
-		{4, 2, 8},          // fewer rows than sequences: the plain step
+		{4, 12, 8 + 1.5*6},      // beside three others: 1.5 times what 8 rows add alone
+		{4, 20, 8 + 1.5*(6+8)},  // 16 extra rows: 1 ms a row beyond 8, alone
+		{2, 6, 6 + (1+0.5/3)*2}, // between one sequence (1) and four (1.5)
+		{8, 12, 12 + 1.5*2},     // beyond the measured factors: the last
+		{4, 2, 8},               // fewer rows than sequences: the plain step
 	} {
 		if got := c.StepMs(tc.seqs, tc.rows); !near(got, tc.want) {
 			t.Errorf("StepMs(%d sequences, %d rows) = %v, want %v", tc.seqs, tc.rows, got, tc.want)
@@ -434,8 +437,8 @@ func TestBackoffSchedule(t *testing.T) {
 // much beside three other sequences as alone. Drafts that pay for one
 // request alone (a 2.5 ms step commits 5.4 tokens instead of 1 in 0.6 ms)
 // do not pay beside three requests decoding plainly (8.4 tokens in 3.1 ms
-// instead of 4 in 1.2 ms): every request of the batch stops drafting, and
-// the next request starts without drafting.
+// instead of 4 in 1.2 ms): a request starting in a batch of four does not
+// draft, and four that drafted (started alone, say) all stop.
 func TestPolicyBatchOfFour(t *testing.T) {
 	p := &Policy{Autoregressive: true}
 	observe := func(seqs, rows int, ms float64) {
@@ -449,11 +452,11 @@ func TestPolicyBatchOfFour(t *testing.T) {
 	p.Cost.ObserveDraft(time.Millisecond, true)
 	draft := []float64{0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2}
 	depths := []int32{1, 2, 3, 4, 5, 6, 7, 8}
-	if gains := DraftGains([]Request{{Probs: draft}}, Rest{Seqs: 3, Rows: 3, Tokens: 3}, []int{8},
+	if gains := DraftGains([]Request{{Probs: draft}}, plainBatch(3), []int{8},
 		func(rows int) float64 { return p.Cost.Costs().StepMs(4, rows) }, 1); !near(gains[0], 8.4/4-3.1/1.2) {
 		t.Fatalf("beside three plain requests the draft gains %v, want %v", gains[0], 8.4/4-3.1/1.2)
 	}
-	alone := p.StartBackoff()
+	alone := p.StartBackoff(1)
 	for k := range 2 * minEvidence {
 		if !alone.Draft() {
 			t.Fatalf("alone, the request stopped drafting after %d drafts", k)
@@ -462,11 +465,17 @@ func TestPolicyBatchOfFour(t *testing.T) {
 			t.Fatalf("alone, draft %d got no nodes", k)
 		}
 	}
+	if b := p.StartBackoff(1); !b.Draft() {
+		t.Error("where the engine's drafts pay, a request starting alone should draft at once")
+	}
+	if b := p.StartBackoff(4); b.Draft() {
+		t.Error("a request starting in a batch of four drafts at once")
+	}
 	batch := make([]Backoff, 4)
 	var backoffs []*Backoff
 	for i := range batch {
-		if batch[i] = p.StartBackoff(); !batch[i].Draft() {
-			t.Fatal("where drafts paid, a new request should draft at once")
+		if batch[i] = p.StartBackoff(1); !batch[i].Draft() {
+			t.Fatal("a request starting alone should draft at once")
 		}
 		backoffs = append(backoffs, &batch[i])
 	}
@@ -475,9 +484,6 @@ func TestPolicyBatchOfFour(t *testing.T) {
 		if batch[i].Draft() {
 			t.Errorf("request %d of the batch of four drafts on", i)
 		}
-	}
-	if b := p.StartBackoff(); b.Draft() {
-		t.Error("after the batch of four stopped, a new request drafts at once")
 	}
 }
 
@@ -517,7 +523,7 @@ func TestPolicyModes(t *testing.T) {
 		p.Cost.ObserveStep(1, 16, 20*time.Millisecond)
 	}
 	p.Cost.ObserveDraft(5*time.Millisecond, true)
-	if b := p.StartBackoff(); !b.Draft() {
+	if b := p.StartBackoff(1); !b.Draft() {
 		t.Error("before any draft a request should draft")
 	}
 	weak := [][]float64{{1e-4, 1e-5}}
@@ -529,7 +535,7 @@ func TestPolicyModes(t *testing.T) {
 	// The drafter costs half a step and wins nothing: after minEvidence
 	// drafts the request stops, probing a quarter of the interval (5 ms ·
 	// 32 / 10 ms = 16 steps) later.
-	b := p.StartBackoff()
+	b := p.StartBackoff(1)
 	for k := range minEvidence {
 		if !b.Draft() {
 			t.Fatalf("stopped after %d drafts", k)
@@ -542,7 +548,7 @@ func TestPolicyModes(t *testing.T) {
 		t.Errorf("after %d losing drafts it waits %d steps, want 4", minEvidence, b.skip)
 	}
 	// The engine's drafts do not pay: a new request starts autoregressive.
-	if b := p.StartBackoff(); b.Draft() {
+	if b := p.StartBackoff(1); b.Draft() {
 		t.Error("a new request drafted at once where drafts do not pay")
 	}
 	strong := [][]float64{{0.9, 0.8, 0.7}}

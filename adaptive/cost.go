@@ -19,10 +19,13 @@ import (
 // is their lower quartile: other programs' load only ever slows a step, and
 // comes in bursts, so a low quantile is nearest the step's own cost; and the
 // order statistic taken, the ((n+1)/4)-th smallest of n, sits at about the
-// same quantile (a quarter) whether a point was measured 3 or 16 times, so
+// same quantile (a quarter) whether a point was measured 3 or 64 times, so
 // points measured every step (one row, the drafter) and points measured
 // rarely (large trees) stay comparable, as they would not with a minimum.
-const window = 16
+// A batch's plain step is measured every step, so a short window would
+// span a few milliseconds, one burst of load: every draft's gain is judged
+// against that step.
+const window = 64
 
 // samples is one estimate's recent measurements, a ring.
 type samples struct {
@@ -62,13 +65,17 @@ type Point struct {
 // sequences of one row cost more than one sequence of four): it is modelled
 // as a plain decoding step's time for the batch's sequences (one row each)
 // plus what the rows beyond one per sequence (verify nodes, prompt chunks)
-// add. Safe for concurrent use.
+// add, as they add to one sequence's step, times the batch's factor (on the
+// default pair's CPU, rows beside three other sequences cost about a third
+// more than alone). Safe for concurrent use.
 type CostModel struct {
 	mu sync.Mutex
 	// plain are plain decoding steps' times by sequences (= rows); extra
-	// what rows beyond one per sequence added to a step, by their number.
-	plain, extra  curve
-	draft, commit samples
+	// what rows beyond the one row of a single sequence added to its step,
+	// by their number; factor, by sequences (at least 2), what rows beyond
+	// one per sequence added to a step over what extra says they add alone.
+	plain, extra, factor curve
+	draft, commit        samples
 	// catchUp are drafts that also took in the context of autoregressive
 	// steps: the estimate until a steady draft is seen.
 	catchUp samples
@@ -110,7 +117,8 @@ func (c *curve) points() []Point {
 // ObserveStep records a forward over rows rows of seqs sequences that took
 // d. A step with rows beyond one per sequence measures what they add over
 // the plain step of as many sequences, as estimated so far (not before one
-// is).
+// is): alone, by their number (extra); beside other sequences, as a factor
+// of what they add alone (not before that is measured).
 func (c *CostModel) ObserveStep(seqs, rows int, d time.Duration) {
 	if seqs < 1 || rows < seqs {
 		return
@@ -125,7 +133,12 @@ func (c *CostModel) ObserveStep(seqs, rows int, d time.Duration) {
 	if len(plain) == 0 {
 		return
 	}
-	c.extra.add(rows-seqs, max(0, millis(d)-StepMs(plain, seqs)))
+	added := max(0, millis(d)-StepMs(plain, seqs))
+	if seqs == 1 {
+		c.extra.add(rows-1, added)
+	} else if alone := extraMs(Monotone(c.extra.points()), rows-seqs); alone > 0 {
+		c.factor.add(seqs, added/alone)
+	}
 }
 
 // ObserveDraft records one drafter call that took d. A steady draft took
@@ -190,10 +203,12 @@ const minSamples = 3
 // Costs are a cost model's estimates at one time.
 type Costs struct {
 	// Plain is a plain decoding step's time by rows (one per sequence);
-	// Extra what rows beyond one per sequence add to a step, by their
-	// number. Both are non-decreasing (Monotone).
-	Plain, Extra      []Point
-	DraftMs, CommitMs float64 // 0 until measured
+	// Extra what rows beyond its one add to a single sequence's step, by
+	// their number; both are non-decreasing (Monotone). Factor is, by
+	// sequences, how many times that rows beyond one per sequence add to a
+	// step of that many (Ms holds the factor).
+	Plain, Extra, Factor []Point
+	DraftMs, CommitMs    float64 // 0 until measured
 }
 
 // Costs returns the current estimates: the curves' counts measured at least
@@ -205,18 +220,35 @@ func (c *CostModel) Costs() Costs {
 	if len(c.draft.ms) == 0 {
 		draftMs = c.catchUp.estimate()
 	}
-	return Costs{Plain: Monotone(c.plain.points()), Extra: Monotone(c.extra.points()), DraftMs: draftMs, CommitMs: c.commit.estimate()}
+	return Costs{Plain: Monotone(c.plain.points()), Extra: Monotone(c.extra.points()), Factor: c.factor.points(),
+		DraftMs: draftMs, CommitMs: c.commit.estimate()}
 }
 
 // StepMs predicts a forward's time over rows rows of seqs sequences: the
 // plain step of seqs sequences and what the rows beyond them add (from
-// none at none, along the measured points).
+// none at none, along the measured points) times the batch's factor (1
+// alone, along the measured factors, the nearest measured beyond them).
 func (c Costs) StepMs(seqs, rows int) float64 {
 	plain := StepMs(c.Plain, seqs)
 	if rows <= seqs {
 		return plain
 	}
-	return plain + StepMs(append([]Point{{0, 0}}, c.Extra...), rows-seqs)
+	return plain + factorAt(c.Factor, seqs)*extraMs(c.Extra, rows-seqs)
+}
+
+// factorAt is the batch factor of seqs sequences: 1 alone, linear between
+// the measured factors, the last measured beyond them.
+func factorAt(factors []Point, seqs int) float64 {
+	points := append([]Point{{1, 1}}, factors...)
+	if last := points[len(points)-1]; seqs >= last.Rows {
+		return last.Ms
+	}
+	return StepMs(points, seqs)
+}
+
+// extraMs is what extra rows add to one sequence's step, from none at none.
+func extraMs(extra []Point, rows int) float64 {
+	return StepMs(append([]Point{{0, 0}}, extra...), rows)
 }
 
 // OneSequence is the predicted step time of one sequence by rows, at 1 and
@@ -288,16 +320,16 @@ func Monotone(points []Point) []Point {
 // String prints the curves' points, as `generate --json` and /metrics show them.
 func (c *CostModel) String() string {
 	costs := c.Costs()
-	return fmt.Sprintf("plain [%s] extra rows [%s] draft %.3gms commit %.3gms", pointsText(costs.Plain), pointsText(costs.Extra), costs.DraftMs, costs.CommitMs)
+	return fmt.Sprintf("plain [%s] extra rows [%s] factor [%s] draft %.3gms commit %.3gms", pointsText(costs.Plain, "ms"), pointsText(costs.Extra, "ms"), pointsText(costs.Factor, "x"), costs.DraftMs, costs.CommitMs)
 }
 
-func pointsText(points []Point) string {
+func pointsText(points []Point, unit string) string {
 	var b strings.Builder
 	for i, p := range points {
 		if i > 0 {
 			b.WriteString(" ")
 		}
-		fmt.Fprintf(&b, "%d:%.3gms", p.Rows, p.Ms)
+		fmt.Fprintf(&b, "%d:%.3g%s", p.Rows, p.Ms, unit)
 	}
 	return b.String()
 }

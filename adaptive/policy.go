@@ -14,13 +14,10 @@ type Policy struct {
 	Autoregressive bool
 
 	mu sync.Mutex
-	// Where a new request starts (StartBackoff): the engine's latest
-	// drafts, the mean expected gain of the drafting requests of the latest
-	// step that had any (seen), and that step's probe interval.
-	recent   [][]float64
-	gain     float64
-	seen     bool
-	interval int
+	// recent are the engine's latest drafts, where a new request starts
+	// (StartBackoff); seen says there were any.
+	recent [][]float64
+	seen   bool
 }
 
 // Name is the policy's mode name in stats and reports.
@@ -63,14 +60,13 @@ func (p *Policy) Snapshot() Snapshot {
 // --spec adaptive, backoffs are the drafted requests' schedules: each
 // learns whether its next draft is expected to pay in this batch.
 func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest, backoffs []*Backoff) []int {
-	costs, overhead := p.Cost.Costs(), p.Cost.OverheadMs()
-	draft, commit, seqs := costs.DraftMs, costs.CommitMs, rest.Seqs+len(probs)
-	stepMs := func(rows int) float64 { return overhead + costs.StepMs(seqs, rows) }
+	seqs := rest.Seqs + len(probs)
+	costs, stepMs := p.batchCosts(seqs)
 	reqs := make([]Request, len(probs))
 	for i := range probs {
 		reqs[i] = Request{Probs: p.Calibration.Calibrate(probs[i], depths[i]), Min: p.MinNodes()}
 	}
-	nodes := Allot(reqs, rest, stepMs, commit)
+	nodes := Allot(reqs, rest, stepMs, costs.CommitMs)
 	if backoffs == nil {
 		return nodes
 	}
@@ -78,14 +74,10 @@ func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest, backoffs 
 	// decoding plainly. Beside the others' drafts, whose time dilutes its
 	// own, every request of a batch could go on drafting where none should;
 	// beside a prompt chunk, which a step takes once, any draft looks cheap.
-	interval := ProbeInterval(seqs, draft, stepMs(seqs))
-	others := Rest{Seqs: seqs - 1, Rows: seqs - 1, Tokens: float64(seqs - 1)}
-	meanGain := 0.0
+	interval := ProbeInterval(seqs, costs.DraftMs, stepMs(seqs))
 	for i, r := range reqs {
 		backoffs[i].record(r.Probs)
-		gain := ExpectedGain(backoffs[i].recent, others, stepMs, commit, draft)
-		backoffs[i].Drafted(gain, interval)
-		meanGain += gain / float64(len(reqs))
+		backoffs[i].Drafted(ExpectedGain(backoffs[i].recent, plainBatch(seqs-1), stepMs, costs.CommitMs, costs.DraftMs), interval)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -93,17 +85,32 @@ func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest, backoffs 
 		p.recent = append(p.recent, r.Probs)
 	}
 	p.recent = p.recent[max(0, len(p.recent)-recentDrafts):]
-	p.gain, p.seen, p.interval = meanGain, true, interval
+	p.seen = true
 	return nodes
 }
 
-// StartBackoff is a new request's drafting schedule: drafting at once
-// before any draft was seen.
-func (p *Policy) StartBackoff() Backoff {
+// batchCosts are the current cost estimates and the step time by rows in a
+// batch of seqs sequences.
+func (p *Policy) batchCosts(seqs int) (Costs, func(rows int) float64) {
+	costs, overhead := p.Cost.Costs(), p.Cost.OverheadMs()
+	return costs, func(rows int) float64 { return overhead + costs.StepMs(seqs, rows) }
+}
+
+// plainBatch is seqs sequences decoding plainly: a row and a token each.
+func plainBatch(seqs int) Rest { return Rest{Seqs: seqs, Rows: seqs, Tokens: float64(seqs)} }
+
+// StartBackoff is the drafting schedule of a new request that starts
+// decoding in a batch of seqs sequences, itself included: drafting at once
+// before any draft was seen, else as the engine's recent drafts, taken as
+// its own, are expected to pay in that batch.
+func (p *Policy) StartBackoff(seqs int) Backoff {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.seen {
+	recent, seen := p.recent, p.seen
+	p.mu.Unlock()
+	if !seen {
 		return Backoff{}
 	}
-	return StartBackoff(p.recent, p.gain, p.interval)
+	costs, stepMs := p.batchCosts(seqs)
+	gain := ExpectedGain(recent, plainBatch(seqs-1), stepMs, costs.CommitMs, costs.DraftMs)
+	return StartBackoff(recent, gain, ProbeInterval(seqs, costs.DraftMs, stepMs(seqs)))
 }

@@ -91,12 +91,12 @@ func TestAdaptiveResumesDrafting(t *testing.T) {
 	// window each, far below them): a flat step and a drafter at 0.156 of
 	// one, so a draft that wins nothing loses 0.156 steps and probes come
 	// 5 steps apart; perfect drafts pay.
-	for range 16 {
+	for range 64 {
 		p.Cost.ObserveStep(1, 1, time.Microsecond)
 		p.Cost.ObserveStep(1, 33, time.Microsecond)
 		p.Cost.ObserveDraft(156*time.Nanosecond, true)
 	}
-	b := p.StartBackoff()
+	b := p.StartBackoff(1)
 	for range 8 { // a window of hopeless drafts: the engine's drafts do not pay
 		p.Allot([][]float64{{1e-4}}, [][]int32{{1}}, adaptive.Rest{}, []*adaptive.Backoff{&b})
 	}

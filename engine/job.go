@@ -79,9 +79,6 @@ func (e *Engine) startJob(r Request, checkpointOnly bool) (*job, error) {
 		if err := e.measureCost(p); err != nil {
 			return nil, fmt.Errorf("measuring the verify cost: %w", err)
 		}
-		if p.Autoregressive {
-			j.backoff = p.StartBackoff()
-		}
 	}
 	var err error
 	if j.seq, err = e.newSequence(); err != nil {
