@@ -19,13 +19,10 @@ import (
 // is their lower quartile: other programs' load only ever slows a step, and
 // comes in bursts, so a low quantile is nearest the step's own cost; and the
 // order statistic taken, the ((n+1)/4)-th smallest of n, sits at about the
-// same quantile (a quarter) whether a point was measured 3 or 64 times, so
+// same quantile (a quarter) whether a point was measured 3 or 16 times, so
 // points measured every step (one row, the drafter) and points measured
 // rarely (large trees) stay comparable, as they would not with a minimum.
-// A batch's plain step is measured every step, so a short window would
-// span a few milliseconds, one burst of load: every draft's gain is judged
-// against that step.
-const window = 64
+const window = 16
 
 // samples is one estimate's recent measurements, a ring.
 type samples struct {

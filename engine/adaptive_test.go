@@ -91,7 +91,7 @@ func TestAdaptiveResumesDrafting(t *testing.T) {
 	// window each, far below them): a flat step and a drafter at 0.156 of
 	// one, so a draft that wins nothing loses 0.156 steps and probes come
 	// 5 steps apart; perfect drafts pay.
-	for range 64 {
+	for range 16 {
 		p.Cost.ObserveStep(1, 1, time.Microsecond)
 		p.Cost.ObserveStep(1, 33, time.Microsecond)
 		p.Cost.ObserveDraft(156*time.Nanosecond, true)
