@@ -98,6 +98,9 @@ func TestCostModelEstimates(t *testing.T) {
 	if !samePoints(got.Plain, plain) || !samePoints(got.Extra, extra) || !samePoints(got.Factor, factor) || !near(got.DraftMs, 3) || !near(got.CommitMs, 2) {
 		t.Errorf("costs %+v, want plain %v extra %v factor %v draft 3 commit 2", got, plain, extra, factor)
 	}
+	if !near(got.ProbeMs, 9) { // a probe catches up: the catch-up drafts' estimate (of 9 and 20 ms)
+		t.Errorf("a probe's draft is estimated at %v ms, want 9", got.ProbeMs)
+	}
 	if s := c.String(); s != "plain [1:5ms 2:10.5ms 4:10.5ms] extra rows [8:7ms] factor [4:2x] draft 3ms commit 2ms" {
 		t.Errorf("String() = %q", s)
 	}

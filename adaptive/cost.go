@@ -206,6 +206,9 @@ type Costs struct {
 	// step of that many (Ms holds the factor).
 	Plain, Extra, Factor []Point
 	DraftMs, CommitMs    float64 // 0 until measured
+	// ProbeMs is a probe's draft: one after autoregressive steps, which
+	// takes in their context too (DraftMs until one is measured).
+	ProbeMs float64
 }
 
 // Costs returns the current estimates: the curves' counts measured at least
@@ -218,7 +221,7 @@ func (c *CostModel) Costs() Costs {
 		draftMs = c.catchUp.estimate()
 	}
 	return Costs{Plain: Monotone(c.plain.points()), Extra: Monotone(c.extra.points()), Factor: c.factor.points(),
-		DraftMs: draftMs, CommitMs: c.commit.estimate()}
+		DraftMs: draftMs, CommitMs: c.commit.estimate(), ProbeMs: max(draftMs, c.catchUp.estimate())}
 }
 
 // StepMs predicts a forward's time over rows rows of seqs sequences: the

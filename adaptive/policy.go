@@ -74,7 +74,7 @@ func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest, backoffs 
 	// decoding plainly. Beside the others' drafts, whose time dilutes its
 	// own, every request of a batch could go on drafting where none should;
 	// beside a prompt chunk, which a step takes once, any draft looks cheap.
-	interval := ProbeInterval(seqs, costs.DraftMs, stepMs(seqs))
+	interval := ProbeInterval(seqs, costs.ProbeMs, stepMs(seqs))
 	for i, r := range reqs {
 		backoffs[i].record(r.Probs)
 		backoffs[i].Drafted(ExpectedGain(backoffs[i].recent, plainBatch(seqs-1), stepMs, costs.CommitMs, costs.DraftMs), interval)
@@ -112,5 +112,5 @@ func (p *Policy) StartBackoff(seqs int) Backoff {
 	}
 	costs, stepMs := p.batchCosts(seqs)
 	gain := ExpectedGain(recent, plainBatch(seqs-1), stepMs, costs.CommitMs, costs.DraftMs)
-	return StartBackoff(recent, gain, ProbeInterval(seqs, costs.DraftMs, stepMs(seqs)))
+	return StartBackoff(recent, gain, ProbeInterval(seqs, costs.ProbeMs, stepMs(seqs)))
 }

@@ -51,9 +51,9 @@ func (e *Engine) forwardBatch(jobs []*job, inputs []SeqInput, taps []int) ([]Seq
 }
 
 // allot cuts the drafted jobs' trees to the policy's node counts, starts
-// the drafting schedule of the jobs whose prompt ends in this batch, and
-// reports whether the batch is a pure decode step (no prompt chunk), whose
-// time measures the verify cost.
+// the drafting schedule of the jobs at their first decoding step, judged in
+// its batch, and reports whether the batch is a pure decode step (no prompt
+// chunk), whose time measures the verify cost.
 func (e *Engine) allot(p *adaptive.Policy, jobs []*job, inputs []SeqInput) (decoding bool) {
 	var drafted []int
 	var probs [][]float64
@@ -70,14 +70,13 @@ func (e *Engine) allot(p *adaptive.Policy, jobs []*job, inputs []SeqInput) (deco
 			decoding = false
 			rest.Seqs++
 			rest.Rows += len(inputs[i].Tokens)
-			if p.Autoregressive && j.sess != nil && j.prefilled+j.chunk == len(j.out.r.Prompt) {
-				// Its prompt ends here: its drafting starts judged in this batch.
-				j.backoff = p.StartBackoff(len(jobs))
-			}
 		default:
 			rest.Seqs++
 			rest.Rows += len(inputs[i].Tokens)
 			rest.Tokens++
+			if j.unscheduled {
+				j.backoff, j.unscheduled = p.StartBackoff(len(jobs)), false
+			}
 		}
 	}
 	if len(drafted) == 0 {

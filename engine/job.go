@@ -49,9 +49,12 @@ type job struct {
 	tree   *ddtree.Tree // the proposal in flight
 	stats  *SpecStats
 	// drafted says the proposal in flight comes from a draft; under an
-	// adaptive policy a step may skip the drafter (backoff says when).
-	drafted bool
-	backoff adaptive.Backoff
+	// adaptive policy a step may skip the drafter (backoff says when). Its
+	// backoff starts at its first decoding step, a plain one (unscheduled
+	// until then): by then the requests that came with it are in the batch.
+	drafted     bool
+	backoff     adaptive.Backoff
+	unscheduled bool
 
 	started, decodeStart, verifyStart time.Time
 	finished                          bool
@@ -79,6 +82,7 @@ func (e *Engine) startJob(r Request, checkpointOnly bool) (*job, error) {
 		if err := e.measureCost(p); err != nil {
 			return nil, fmt.Errorf("measuring the verify cost: %w", err)
 		}
+		j.unscheduled = p.Autoregressive && !checkpointOnly
 	}
 	var err error
 	if j.seq, err = e.newSequence(); err != nil {
@@ -170,7 +174,7 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 	default:
 		// The verify scratch is made at the first draft: a request that
 		// never drafts needs none.
-		if j.drafted = j.backoff.Draft(); j.drafted && j.verify == nil {
+		if j.drafted = !j.unscheduled && j.backoff.Draft(); j.drafted && j.verify == nil {
 			var err error
 			if j.verify, err = mamba.NewVerify(e.Model.States, e.Spec.Rollback, e.Spec.VerifyTokens(e.Drafter.BlockSize())); err != nil {
 				return in, err
