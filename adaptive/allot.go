@@ -17,10 +17,11 @@ type Request struct {
 	Min int
 }
 
-// Rest is the part of a step the allotment does not choose: the rows of
-// the batch's other requests (prompt chunks, autoregressive steps) and the
+// Rest is the part of a step the allotment does not choose: the batch's
+// other requests (prompt chunks, autoregressive steps), their rows and the
 // tokens they commit.
 type Rest struct {
+	Seqs   int
 	Rows   int
 	Tokens float64
 }
@@ -115,17 +116,19 @@ func sum(xs []float64) float64 {
 // of thought) do not stop a request whose drafts pay on the whole.
 const recentDrafts = 8
 
-// A drafting request stops only on the evidence of a full window of recent
-// drafts (its own, or the engine's it started with: the engine's first
-// request does not stop on the first few drafts of its reply, which are the
-// hardest to guess), and only when its next draft is expected to lose more
-// than stopBelow batch steps: near zero, drafting on costs next to nothing,
+// A drafting request stops only once it has judged a full window of drafts
+// (its own, or the engine's it started with: the engine's first request
+// does not stop on the first few drafts of its reply, which are the hardest
+// to guess), and only when its next draft is expected to lose more than
+// stopBelow batch steps: near zero, drafting on costs next to nothing,
 // while stopping forgoes a whole probe interval of drafts if the estimate
-// was low by chance. A probe is judged alone, and resumes drafting when it
-// pays.
+// was low by chance. A probe is judged alone, and resumes drafting only
+// when it is expected to gain more than resumeAbove: one draft is weak
+// evidence, and a resumed request drafts until its drafts lose again.
 const (
 	minEvidence = recentDrafts
 	stopBelow   = -1.0 / 8
+	resumeAbove = 1.0 / 8
 )
 
 // ExpectedGain is what a request's next draft is expected to gain the
@@ -174,10 +177,11 @@ func ProbeInterval(batch int, draftMs, stepMs float64) int {
 // lately: a reply's uncertain stretch may be over soon), then after twice
 // as long after each probe that did not pay either (exponential back-off:
 // half the interval, the interval, twice it, ... up to maxInterval), and
-// drafts every step again from a probe that pays. A probe is judged alone:
-// the drafts before the wait are forgotten.
+// drafts every step again from a probe that pays (by resumeAbove). A probe
+// is judged alone: the drafts before the wait are forgotten.
 type Backoff struct {
 	recent   [][]float64 // its latest drafts' calibrated predictions, oldest first
+	judged   int         // drafts it has judged by: its own and those it started with
 	skip     int         // autoregressive steps left before the next probe
 	failures int         // unprofitable probes since drafting last paid, and the stop before them
 }
@@ -189,7 +193,7 @@ func StartBackoff(recent [][]float64, gain float64, interval int) Backoff {
 	if gain <= 0 {
 		return Backoff{skip: interval, failures: 2} // as after a stop and a losing probe
 	}
-	return Backoff{recent: slices.Clone(recent)}
+	return Backoff{recent: slices.Clone(recent), judged: len(recent)}
 }
 
 // Draft reports whether the request drafts this step.
@@ -204,6 +208,7 @@ func (b *Backoff) Draft() bool {
 // record adds a draft's calibrated predictions to the recent ones.
 func (b *Backoff) record(probs []float64) {
 	b.recent = append(b.recent, probs)
+	b.judged++
 	if len(b.recent) > recentDrafts {
 		b.recent = slices.Delete(b.recent, 0, 1)
 	}
@@ -214,7 +219,7 @@ func (b *Backoff) record(probs []float64) {
 // step's batch).
 func (b *Backoff) Drafted(gain float64, interval int) {
 	drafting := b.failures == 0
-	if gain > 0 || (drafting && (gain >= stopBelow || len(b.recent) < minEvidence)) {
+	if gain > resumeAbove || (drafting && (gain >= stopBelow || b.judged < minEvidence)) {
 		b.failures = 0
 		return
 	}

@@ -55,15 +55,24 @@ type Point struct {
 }
 
 // CostModel is the measured cost of a decode step: the target's forward
-// time per number of rows it computes (verify rows of every request in the
-// batch), and what each speculating request adds: the drafter's time per
+// time, and what each speculating request adds: the drafter's time per
 // draft and the commit of its accepted path (GDN state and KV compaction).
-// Safe for concurrent use.
+// A forward's time depends on its sequences as well as its rows (each
+// sequence has its own attention and recurrent state to go through, so four
+// sequences of one row cost more than one sequence of four): it is modelled
+// as a plain decoding step's time for the batch's sequences (one row each)
+// plus what the rows beyond one per sequence (verify nodes, prompt chunks)
+// add, as they add to one sequence's step, times the batch's factor (on the
+// default pair's CPU, rows beside three other sequences cost about a third
+// more than alone). Safe for concurrent use.
 type CostModel struct {
-	mu            sync.Mutex
-	rows          []int // measured row counts, ascending
-	steps         []samples
-	draft, commit samples
+	mu sync.Mutex
+	// plain are plain decoding steps' times by sequences (= rows); extra
+	// what rows beyond the one row of a single sequence added to its step,
+	// by their number; factor, by sequences (at least 2), what rows beyond
+	// one per sequence added to a step over what extra says they add alone.
+	plain, extra, factor curve
+	draft, commit        samples
 	// catchUp are drafts that also took in the context of autoregressive
 	// steps: the estimate until a steady draft is seen.
 	catchUp samples
@@ -76,19 +85,57 @@ type CostModel struct {
 	inside   time.Duration
 }
 
-// ObserveStep records a forward over rows rows that took d.
-func (c *CostModel) ObserveStep(rows int, d time.Duration) {
-	if rows < 1 {
+// curve is measurements by a count (rows or sequences).
+type curve struct {
+	keys  []int // ascending
+	steps []samples
+}
+
+func (c *curve) add(key int, ms float64) {
+	i, found := slices.BinarySearch(c.keys, key)
+	if !found {
+		c.keys = slices.Insert(c.keys, i, key)
+		c.steps = slices.Insert(c.steps, i, samples{})
+	}
+	c.steps[i].add(ms)
+}
+
+// points are the estimates of the counts measured at least minSamples times.
+func (c *curve) points() []Point {
+	var points []Point
+	for i, k := range c.keys {
+		if len(c.steps[i].ms) >= minSamples {
+			points = append(points, Point{Rows: k, Ms: c.steps[i].estimate()})
+		}
+	}
+	return points
+}
+
+// ObserveStep records a forward over rows rows of seqs sequences that took
+// d. A step with rows beyond one per sequence measures what they add over
+// the plain step of as many sequences, as estimated so far (not before one
+// is): alone, by their number (extra); beside other sequences, as a factor
+// of what they add alone (not before that is measured).
+func (c *CostModel) ObserveStep(seqs, rows int, d time.Duration) {
+	if seqs < 1 || rows < seqs {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	i, found := slices.BinarySearch(c.rows, rows)
-	if !found {
-		c.rows = slices.Insert(c.rows, i, rows)
-		c.steps = slices.Insert(c.steps, i, samples{})
+	if rows == seqs {
+		c.plain.add(seqs, millis(d))
+		return
 	}
-	c.steps[i].add(millis(d))
+	plain := Monotone(c.plain.points())
+	if len(plain) == 0 {
+		return
+	}
+	added := max(0, millis(d)-StepMs(plain, seqs))
+	if seqs == 1 {
+		c.extra.add(rows-1, added)
+	} else if alone := extraMs(Monotone(c.extra.points()), rows-seqs); alone > 0 {
+		c.factor.add(seqs, added/alone)
+	}
 }
 
 // ObserveDraft records one drafter call that took d. A steady draft took
@@ -150,22 +197,71 @@ func millis(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 // its row count until measured again.
 const minSamples = 3
 
-// Curve returns the estimated step time per row count measured at least
-// minSamples times, and the drafter's and the commit's time (0 until
-// measured).
-func (c *CostModel) Curve() (points []Point, draftMs, commitMs float64) {
+// Costs are a cost model's estimates at one time.
+type Costs struct {
+	// Plain is a plain decoding step's time by rows (one per sequence);
+	// Extra what rows beyond its one add to a single sequence's step, by
+	// their number; both are non-decreasing (Monotone). Factor is, by
+	// sequences, how many times that rows beyond one per sequence add to a
+	// step of that many (Ms holds the factor).
+	Plain, Extra, Factor []Point
+	DraftMs, CommitMs    float64 // 0 until measured
+	// ProbeMs is a probe's draft: one after autoregressive steps, which
+	// takes in their context too (DraftMs until one is measured).
+	ProbeMs float64
+}
+
+// Costs returns the current estimates: the curves' counts measured at least
+// minSamples times, and the drafter's and the commit's time.
+func (c *CostModel) Costs() Costs {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i, r := range c.rows {
-		if len(c.steps[i].ms) >= minSamples {
-			points = append(points, Point{Rows: r, Ms: c.steps[i].estimate()})
-		}
-	}
-	draftMs = c.draft.estimate()
+	draftMs := c.draft.estimate()
 	if len(c.draft.ms) == 0 {
 		draftMs = c.catchUp.estimate()
 	}
-	return points, draftMs, c.commit.estimate()
+	return Costs{Plain: Monotone(c.plain.points()), Extra: Monotone(c.extra.points()), Factor: c.factor.points(),
+		DraftMs: draftMs, CommitMs: c.commit.estimate(), ProbeMs: max(draftMs, c.catchUp.estimate())}
+}
+
+// StepMs predicts a forward's time over rows rows of seqs sequences: the
+// plain step of seqs sequences and what the rows beyond them add (from
+// none at none, along the measured points) times the batch's factor (1
+// alone, along the measured factors, the nearest measured beyond them).
+func (c Costs) StepMs(seqs, rows int) float64 {
+	plain := StepMs(c.Plain, seqs)
+	if rows <= seqs {
+		return plain
+	}
+	return plain + factorAt(c.Factor, seqs)*extraMs(c.Extra, rows-seqs)
+}
+
+// factorAt is the batch factor of seqs sequences: 1 alone, linear between
+// the measured factors, the last measured beyond them.
+func factorAt(factors []Point, seqs int) float64 {
+	points := append([]Point{{1, 1}}, factors...)
+	if last := points[len(points)-1]; seqs >= last.Rows {
+		return last.Ms
+	}
+	return StepMs(points, seqs)
+}
+
+// extraMs is what extra rows add to one sequence's step, from none at none.
+func extraMs(extra []Point, rows int) float64 {
+	return StepMs(append([]Point{{0, 0}}, extra...), rows)
+}
+
+// OneSequence is the predicted step time of one sequence by rows, at 1 and
+// at each measured count of extra rows: the curve's key points.
+func (c Costs) OneSequence() []Point {
+	if len(c.Plain) == 0 {
+		return nil
+	}
+	points := []Point{{1, c.StepMs(1, 1)}}
+	for _, p := range c.Extra {
+		points = append(points, Point{1 + p.Rows, c.StepMs(1, 1+p.Rows)})
+	}
+	return points
 }
 
 // StepMs predicts a forward's time over rows rows from the measured points:
@@ -221,15 +317,19 @@ func Monotone(points []Point) []Point {
 	return out
 }
 
-// String prints the curve's points, as `generate --json` and /metrics show them.
+// String prints the curves' points, as `generate --json` and /metrics show them.
 func (c *CostModel) String() string {
-	points, draft, commit := c.Curve()
+	costs := c.Costs()
+	return fmt.Sprintf("plain [%s] extra rows [%s] factor [%s] draft %.3gms commit %.3gms", pointsText(costs.Plain, "ms"), pointsText(costs.Extra, "ms"), pointsText(costs.Factor, "x"), costs.DraftMs, costs.CommitMs)
+}
+
+func pointsText(points []Point, unit string) string {
 	var b strings.Builder
 	for i, p := range points {
 		if i > 0 {
 			b.WriteString(" ")
 		}
-		fmt.Fprintf(&b, "%d:%.3gms", p.Rows, p.Ms)
+		fmt.Fprintf(&b, "%d:%.3g%s", p.Rows, p.Ms, unit)
 	}
-	return fmt.Sprintf("step [%s] draft %.3gms commit %.3gms", b.String(), draft, commit)
+	return b.String()
 }

@@ -1,9 +1,6 @@
 package adaptive
 
-import (
-	"math"
-	"sync"
-)
+import "sync"
 
 // Policy is an engine's adaptive speculation: the measured cost model and
 // the acceptance calibration that every request's allotment uses.
@@ -17,13 +14,10 @@ type Policy struct {
 	Autoregressive bool
 
 	mu sync.Mutex
-	// Where a new request starts (StartBackoff): the engine's latest
-	// drafts, the mean expected gain of the drafting requests of the latest
-	// step that had any (seen), and that step's probe interval.
-	recent   [][]float64
-	gain     float64
-	seen     bool
-	interval int
+	// recent are the engine's latest drafts, where a new request starts
+	// (StartBackoff); seen says there were any.
+	recent [][]float64
+	seen   bool
 }
 
 // Name is the policy's mode name in stats and reports.
@@ -45,17 +39,18 @@ func (p *Policy) MinNodes() int {
 // Snapshot is the policy's printable state.
 type Snapshot struct {
 	Mode        string            `json:"mode"`
-	StepMs      []Point           `json:"step_ms"` // the target's step time by rows
+	StepMs      []Point           `json:"step_ms"`  // the target's step time by rows, for one sequence
+	BatchMs     []Point           `json:"batch_ms"` // a plain decoding step's time by rows, one per sequence
 	DraftMs     float64           `json:"draft_ms"`
 	CommitMs    float64           `json:"commit_ms"`
 	OverheadMs  float64           `json:"overhead_ms"` // per step, outside forward, drafts and commits
 	Calibration CalibrationReport `json:"calibration"`
 }
 
-// Snapshot returns the current cost curve and calibration.
+// Snapshot returns the current cost curves and calibration.
 func (p *Policy) Snapshot() Snapshot {
-	points, draft, commit := p.Cost.Curve()
-	return Snapshot{Mode: p.Name(), StepMs: points, DraftMs: draft, CommitMs: commit, OverheadMs: p.Cost.OverheadMs(), Calibration: p.Calibration.Report()}
+	c := p.Cost.Costs()
+	return Snapshot{Mode: p.Name(), StepMs: c.OneSequence(), BatchMs: c.Plain, DraftMs: c.DraftMs, CommitMs: c.CommitMs, OverheadMs: p.Cost.OverheadMs(), Calibration: p.Calibration.Report()}
 }
 
 // Allot chooses the node counts of a step's drafted requests, whose raw
@@ -65,28 +60,24 @@ func (p *Policy) Snapshot() Snapshot {
 // --spec adaptive, backoffs are the drafted requests' schedules: each
 // learns whether its next draft is expected to pay in this batch.
 func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest, backoffs []*Backoff) []int {
-	points, draft, commit := p.Cost.Curve()
-	points, overhead := Monotone(points), p.Cost.OverheadMs()
-	stepMs := func(rows int) float64 { return overhead + StepMs(points, rows) }
+	seqs := rest.Seqs + len(probs)
+	costs, stepMs := p.batchCosts(seqs)
 	reqs := make([]Request, len(probs))
 	for i := range probs {
 		reqs[i] = Request{Probs: p.Calibration.Calibrate(probs[i], depths[i]), Min: p.MinNodes()}
 	}
-	nodes := Allot(reqs, rest, stepMs, commit)
+	nodes := Allot(reqs, rest, stepMs, costs.CommitMs)
 	if backoffs == nil {
 		return nodes
 	}
-	interval := ProbeInterval(len(reqs)+int(math.Round(rest.Tokens)), draft, stepMs(rest.Rows+len(reqs)))
 	// Each request's next draft is judged beside the rest of the batch
 	// decoding plainly. Beside the others' drafts, whose time dilutes its
-	// own, every request of a batch could go on drafting where none should.
-	others := Rest{Rows: rest.Rows + len(reqs) - 1, Tokens: rest.Tokens + float64(len(reqs)-1)}
-	meanGain := 0.0
+	// own, every request of a batch could go on drafting where none should;
+	// beside a prompt chunk, which a step takes once, any draft looks cheap.
+	interval := ProbeInterval(seqs, costs.ProbeMs, stepMs(seqs))
 	for i, r := range reqs {
 		backoffs[i].record(r.Probs)
-		gain := ExpectedGain(backoffs[i].recent, others, stepMs, commit, draft)
-		backoffs[i].Drafted(gain, interval)
-		meanGain += gain / float64(len(reqs))
+		backoffs[i].Drafted(ExpectedGain(backoffs[i].recent, plainBatch(seqs-1), stepMs, costs.CommitMs, costs.DraftMs), interval)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -94,17 +85,32 @@ func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest, backoffs 
 		p.recent = append(p.recent, r.Probs)
 	}
 	p.recent = p.recent[max(0, len(p.recent)-recentDrafts):]
-	p.gain, p.seen, p.interval = meanGain, true, interval
+	p.seen = true
 	return nodes
 }
 
-// StartBackoff is a new request's drafting schedule: drafting at once
-// before any draft was seen.
-func (p *Policy) StartBackoff() Backoff {
+// batchCosts are the current cost estimates and the step time by rows in a
+// batch of seqs sequences.
+func (p *Policy) batchCosts(seqs int) (Costs, func(rows int) float64) {
+	costs, overhead := p.Cost.Costs(), p.Cost.OverheadMs()
+	return costs, func(rows int) float64 { return overhead + costs.StepMs(seqs, rows) }
+}
+
+// plainBatch is seqs sequences decoding plainly: a row and a token each.
+func plainBatch(seqs int) Rest { return Rest{Seqs: seqs, Rows: seqs, Tokens: float64(seqs)} }
+
+// StartBackoff is the drafting schedule of a new request that starts
+// decoding in a batch of seqs sequences, itself included: drafting at once
+// before any draft was seen, else as the engine's recent drafts, taken as
+// its own, are expected to pay in that batch.
+func (p *Policy) StartBackoff(seqs int) Backoff {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.seen {
+	recent, seen := p.recent, p.seen
+	p.mu.Unlock()
+	if !seen {
 		return Backoff{}
 	}
-	return StartBackoff(p.recent, p.gain, p.interval)
+	costs, stepMs := p.batchCosts(seqs)
+	gain := ExpectedGain(recent, plainBatch(seqs-1), stepMs, costs.CommitMs, costs.DraftMs)
+	return StartBackoff(recent, gain, ProbeInterval(seqs, costs.ProbeMs, stepMs(seqs)))
 }

@@ -45,14 +45,15 @@ func (e *Engine) forwardBatch(jobs []*job, inputs []SeqInput, taps []int) ([]Seq
 		for _, in := range inputs {
 			rows += len(in.Tokens)
 		}
-		p.Cost.ObserveStep(rows, end.Sub(start))
+		p.Cost.ObserveStep(len(inputs), rows, end.Sub(start))
 	}
 	return outs, err
 }
 
-// allot cuts the drafted jobs' trees to the policy's node counts and
-// reports whether the batch is a pure decode step (no prompt chunk), whose
-// time measures the verify cost.
+// allot cuts the drafted jobs' trees to the policy's node counts, starts
+// the drafting schedule of the jobs at their first decoding step, judged in
+// its batch, and reports whether the batch is a pure decode step (no prompt
+// chunk), whose time measures the verify cost.
 func (e *Engine) allot(p *adaptive.Policy, jobs []*job, inputs []SeqInput) (decoding bool) {
 	var drafted []int
 	var probs [][]float64
@@ -67,10 +68,15 @@ func (e *Engine) allot(p *adaptive.Policy, jobs []*job, inputs []SeqInput) (deco
 			depths = append(depths, j.tree.Depths[1:])
 		case j.prefilling(): // a prompt chunk: rows that commit no output yet
 			decoding = false
+			rest.Seqs++
 			rest.Rows += len(inputs[i].Tokens)
 		default:
+			rest.Seqs++
 			rest.Rows += len(inputs[i].Tokens)
 			rest.Tokens++
+			if j.unscheduled {
+				j.backoff, j.unscheduled = p.StartBackoff(len(jobs)), false
+			}
 		}
 	}
 	if len(drafted) == 0 {
@@ -113,7 +119,7 @@ func (e *Engine) observeVerify(tree *ddtree.Tree, accepted int, commit time.Dura
 // probeCap), three times each, on a scratch sequence, after an untimed warm-up.
 // Without a free state slot it leaves the curve to the first steps.
 func (e *Engine) measureCost(p *adaptive.Policy) error {
-	if points, _, _ := p.Cost.Curve(); len(points) >= 2 {
+	if c := p.Cost.Costs(); len(c.Plain) > 0 && len(c.Extra) > 0 {
 		return nil
 	}
 	seq, err := e.newSequence()
@@ -152,7 +158,7 @@ func (e *Engine) measureCost(p *adaptive.Policy) error {
 			if err != nil {
 				return err
 			}
-			p.Cost.ObserveStep(rows, d)
+			p.Cost.ObserveStep(1, rows, d)
 		}
 	}
 	return e.measureDraft(p)

@@ -74,9 +74,10 @@ func TestAdaptiveGreedyIsLossless(t *testing.T) {
 }
 
 // TestAdaptiveResumesDrafting starts a request where the policy has seen
-// drafts not pay: it decodes autoregressively for the probe interval (5
-// steps at the preset cost), then its probe draft takes in those steps'
-// hidden states at once and, with perfect drafts, pays, so it drafts on.
+// drafts not pay: after its first decoding step (where its schedule
+// starts) it decodes autoregressively for the probe interval (5 steps at
+// the preset cost), then its probe draft takes in those steps' hidden
+// states at once and, with perfect drafts, pays, so it drafts on.
 // The output stays the autoregressive one.
 func TestAdaptiveResumesDrafting(t *testing.T) {
 	const ctxLen = 64
@@ -92,11 +93,11 @@ func TestAdaptiveResumesDrafting(t *testing.T) {
 	// one, so a draft that wins nothing loses 0.156 steps and probes come
 	// 5 steps apart; perfect drafts pay.
 	for range 16 {
-		p.Cost.ObserveStep(1, time.Microsecond)
-		p.Cost.ObserveStep(33, time.Microsecond)
+		p.Cost.ObserveStep(1, 1, time.Microsecond)
+		p.Cost.ObserveStep(1, 33, time.Microsecond)
 		p.Cost.ObserveDraft(156*time.Nanosecond, true)
 	}
-	b := p.StartBackoff()
+	b := p.StartBackoff(1)
 	for range 8 { // a window of hopeless drafts: the engine's drafts do not pay
 		p.Allot([][]float64{{1e-4}}, [][]int32{{1}}, adaptive.Rest{}, []*adaptive.Backoff{&b})
 	}
@@ -108,8 +109,8 @@ func TestAdaptiveResumesDrafting(t *testing.T) {
 		t.Fatalf("output differs from autoregressive\n got %v\nwant %v", got.Tokens, want.Tokens)
 	}
 	lengths := got.Stats.SpecStats.AcceptanceLengths
-	if len(lengths) < 6 || slices.Max(lengths[:5]) != 1 || slices.Max(lengths[5:]) < 2 {
-		t.Errorf("steps' committed tokens %v: want 5 autoregressive steps, then accepted drafts", lengths)
+	if len(lengths) < 7 || slices.Max(lengths[:6]) != 1 || lengths[6] < 2 {
+		t.Errorf("steps' committed tokens %v: want 1 + 5 autoregressive steps, then accepted drafts", lengths)
 	}
 }
 

@@ -37,17 +37,24 @@ type job struct {
 	// feeds its prompt to cache it and ends without sampling.
 	checkpointOnly bool
 
-	last     int32     // newest token: the next input (autoregressive) or the anchor (spec)
-	features []float32 // spec: drafter context of tokens committed since the last draft
+	last int32 // newest token: the next input (autoregressive) or the anchor (spec)
+	// features is the drafter context of the tokens committed since the
+	// last draft (spec), in the pieces the forwards gave: a request that
+	// decodes without drafting gathers it for many steps, and one growing
+	// slice would copy it over and over.
+	features [][]float32
 
 	sess   DraftSession
 	verify *mamba.Verify
 	tree   *ddtree.Tree // the proposal in flight
 	stats  *SpecStats
 	// drafted says the proposal in flight comes from a draft; under an
-	// adaptive policy a step may skip the drafter (backoff says when).
-	drafted bool
-	backoff adaptive.Backoff
+	// adaptive policy a step may skip the drafter (backoff says when). Its
+	// backoff starts at its first decoding step, a plain one (unscheduled
+	// until then): by then the requests that came with it are in the batch.
+	drafted     bool
+	backoff     adaptive.Backoff
+	unscheduled bool
 
 	started, decodeStart, verifyStart time.Time
 	finished                          bool
@@ -75,9 +82,7 @@ func (e *Engine) startJob(r Request, checkpointOnly bool) (*job, error) {
 		if err := e.measureCost(p); err != nil {
 			return nil, fmt.Errorf("measuring the verify cost: %w", err)
 		}
-		if p.Autoregressive {
-			j.backoff = p.StartBackoff()
-		}
+		j.unscheduled = p.Autoregressive && !checkpointOnly
 	}
 	var err error
 	if j.seq, err = e.newSequence(); err != nil {
@@ -107,9 +112,6 @@ func (e *Engine) startJob(r Request, checkpointOnly bool) (*job, error) {
 	}
 	j.out.res.Stats.SpecStats = j.stats
 	if j.sess, err = e.Drafter.NewSession(r.Prompt); err != nil {
-		return nil, err
-	}
-	if j.verify, err = mamba.NewVerify(e.Model.States, e.Spec.Rollback, e.Spec.VerifyTokens(e.Drafter.BlockSize())); err != nil {
 		return nil, err
 	}
 	built = true
@@ -143,6 +145,14 @@ func (j *job) taps() []int {
 	return j.e.Drafter.TapLayers()
 }
 
+// context is the drafter context gathered since the last draft, in one piece.
+func (j *job) context() []float32 {
+	if len(j.features) == 1 {
+		return j.features[0]
+	}
+	return slices.Concat(j.features...)
+}
+
 // prefilling reports whether prompt tokens remain to be fed.
 func (j *job) prefilling() bool { return j.prefilled < len(j.out.r.Prompt) }
 
@@ -162,12 +172,21 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 	case j.sess == nil:
 		in.Tokens, in.Logits = []int32{j.last}, LastRow
 	default:
+		// The verify scratch is made at the first draft: a request that
+		// never drafts needs none.
+		if j.drafted = !j.unscheduled && j.backoff.Draft(); j.drafted && j.verify == nil {
+			var err error
+			if j.verify, err = mamba.NewVerify(e.Model.States, e.Spec.Rollback, e.Spec.VerifyTokens(e.Drafter.BlockSize())); err != nil {
+				return in, err
+			}
+		}
 		td := time.Now()
 		steady := true
-		if j.drafted = j.backoff.Draft(); j.drafted {
+		if j.drafted {
+			context := j.context()
 			// A verify commits at most a block: more context rows are catch-up.
-			steady = len(j.features) <= e.Drafter.BlockSize()*e.featureWidth()
-			draft, err := j.sess.Draft(j.features, j.last)
+			steady = len(context) <= e.Drafter.BlockSize()*e.featureWidth()
+			draft, err := j.sess.Draft(context, j.last)
 			if err != nil {
 				return in, err
 			}
@@ -232,7 +251,7 @@ func (j *job) complete(out *SeqOutput) error {
 		n := j.chunk
 		j.prefilled += n
 		j.seq.len += n
-		j.features = append(j.features, e.features(out, j.taps(), nil, n)...)
+		j.features = append(j.features, e.features(out, j.taps(), nil, n))
 		if j.prefilled == j.checkpointAt {
 			e.prefix.store(e, j)
 		}
@@ -309,7 +328,7 @@ func (j *job) completeVerify(out *SeqOutput) error {
 		}
 		j.finished = j.out.emit(tok, j.out.rowLogits(out, int(path[i-1])))
 	}
-	j.features = append(j.features, e.features(out, j.taps(), path, 0)...)
+	j.features = append(j.features, e.features(out, j.taps(), path, 0))
 	j.last = bonus
 	if j.finished {
 		j.finish()

@@ -18,7 +18,9 @@ type adaptiveCollector struct {
 
 var (
 	adaptiveStepDesc = prometheus.NewDesc("ddflash:adaptive_step_seconds",
-		"Measured target forward time by verify rows in the batch (the adaptive policy's cost curve).", []string{"rows"}, nil)
+		"Measured target forward time of one sequence by its rows (the adaptive policy's cost curve).", []string{"rows"}, nil)
+	adaptiveBatchDesc = prometheus.NewDesc("ddflash:adaptive_batch_step_seconds",
+		"Measured time of a plain decoding step (one row per sequence) by its sequences; verify rows add to it as to one sequence's step.", []string{"sequences"}, nil)
 	adaptiveDraftDesc = prometheus.NewDesc("ddflash:adaptive_draft_seconds",
 		"Measured drafter time per draft.", nil, nil)
 	adaptiveCommitDesc = prometheus.NewDesc("ddflash:adaptive_commit_seconds",
@@ -41,6 +43,9 @@ func (c adaptiveCollector) Collect(ch chan<- prometheus.Metric) {
 	s := spec.Policy.Snapshot()
 	for _, p := range s.StepMs {
 		ch <- prometheus.MustNewConstMetric(adaptiveStepDesc, prometheus.GaugeValue, p.Ms/1000, strconv.Itoa(p.Rows))
+	}
+	for _, p := range s.BatchMs {
+		ch <- prometheus.MustNewConstMetric(adaptiveBatchDesc, prometheus.GaugeValue, p.Ms/1000, strconv.Itoa(p.Rows))
 	}
 	ch <- prometheus.MustNewConstMetric(adaptiveDraftDesc, prometheus.GaugeValue, s.DraftMs/1000)
 	ch <- prometheus.MustNewConstMetric(adaptiveCommitDesc, prometheus.GaugeValue, s.CommitMs/1000)

@@ -155,11 +155,14 @@ func TestAdaptiveMetricsShowThePolicy(t *testing.T) {
 	for _, p := range s.StepMs {
 		want[fmt.Sprintf("ddflash:adaptive_step_seconds{rows=%q}", fmt.Sprint(p.Rows))] = p.Ms / 1000
 	}
+	for _, p := range s.BatchMs {
+		want[fmt.Sprintf("ddflash:adaptive_batch_step_seconds{sequences=%q}", fmt.Sprint(p.Rows))] = p.Ms / 1000
+	}
 	for _, d := range s.Calibration.Depths {
 		want[fmt.Sprintf("ddflash:adaptive_predicted_accepted_total{depth=%q}", fmt.Sprint(d.Depth))] = d.Predicted
 		want[fmt.Sprintf("ddflash:adaptive_observed_accepted_total{depth=%q}", fmt.Sprint(d.Depth))] = d.Observed
 	}
-	if len(s.StepMs) < 2 || s.DraftMs <= 0 || s.CommitMs <= 0 || s.Calibration.Steps == 0 {
+	if len(s.StepMs) < 2 || len(s.BatchMs) == 0 || s.DraftMs <= 0 || s.CommitMs <= 0 || s.Calibration.Steps == 0 {
 		t.Fatalf("the policy measured nothing: %+v", s)
 	}
 	for key, v := range want {
