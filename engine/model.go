@@ -85,6 +85,9 @@ type Model struct {
 	ranks     []*rank
 	comm      Comm
 	layerSlot []int // per layer: its index among layers of the same kind
+	// taps holds the tapped hidden states of a step on rank 0, [taps, rows,
+	// hidden], kept between steps: a drafted request taps every step.
+	taps kernels.Buffer
 }
 
 // Shard is one tensor-parallel rank's weights and the backend they are on.
@@ -153,6 +156,9 @@ func (m *Model) Close() {
 		r.w.Free(r.b)
 		r.b.Free(r.invFreq)
 		r.s.free(r.b)
+	}
+	if m.taps != nil {
+		m.ranks[0].b.Free(m.taps)
 	}
 	m.KV.Close()
 	m.States.Close()
@@ -248,15 +254,9 @@ func (m *Model) Forward(seqs []SeqInput, taps []int) ([]SeqOutput, error) {
 			free = append(free, func() { heads[i].free(r.b) })
 		}
 	}
-	b0, H := m.ranks[0].b, m.Cfg.HiddenSize
-	tapped := map[int]kernels.Buffer{}
-	for _, l := range taps {
-		t, err := b0.Alloc(kernels.F32, rows*H)
-		if err != nil {
-			return nil, fmt.Errorf("engine: hidden-state tap: %w", err)
-		}
-		free = append(free, func() { b0.Free(t) })
-		tapped[l] = t
+	tapped, err := m.tapBuffers(taps, rows)
+	if err != nil {
+		return nil, err
 	}
 	err = m.onRanks(func(r *rank) error {
 		if err := m.layers(r, seqs, metas[r.id], rows, tapped); err != nil {
@@ -266,7 +266,7 @@ func (m *Model) Forward(seqs []SeqInput, taps []int) ([]SeqOutput, error) {
 			return nil
 		}
 		m.gatherLogitRows(r, seqs)
-		r.b.RMSNorm(r.s.h, r.s.h, r.w.FinalNorm, logitRows, H, float32(m.Cfg.RMSNormEps), true)
+		r.b.RMSNorm(r.s.h, r.s.h, r.w.FinalNorm, logitRows, m.Cfg.HiddenSize, float32(m.Cfg.RMSNormEps), true)
 		return m.projectVocab(r, heads[r.id], r.s.h, logitRows)
 	})
 	if err != nil {
@@ -277,6 +277,31 @@ func (m *Model) Forward(seqs []SeqInput, taps []int) ([]SeqOutput, error) {
 		logits = heads[0].logits
 	}
 	return m.outputs(seqs, logits, tapped)
+}
+
+// tapBuffers returns rank 0's buffers [rows, hidden] for the hidden states
+// of the tapped layers, growing m.taps when they do not fit.
+func (m *Model) tapBuffers(taps []int, rows int) (map[int]kernels.Buffer, error) {
+	if len(taps) == 0 {
+		return nil, nil
+	}
+	b0, size := m.ranks[0].b, rows*m.Cfg.HiddenSize
+	if m.taps == nil || m.taps.Len() < len(taps)*size {
+		if m.taps != nil {
+			b0.Free(m.taps)
+			m.taps = nil
+		}
+		buf, err := b0.Alloc(kernels.F32, len(taps)*size)
+		if err != nil {
+			return nil, fmt.Errorf("engine: hidden-state taps: %w", err)
+		}
+		m.taps = buf
+	}
+	tapped := make(map[int]kernels.Buffer, len(taps))
+	for i, l := range taps {
+		tapped[l] = b0.Slice(m.taps, i*size, size)
+	}
+	return tapped, nil
 }
 
 // checkInputs validates a step and begins its verifies; it returns the rows
