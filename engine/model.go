@@ -530,11 +530,16 @@ type vocabProjection struct {
 // The padding rows beyond them are never sampled, so their weights are not
 // read and their logits are -Inf.
 func (m *Model) scoredRows(r *rank) int {
-	valid := m.ValidVocab
-	if valid <= 0 || valid > m.Cfg.VocabSize {
-		valid = m.Cfg.VocabSize
+	return min(r.vocab, max(0, m.validVocab()-r.id*r.vocab))
+}
+
+// validVocab is the number of real token ids: ValidVocab, or the whole
+// vocabulary when that is unset or out of range.
+func (m *Model) validVocab() int {
+	if m.ValidVocab <= 0 || m.ValidVocab > m.Cfg.VocabSize {
+		return m.Cfg.VocabSize
 	}
-	return min(r.vocab, max(0, valid-r.id*r.vocab))
+	return m.ValidVocab
 }
 
 // newVocabProjection allocates rank r's buffers for scoring n rows; with
@@ -720,10 +725,7 @@ func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, tapped map[int]k
 // first..first+rows-1, computed on the device by TopK: only k ids and
 // values per row cross to the host.
 func (m *Model) rowTop(b kernels.Backend, logits kernels.Buffer, first, rows, k int) ([]int32, []float32, error) {
-	V, valid := m.Cfg.VocabSize, m.ValidVocab
-	if valid <= 0 || valid > V {
-		valid = V
-	}
+	V, valid := m.Cfg.VocabSize, m.validVocab()
 	var bufs []kernels.Buffer
 	defer func() {
 		for _, buf := range bufs {
