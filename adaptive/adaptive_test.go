@@ -311,9 +311,10 @@ func TestCalibrationLearnsPerDepth(t *testing.T) {
 			t.Fatalf("step %d: calibrated %v, want %v", step, got, want)
 		}
 		c.Observe(probs, depths, a)
-		obs1 += float64(a)
-		pred1 += 0.95
-		pred2 += 0.8
+		keep := 1 - 1.0/memory // earlier steps' weight decays
+		obs1 = obs1*keep + float64(a)
+		pred1 = pred1*keep + 0.95
+		pred2 = pred2*keep + 0.8
 	}
 	r := c.Report()
 	want := []DepthCalibration{{1, pred1, obs1}, {2, pred2, 0}}
@@ -322,13 +323,36 @@ func TestCalibrationLearnsPerDepth(t *testing.T) {
 	}) {
 		t.Errorf("report %+v, want depths %v and error %v", r, want, wantErr/4)
 	}
-	// Depth 2 was never accepted: its nodes are now predicted at 1/(3.2+1) of the drafter's belief.
-	if got := c.Calibrate([]float64{0.8}, []int32{2}); !near(got[0], 0.8/4.2) {
-		t.Errorf("calibrated depth-2 node %v, want %v", got[0], 0.8/4.2)
+	// Depth 2 was never accepted: its nodes are now predicted at 1/(pred2+1) of the drafter's belief.
+	if got := c.Calibrate([]float64{0.8}, []int32{2}); !near(got[0], 0.8/(pred2+1)) {
+		t.Errorf("calibrated depth-2 node %v, want %v", got[0], 0.8/(pred2+1))
 	}
 	// An unseen depth keeps the drafter's probability.
 	if got := c.Calibrate([]float64{0.3}, []int32{7}); got[0] != 0.3 {
 		t.Errorf("unseen depth: %v", got[0])
+	}
+}
+
+// TestCalibrationFollowsTheTraffic: a long stretch of text the drafter
+// guesses badly (a chat), then text it guesses well (code): within a few
+// memories the calibration trusts the drafter again, where lifetime sums
+// would still predict a 0.8 node at 0.23.
+func TestCalibrationFollowsTheTraffic(t *testing.T) {
+	var c Calibration
+	probs, depths := []float64{0.8}, []int32{1}
+	for range 10 * memory {
+		c.Observe(probs, depths, 0)
+	}
+	if got := c.Calibrate(probs, depths)[0]; got > 0.01 {
+		t.Fatalf("after a drafter that is never right, a 0.8 node is predicted at %v", got)
+	}
+	for range 3 * memory {
+		c.Observe(probs, depths, 1)
+	}
+	// observed/predicted after 3 memories of hits: (1−e⁻³)/(0.8) in the limit.
+	want := math.Min(1, 0.8*(1-math.Exp(-3))/0.8)
+	if got := c.Calibrate(probs, depths)[0]; math.Abs(got-want) > 0.02 {
+		t.Errorf("after the drafter turned right, a 0.8 node is predicted at %v, want about %v", got, want)
 	}
 }
 
@@ -354,19 +378,20 @@ func TestProbeInterval(t *testing.T) {
 	}
 }
 
-// drafts runs a schedule for steps steps, gains(k) being the expected gain
-// after its k-th draft, and traces them: D for a draft, . for a plain step.
-func drafts(b Backoff, steps, interval int, gains func(k int) float64) string {
+// drafts runs a request's schedule for steps steps on the engine's probe
+// schedule s, gains(k) being the expected gain after its k-th draft, and
+// traces them: D for a draft, . for a plain step.
+func drafts(b Backoff, s *Probes, steps, interval int, gains func(k int) float64) string {
 	var trace strings.Builder
 	k := 0
 	for range steps {
-		if !b.Draft() {
+		if !s.draft(&b) {
 			trace.WriteByte('.')
 			continue
 		}
 		trace.WriteByte('D')
 		b.record([]float64{0.5})
-		b.Drafted(gains(k), interval)
+		s.judge(&b, gains(k), interval)
 		k++
 	}
 	return trace.String()
@@ -378,6 +403,7 @@ func TestBackoffSchedule(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		start    Backoff
+		probes   Probes // the engine's schedule when the request starts
 		interval int
 		gains    func(k int) float64
 		want     string
@@ -386,52 +412,104 @@ func TestBackoffSchedule(t *testing.T) {
 			// It stops on the evidence of 8 drafts, probes after 2, 4 and 8
 			// steps (a quarter, half and all of the interval) while probes
 			// lose, and drafts every step from the probe that pays.
-			"stops, backs off, resumes", StartBackoff(nil, 1, 8), 8,
+			"stops, backs off, resumes", StartBackoff(nil, 1), Probes{}, 8,
 			func(k int) float64 { return map[bool]float64{false: -1, true: 2}[k >= 10] },
 			"DDDDDDDD" + ".." + "D" + "...." + "D" + strings.Repeat(".", 8) + strings.Repeat("D", 26),
 		},
 		{
 			// Started with the engine's recent drafts as evidence, it stops at once.
-			"inherited evidence", StartBackoff(eight, 1, 4), 4, losing,
+			"inherited evidence", StartBackoff(eight, 1), Probes{}, 4, losing,
 			"D" + "." + "D" + ".." + "D" + "...." + "D" + strings.Repeat(".", 8) + "D" + "...",
 		},
 		{
 			// A draft expected to lose a little does not stop it.
-			"near zero", StartBackoff(eight, 1, 4), 4,
+			"near zero", StartBackoff(eight, 1), Probes{}, 4,
 			func(int) float64 { return stopBelow / 2 },
 			strings.Repeat("D", 40),
 		},
 		{
-			// Started where the engine's drafts do not pay: decodes for the
-			// interval first, as if after a stop and a losing probe; its
+			// Started where the engine's drafts do not pay, it waits for the
+			// engine's next probe, 5 steps on after two losing probes; its
 			// probes never pay, each wait doubles.
-			"starts autoregressive", StartBackoff(eight, -0.2, 5), 5, losing,
-			"....." + "D" + "....." + "D" + strings.Repeat(".", 10) + "D" + strings.Repeat(".", 20) + "D" + "..",
+			"starts stopped", StartBackoff(eight, -0.2), Probes{steps: 100, due: 105, failures: 2}, 4, losing,
+			"....." + "D" + strings.Repeat(".", 8) + "D" + strings.Repeat(".", 16) + "D" + "..",
 		},
 		{
 			// A probe expected to gain a little (under resumeAbove) is a
 			// losing probe: one draft is weak evidence.
-			"a probe that barely pays", StartBackoff(eight, -0.2, 4), 4,
+			"a probe that barely pays", StartBackoff(eight, -0.2), Probes{due: 4, failures: 1}, 4,
 			func(int) float64 { return resumeAbove / 2 },
 			"...." + "D" + "...." + "D" + strings.Repeat(".", 8) + "D" + "..",
 		},
 		{
 			// Resumed by a probe, it stops again on its next losing draft:
 			// its judged drafts are many by now, the window is not refilled.
-			"resumed, then losing", StartBackoff(nil, 1, 4), 4,
+			"resumed, then losing", StartBackoff(nil, 1), Probes{}, 4,
 			func(k int) float64 { return map[bool]float64{false: -1, true: 1}[k == 8] },
 			"DDDDDDDD" + "." + "DD" + "." + "D" + ".." + "D" + "...",
 		},
 		{
-			"at most maxInterval", StartBackoff(nil, -1, 600), 600, losing,
+			"at most maxInterval", StartBackoff(nil, -1), Probes{due: 600, failures: 1}, 600, losing,
 			strings.Repeat(".", 600) + "D" + strings.Repeat(".", 600) + "D" + strings.Repeat(".", maxInterval) + "D" + "....",
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if got := drafts(c.start, len(c.want), c.interval, c.gains); got != c.want {
+			if got := drafts(c.start, &c.probes, len(c.want), c.interval, c.gains); got != c.want {
 				t.Errorf("drafts\n got %s\nwant %s", got, c.want)
 			}
 		})
+	}
+}
+
+// TestProbesAcrossRequests: the back-off outlives the request it began in,
+// so short requests where drafting does not pay do not probe one each; and
+// of stopped requests decoding side by side only one takes a due probe.
+func TestProbesAcrossRequests(t *testing.T) {
+	losing := func(int) float64 { return -1 }
+	var s Probes
+	first := drafts(StartBackoff(nil, 1), &s, 42, 8, losing)
+	if want := "DDDDDDDD" + ".." + "D" + "...." + "D" + strings.Repeat(".", 8) + "D" + strings.Repeat(".", 16) + "D"; first != want {
+		t.Fatalf("first request\n got %s\nwant %s", first, want)
+	}
+	// The next requests start stopped (the engine's drafts do not pay) and
+	// go on with the back-off: the wait after four losing probes is 32
+	// steps, of which the first request decoded none.
+	var later string
+	for range 4 {
+		later += drafts(StartBackoff(nil, -1), &s, 10, 8, losing) + "|"
+	}
+	if want := "..........|..........|..........|..D.......|"; later != want {
+		t.Errorf("later requests\n got %s\nwant %s", later, want)
+	}
+	// Two stopped requests side by side, a probe due after 3 steps: it goes
+	// to one of them.
+	s = Probes{due: 3}
+	a, b := StartBackoff(nil, -1), StartBackoff(nil, -1)
+	var trace string
+	for range 4 {
+		for _, r := range []*Backoff{&a, &b} {
+			if s.draft(r) {
+				trace += "D"
+				r.record([]float64{0.5})
+				s.judge(r, -1, 8)
+			} else {
+				trace += "."
+			}
+		}
+		trace += " "
+	}
+	if want := ".. .D .. .. "; trace != want {
+		t.Errorf("two stopped requests: %q, want %q", trace, want)
+	}
+	if a.probing || b.probing || s.failures != 1 || s.due != 3+4 { // half the interval after the probe's step
+		t.Errorf("after the probe: %+v, %+v, schedule %+v", a, b, s)
+	}
+	// However deep the back-off, a request probes after maxInterval of its
+	// own steps without a draft.
+	s = Probes{due: 10 * maxInterval, failures: 12}
+	if got, want := drafts(StartBackoff(nil, -1), &s, maxInterval+3, 8, losing), strings.Repeat(".", maxInterval)+"D.."; got != want {
+		t.Errorf("a request waiting on a deep back-off: first probe after %d plain steps (-1: none), trace ends %q; want after %d, ending %q",
+			strings.Index(got, "D"), got[len(got)-3:], maxInterval, want[len(want)-3:])
 	}
 }
 
@@ -461,30 +539,30 @@ func TestPolicyBatchOfFour(t *testing.T) {
 	}
 	alone := p.StartBackoff(1)
 	for k := range 2 * minEvidence {
-		if !alone.Draft() {
+		if !p.Draft(&alone) {
 			t.Fatalf("alone, the request stopped drafting after %d drafts", k)
 		}
 		if nodes := p.Allot([][]float64{draft}, [][]int32{depths}, Rest{}, []*Backoff{&alone}); nodes[0] == 0 {
 			t.Fatalf("alone, draft %d got no nodes", k)
 		}
 	}
-	if b := p.StartBackoff(1); !b.Draft() {
+	if b := p.StartBackoff(1); b.stopped {
 		t.Error("where the engine's drafts pay, a request starting alone should draft at once")
 	}
-	if b := p.StartBackoff(4); b.Draft() {
+	if b := p.StartBackoff(4); !b.stopped {
 		t.Error("a request starting in a batch of four drafts at once")
 	}
 	batch := make([]Backoff, 4)
 	var backoffs []*Backoff
 	for i := range batch {
-		if batch[i] = p.StartBackoff(1); !batch[i].Draft() {
+		if batch[i] = p.StartBackoff(1); batch[i].stopped {
 			t.Fatal("a request starting alone should draft at once")
 		}
 		backoffs = append(backoffs, &batch[i])
 	}
 	p.Allot(slices.Repeat([][]float64{draft}, 4), slices.Repeat([][]int32{depths}, 4), Rest{}, backoffs)
 	for i := range batch {
-		if batch[i].Draft() {
+		if !batch[i].stopped {
 			t.Errorf("request %d of the batch of four drafts on", i)
 		}
 	}
@@ -526,7 +604,7 @@ func TestPolicyModes(t *testing.T) {
 		p.Cost.ObserveStep(1, 16, 20*time.Millisecond)
 	}
 	p.Cost.ObserveDraft(5*time.Millisecond, true)
-	if b := p.StartBackoff(1); !b.Draft() {
+	if b := p.StartBackoff(1); b.stopped {
 		t.Error("before any draft a request should draft")
 	}
 	weak := [][]float64{{1e-4, 1e-5}}
@@ -540,23 +618,31 @@ func TestPolicyModes(t *testing.T) {
 	// 32 / 10 ms = 16 steps) later.
 	b := p.StartBackoff(1)
 	for k := range minEvidence {
-		if !b.Draft() {
+		if !p.Draft(&b) {
 			t.Fatalf("stopped after %d drafts", k)
 		}
 		if got := p.Allot(weak, depths, Rest{}, []*Backoff{&b}); !slices.Equal(got, []int{0}) || p.Name() != "adaptive" {
 			t.Fatalf("%s: %v, want no nodes", p.Name(), got)
 		}
 	}
-	if b.skip != 4 {
-		t.Errorf("after %d losing drafts it waits %d steps, want 4", minEvidence, b.skip)
+	if wait := p.probes.due - p.probes.steps; !b.stopped || wait != 4 {
+		t.Errorf("after %d losing drafts: stopped %v, the next probe in %d steps, want 4", minEvidence, b.stopped, wait)
 	}
 	// The engine's drafts do not pay: a new request starts autoregressive.
-	if b := p.StartBackoff(1); b.Draft() {
+	if b := p.StartBackoff(1); !b.stopped {
 		t.Error("a new request drafted at once where drafts do not pay")
 	}
+	for range 4 {
+		if p.Draft(&b) {
+			t.Fatal("the stopped request probed before the probe was due")
+		}
+	}
+	if !p.Draft(&b) {
+		t.Fatal("the stopped request did not probe when due")
+	}
 	strong := [][]float64{{0.9, 0.8, 0.7}}
-	if got := p.Allot(strong, [][]int32{{1, 2, 3}}, Rest{}, []*Backoff{&b}); !slices.Equal(got, []int{3}) || b.failures != 0 {
-		t.Errorf("confident drafts: %v, failures %d, want all three nodes and to draft on", got, b.failures)
+	if got := p.Allot(strong, [][]int32{{1, 2, 3}}, Rest{}, []*Backoff{&b}); !slices.Equal(got, []int{3}) || b.stopped {
+		t.Errorf("a confident probe: %v, stopped %v, want all three nodes and to draft on", got, b.stopped)
 	}
 	s := p.Snapshot()
 	if s.Mode != "adaptive" || len(s.StepMs) != 2 || s.Calibration.Steps != 0 || s.DraftMs != 5 {

@@ -170,39 +170,39 @@ func ProbeInterval(batch int, draftMs, stepMs float64) int {
 	return int(math.Min(math.Ceil(math.Max(steps, 1)), maxInterval))
 }
 
-// Backoff decides, step by step, whether a request drafts. While its next
-// draft is expected to pay (ExpectedGain over its recent drafts) it drafts
-// every step; once not, the request decodes autoregressively and probes:
-// it drafts again after a quarter of the interval (drafting paid until
-// lately: a reply's uncertain stretch may be over soon), then after twice
-// as long after each probe that did not pay either (exponential back-off:
-// half the interval, the interval, twice it, ... up to maxInterval), and
-// drafts every step again from a probe that pays (by resumeAbove). A probe
-// is judged alone: the drafts before the wait are forgotten.
+// delay is how many request steps the next probe waits after failures
+// losing probes (a stop counts as none): a quarter of the interval after a
+// stop (drafting paid until lately: a reply's uncertain stretch may be over
+// soon), then twice as long after each losing probe (exponential back-off:
+// half the interval, the interval, twice it, ... up to maxInterval).
+func delay(interval, failures int) int {
+	return min(max(1, interval<<min(failures, 10)/4), maxInterval)
+}
+
+// Backoff is one request's drafting state. While its next draft is
+// expected to pay (ExpectedGain over its recent drafts) it drafts every
+// step; once not, it stops: it decodes autoregressively and drafts only to
+// probe, when the engine's probe schedule (Probes) gives it the next
+// probe, and drafts every step again from a probe that pays (by
+// resumeAbove). A probe is judged alone: the drafts before the stop are
+// forgotten.
 type Backoff struct {
-	recent   [][]float64 // its latest drafts' calibrated predictions, oldest first
-	judged   int         // drafts it has judged by: its own and those it started with
-	skip     int         // autoregressive steps left before the next probe
-	failures int         // unprofitable probes since drafting last paid, and the stop before them
+	recent  [][]float64 // its latest drafts' calibrated predictions, oldest first
+	judged  int         // drafts it has judged by: its own and those it started with
+	stopped bool        // it drafts only to probe
+	probing bool        // its draft in flight is a probe
+	waited  int         // its steps without a draft since its last draft
 }
 
 // StartBackoff is a new request's schedule: it drafts at once, with the
 // engine's recent drafts as its own, while a draft is expected to pay
-// (gain > 0), or starts by decoding autoregressively for the interval.
-func StartBackoff(recent [][]float64, gain float64, interval int) Backoff {
+// (gain > 0); otherwise it starts stopped, waiting for the engine's next
+// probe.
+func StartBackoff(recent [][]float64, gain float64) Backoff {
 	if gain <= 0 {
-		return Backoff{skip: interval, failures: 2} // as after a stop and a losing probe
+		return Backoff{stopped: true}
 	}
 	return Backoff{recent: slices.Clone(recent), judged: len(recent)}
-}
-
-// Draft reports whether the request drafts this step.
-func (b *Backoff) Draft() bool {
-	if b.skip > 0 {
-		b.skip--
-		return false
-	}
-	return true
 }
 
 // record adds a draft's calibrated predictions to the recent ones.
@@ -214,16 +214,65 @@ func (b *Backoff) record(probs []float64) {
 	}
 }
 
-// Drafted records, after this step's draft (see record), its next draft's
-// expected gain and the current probe interval (ProbeInterval of this
-// step's batch).
-func (b *Backoff) Drafted(gain float64, interval int) {
-	drafting := b.failures == 0
-	if gain > resumeAbove || (drafting && (gain >= stopBelow || b.judged < minEvidence)) {
-		b.failures = 0
-		return
+// Probes is an engine's probe schedule, which its stopped requests share:
+// one probe every interval (ProbeInterval) request steps decoded without a
+// draft, backing off (delay) while probes lose. Counted across requests, a
+// back-off outlives the request it began in: where speculation does not
+// pay, a stream of short requests does not pay a probe each, and probing
+// takes a vanishing share of the time. A due probe goes to the first
+// stopped request that asks, and a request that waited maxInterval of its
+// own steps probes anyway: every request whose drafts would pay is found
+// within that, and the drafter context it gathers meanwhile (the hidden
+// states of the steps since its last draft) stays bounded.
+type Probes struct {
+	steps    int // request steps decoded without a draft so far
+	due      int // the step count from which the next probe is made
+	failures int // losing probes since a probe last paid
+}
+
+// draft reports whether the request drafts this step: every step unless
+// it stopped, then only when it takes the engine's next probe. A probe
+// taken, the next waits until this one is judged (judge), or maxInterval
+// steps if it never is (its request ended first).
+func (s *Probes) draft(b *Backoff) bool {
+	if !b.stopped {
+		return true
 	}
-	b.recent = nil
-	b.skip = min(max(1, interval<<min(b.failures, 10)/4), maxInterval)
-	b.failures++
+	due := s.steps >= s.due
+	if b.probing = due || b.waited >= maxInterval; b.probing {
+		if due {
+			s.due = s.steps + maxInterval
+		}
+		b.waited = 0
+		return true
+	}
+	s.steps++
+	b.waited++
+	return false
+}
+
+// judge records a drafted request's expected gain from its next draft,
+// after this step's draft (see Backoff.record), with the current probe
+// interval (ProbeInterval of this step's batch). A drafting request stops
+// once it has judged a full window of drafts and expects a loss over
+// stopBelow; a probe resumes drafting when it expects a gain over
+// resumeAbove, and otherwise backs the schedule off.
+func (s *Probes) judge(b *Backoff, gain float64, interval int) {
+	switch {
+	case b.probing:
+		b.probing = false
+		if gain > resumeAbove {
+			b.stopped, s.failures = false, 0
+			s.due = s.steps + delay(interval, 0) // others may pay by now too
+			return
+		}
+		b.recent = nil
+		s.failures++
+		s.due = s.steps + delay(interval, s.failures)
+	case !b.stopped && gain < stopBelow && b.judged >= minEvidence:
+		b.stopped, b.recent = true, nil
+		if at := s.steps + delay(interval, s.failures); s.due <= s.steps || at < s.due {
+			s.due = at
+		}
+	}
 }

@@ -12,17 +12,24 @@ import (
 // verify's predicted chance of accepting at least d tokens is the sum over
 // its depth-d nodes, and the predicted accepted tokens the sum over all
 // nodes. Drafters are over- or under-confident, more so deeper, so each
-// depth's predictions are scaled by observed/predicted acceptance so far.
+// depth's predictions are scaled by observed/predicted acceptance, over
+// about the last memory verify steps: how well a drafter guesses depends on
+// the text, and an engine's traffic changes (a chat's calibration would
+// otherwise hold back the drafts of a code request that follows it).
 
 // prior is the pseudo-count of verify steps at which the calibration still
 // trusts the drafter's own probabilities as much as the observations.
 const prior = 1.0
 
+// memory is how many recent verify steps the calibration weighs: each
+// observation's weight decays by 1 − 1/memory per later one.
+const memory = 256
+
 // Calibration scales predicted acceptance per depth by what was observed.
 // Safe for concurrent use.
 type Calibration struct {
 	mu                  sync.Mutex
-	predicted, observed []float64 // per depth-1: sums over verify steps
+	predicted, observed []float64 // per depth-1: decaying sums over verify steps (memory)
 	steps               int
 	absErr              float64 // Σ |calibrated prediction − accepted tokens|, each predicted before its step was seen
 }
@@ -30,8 +37,8 @@ type Calibration struct {
 // DepthCalibration is one depth's totals.
 type DepthCalibration struct {
 	Depth     int     `json:"depth"`
-	Predicted float64 `json:"predicted"` // drafter's path probabilities summed over verified depth-d nodes
-	Observed  float64 `json:"observed"`  // verify steps that accepted at least d tokens
+	Predicted float64 `json:"predicted"` // drafter's path probabilities summed over verified depth-d nodes (decaying, as Observed)
+	Observed  float64 `json:"observed"`  // verify steps that accepted at least d tokens, over about the last memory steps
 }
 
 // CalibrationReport is the calibration's state.
@@ -72,6 +79,10 @@ func (c *Calibration) Observe(probs []float64, depths []int32, accepted int) {
 	predicted := 0.0
 	for i, p := range probs {
 		predicted += math.Min(1, p*c.factor(int(depths[i])))
+	}
+	for d := range c.predicted {
+		c.predicted[d] *= 1 - 1.0/memory
+		c.observed[d] *= 1 - 1.0/memory
 	}
 	for i, p := range probs {
 		c.grow(int(depths[i]))

@@ -18,6 +18,7 @@ type Policy struct {
 	// (StartBackoff); seen says there were any.
 	recent [][]float64
 	seen   bool
+	probes Probes
 }
 
 // Name is the policy's mode name in stats and reports.
@@ -58,13 +59,18 @@ func (p *Policy) Snapshot() Snapshot {
 // rest of the batch as given. The drafts are made, so their time does not
 // count against verifying them (a commit does: it follows any node). Under
 // --spec adaptive, backoffs are the drafted requests' schedules: each
-// learns whether its next draft is expected to pay in this batch.
+// learns whether its next draft is expected to pay in this batch. A probe
+// verifies at least one node, so that the calibration goes on learning
+// while requests do not draft.
 func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest, backoffs []*Backoff) []int {
 	seqs := rest.Seqs + len(probs)
 	costs, stepMs := p.batchCosts(seqs)
 	reqs := make([]Request, len(probs))
 	for i := range probs {
 		reqs[i] = Request{Probs: p.Calibration.Calibrate(probs[i], depths[i]), Min: p.MinNodes()}
+		if backoffs != nil && backoffs[i].probing {
+			reqs[i].Min = 1
+		}
 	}
 	nodes := Allot(reqs, rest, stepMs, costs.CommitMs)
 	if backoffs == nil {
@@ -75,18 +81,28 @@ func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest, backoffs 
 	// own, every request of a batch could go on drafting where none should;
 	// beside a prompt chunk, which a step takes once, any draft looks cheap.
 	interval := ProbeInterval(seqs, costs.ProbeMs, stepMs(seqs))
+	gains := make([]float64, len(reqs))
 	for i, r := range reqs {
 		backoffs[i].record(r.Probs)
-		backoffs[i].Drafted(ExpectedGain(backoffs[i].recent, plainBatch(seqs-1), stepMs, costs.CommitMs, costs.DraftMs), interval)
+		gains[i] = ExpectedGain(backoffs[i].recent, plainBatch(seqs-1), stepMs, costs.CommitMs, costs.DraftMs)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, r := range reqs {
+	for i, r := range reqs {
+		p.probes.judge(backoffs[i], gains[i], interval)
 		p.recent = append(p.recent, r.Probs)
 	}
 	p.recent = p.recent[max(0, len(p.recent)-recentDrafts):]
 	p.seen = true
 	return nodes
+}
+
+// Draft reports whether a request drafts this step: every step unless it
+// stopped, then when the engine's probe schedule gives it a probe.
+func (p *Policy) Draft(b *Backoff) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.probes.draft(b)
 }
 
 // batchCosts are the current cost estimates and the step time by rows in a
@@ -102,7 +118,8 @@ func plainBatch(seqs int) Rest { return Rest{Seqs: seqs, Rows: seqs, Tokens: flo
 // StartBackoff is the drafting schedule of a new request that starts
 // decoding in a batch of seqs sequences, itself included: drafting at once
 // before any draft was seen, else as the engine's recent drafts, taken as
-// its own, are expected to pay in that batch.
+// its own, are expected to pay in that batch (or stopped, waiting for the
+// engine's next probe).
 func (p *Policy) StartBackoff(seqs int) Backoff {
 	p.mu.Lock()
 	recent, seen := p.recent, p.seen
@@ -112,5 +129,5 @@ func (p *Policy) StartBackoff(seqs int) Backoff {
 	}
 	costs, stepMs := p.batchCosts(seqs)
 	gain := ExpectedGain(recent, plainBatch(seqs-1), stepMs, costs.CommitMs, costs.DraftMs)
-	return StartBackoff(recent, gain, ProbeInterval(seqs, costs.ProbeMs, stepMs(seqs)))
+	return StartBackoff(recent, gain)
 }

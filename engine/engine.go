@@ -469,26 +469,4 @@ func (e *Engine) release(s *sequence) {
 	e.Model.States.Release(s.slot)
 }
 
-// features concatenates, per row (all rows, or the given ones in order),
-// the tapped hidden states in taps order: the drafter's input layout.
-func (e *Engine) features(out *SeqOutput, taps []int, rows []int32, n int) []float32 {
-	if len(taps) == 0 {
-		return nil
-	}
-	if rows == nil {
-		rows = make([]int32, n)
-		for i := range rows {
-			rows[i] = int32(i)
-		}
-	}
-	H := e.Model.Cfg.HiddenSize
-	f := make([]float32, 0, len(rows)*len(taps)*H)
-	for _, r := range rows {
-		for _, l := range taps {
-			f = append(f, out.Hidden[l][int(r)*H:(int(r)+1)*H]...)
-		}
-	}
-	return f
-}
-
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

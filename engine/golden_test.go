@@ -71,6 +71,9 @@ func checkGolden(t *testing.T, dir string) {
 		if len(out[0].Logits) != len(seq.IDs)*V {
 			t.Fatalf("sequence %d: %d logits, want %d", si, len(out[0].Logits), len(seq.IDs)*V)
 		}
+		if len(out[0].Features) != len(seq.IDs)*len(layers)*H {
+			t.Fatalf("sequence %d: %d feature values, want %d rows of %d layers' hidden states", si, len(out[0].Features), len(seq.IDs), len(layers))
+		}
 		for l, hid := range seq.Hidden {
 			var flat []float64
 			for _, row := range hid {
@@ -79,7 +82,13 @@ func checkGolden(t *testing.T, dir string) {
 			if len(flat) != len(seq.IDs)*H {
 				t.Fatalf("golden hidden layer %d has %d values", l, len(flat))
 			}
-			if d, scale := relDiff(out[0].Hidden[l], flat); d > 1e-4*scale {
+			// Layer l's hidden states, row by row out of the features' [rows, layers, hidden].
+			got := make([]float32, 0, len(flat))
+			for r := range seq.IDs {
+				at := (r*len(layers) + l) * H
+				got = append(got, out[0].Features[at:at+H]...)
+			}
+			if d, scale := relDiff(got, flat); d > 1e-4*scale {
 				t.Errorf("sequence %d layer %d: hidden states differ by %g (scale %g)", si, l, d, scale)
 			}
 		}

@@ -17,7 +17,7 @@ func (e *Engine) prefill(s *sequence, tokens []int32, taps []int) ([]float32, []
 			return nil, nil, err
 		}
 		logits = out.Logits
-		features = append(features, e.features(out, taps, nil, len(chunk))...)
+		features = append(features, out.Features...)
 	}
 	return logits, features, nil
 }

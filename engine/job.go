@@ -38,11 +38,10 @@ type job struct {
 	checkpointOnly bool
 
 	last int32 // newest token: the next input (autoregressive) or the anchor (spec)
-	// features is the drafter context of the tokens committed since the
-	// last draft (spec), in the pieces the forwards gave: a request that
-	// decodes without drafting gathers it for many steps, and one growing
-	// slice would copy it over and over.
-	features [][]float32
+	// context is the drafter context of the tokens committed since the
+	// last draft (spec): their rows of the target's features. Its memory is
+	// reused from draft to draft.
+	context []float32
 
 	sess   DraftSession
 	verify *mamba.Verify
@@ -145,12 +144,10 @@ func (j *job) taps() []int {
 	return j.e.Drafter.TapLayers()
 }
 
-// context is the drafter context gathered since the last draft, in one piece.
-func (j *job) context() []float32 {
-	if len(j.features) == 1 {
-		return j.features[0]
-	}
-	return slices.Concat(j.features...)
+// draftsNow reports whether the job drafts this step (see adaptive.Backoff).
+func (j *job) draftsNow() bool {
+	p := j.e.Spec.Policy
+	return p == nil || (!j.unscheduled && p.Draft(&j.backoff))
 }
 
 // prefilling reports whether prompt tokens remain to be fed.
@@ -174,7 +171,7 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 	default:
 		// The verify scratch is made at the first draft: a request that
 		// never drafts needs none.
-		if j.drafted = !j.unscheduled && j.backoff.Draft(); j.drafted && j.verify == nil {
+		if j.drafted = j.draftsNow(); j.drafted && j.verify == nil {
 			var err error
 			if j.verify, err = mamba.NewVerify(e.Model.States, e.Spec.Rollback, e.Spec.VerifyTokens(e.Drafter.BlockSize())); err != nil {
 				return in, err
@@ -183,14 +180,13 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 		td := time.Now()
 		steady := true
 		if j.drafted {
-			context := j.context()
 			// A verify commits at most a block: more context rows are catch-up.
-			steady = len(context) <= e.Drafter.BlockSize()*e.featureWidth()
-			draft, err := j.sess.Draft(context, j.last)
+			steady = len(j.context) <= e.Drafter.BlockSize()*e.featureWidth()
+			draft, err := j.sess.Draft(j.context, j.last)
 			if err != nil {
 				return in, err
 			}
-			j.features = nil
+			j.context = j.context[:0]
 			// Positions start..start+depth must stay inside the context.
 			j.tree = e.propose(j.last, draft, min(e.Drafter.BlockSize()-1, e.Context-1-j.seq.len))
 		} else {
@@ -251,7 +247,9 @@ func (j *job) complete(out *SeqOutput) error {
 		n := j.chunk
 		j.prefilled += n
 		j.seq.len += n
-		j.features = append(j.features, e.features(out, j.taps(), nil, n))
+		if j.taps() != nil {
+			j.context = append(j.context, out.Features...)
+		}
 		if j.prefilled == j.checkpointAt {
 			e.prefix.store(e, j)
 		}
@@ -328,7 +326,10 @@ func (j *job) completeVerify(out *SeqOutput) error {
 		}
 		j.finished = j.out.emit(tok, j.out.rowLogits(out, int(path[i-1])))
 	}
-	j.features = append(j.features, e.features(out, j.taps(), path, 0))
+	width := e.featureWidth()
+	for _, r := range path {
+		j.context = append(j.context, out.Features[int(r)*width:int(r+1)*width]...)
+	}
 	j.last = bonus
 	if j.finished {
 		j.finish()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"ddflash/ddtree"
@@ -66,8 +67,10 @@ type SeqOutput struct {
 	Top       int
 	TopIDs    []int32
 	TopLogits []float32
-	// Hidden maps a tapped layer to its output hidden states, len(Tokens)×hidden.
-	Hidden map[int][]float32
+	// Features holds, for each of the len(Tokens) rows, the tapped layers'
+	// output hidden states in the order taps lists them: the drafter's input
+	// layout. It is the model's buffer, valid until the next Forward.
+	Features []float32
 }
 
 // Model runs the Qwen3.6 hybrid forward over a batch of sequences on one
@@ -85,9 +88,11 @@ type Model struct {
 	ranks     []*rank
 	comm      Comm
 	layerSlot []int // per layer: its index among layers of the same kind
-	// taps holds the tapped hidden states of a step on rank 0, [taps, rows,
-	// hidden], kept between steps: a drafted request taps every step.
-	taps kernels.Buffer
+	// taps holds the tapped hidden states of a step on rank 0, [rows, taps,
+	// hidden], and hostTaps their copy on the host (SeqOutput.Features),
+	// both kept between steps: a drafting request taps every step.
+	taps     kernels.Buffer
+	hostTaps []float32
 }
 
 // Shard is one tensor-parallel rank's weights and the backend they are on.
@@ -254,12 +259,12 @@ func (m *Model) Forward(seqs []SeqInput, taps []int) ([]SeqOutput, error) {
 			free = append(free, func() { heads[i].free(r.b) })
 		}
 	}
-	tapped, err := m.tapBuffers(taps, rows)
+	tapped, err := m.tapBuffer(len(taps), rows)
 	if err != nil {
 		return nil, err
 	}
 	err = m.onRanks(func(r *rank) error {
-		if err := m.layers(r, seqs, metas[r.id], rows, tapped); err != nil {
+		if err := m.layers(r, seqs, metas[r.id], rows, taps, tapped); err != nil {
 			return err
 		}
 		if logitRows == 0 {
@@ -276,32 +281,29 @@ func (m *Model) Forward(seqs []SeqInput, taps []int) ([]SeqOutput, error) {
 	if logitRows > 0 {
 		logits = heads[0].logits
 	}
-	return m.outputs(seqs, logits, tapped)
+	return m.outputs(seqs, logits, len(taps), tapped)
 }
 
-// tapBuffers returns rank 0's buffers [rows, hidden] for the hidden states
-// of the tapped layers, growing m.taps when they do not fit.
-func (m *Model) tapBuffers(taps []int, rows int) (map[int]kernels.Buffer, error) {
-	if len(taps) == 0 {
+// tapBuffer returns rank 0's buffer [rows, taps, hidden] for the hidden
+// states of the tapped layers (nil without taps), growing m.taps when they
+// do not fit.
+func (m *Model) tapBuffer(taps, rows int) (kernels.Buffer, error) {
+	if taps == 0 {
 		return nil, nil
 	}
-	b0, size := m.ranks[0].b, rows*m.Cfg.HiddenSize
-	if m.taps == nil || m.taps.Len() < len(taps)*size {
+	b0, size := m.ranks[0].b, rows*taps*m.Cfg.HiddenSize
+	if m.taps == nil || m.taps.Len() < size {
 		if m.taps != nil {
 			b0.Free(m.taps)
 			m.taps = nil
 		}
-		buf, err := b0.Alloc(kernels.F32, len(taps)*size)
+		buf, err := b0.Alloc(kernels.F32, size)
 		if err != nil {
 			return nil, fmt.Errorf("engine: hidden-state taps: %w", err)
 		}
 		m.taps = buf
 	}
-	tapped := make(map[int]kernels.Buffer, len(taps))
-	for i, l := range taps {
-		tapped[l] = b0.Slice(m.taps, i*size, size)
-	}
-	return tapped, nil
+	return b0.Slice(m.taps, 0, size), nil
 }
 
 // checkInputs validates a step and begins its verifies; it returns the rows
@@ -350,8 +352,9 @@ func (lr LogitRows) count(n int) int {
 }
 
 // layers runs the decoder stack on one rank, leaving the final residual
-// stream in r.s.x; rank 0 copies tapped layers' outputs into tapped.
-func (m *Model) layers(r *rank, seqs []SeqInput, meta *stepMeta, rows int, tapped map[int]kernels.Buffer) error {
+// stream in r.s.x; rank 0 copies the outputs of the layers taps lists into
+// tapped, [rows, taps, hidden].
+func (m *Model) layers(r *rank, seqs []SeqInput, meta *stepMeta, rows int, taps []int, tapped kernels.Buffer) error {
 	b, s, H := r.b, &r.s, m.Cfg.HiddenSize
 	eps := float32(m.Cfg.RMSNormEps)
 	b.Embedding(s.x, r.w.Embed, meta.ids, rows, H)
@@ -372,8 +375,9 @@ func (m *Model) layers(r *rank, seqs []SeqInput, meta *stepMeta, rows int, tappe
 			return err
 		}
 		b.Add(s.x, s.x, s.mix, rows*H)
-		if t, ok := tapped[l]; ok && r.id == 0 {
-			b.Copy(t, s.x, 1, rows*H, 0, 0)
+		if k := slices.Index(taps, l); k >= 0 && r.id == 0 {
+			width := len(taps) * H
+			b.Copy(b.Slice(tapped, k*H, rows*width-k*H), s.x, rows, H, width, H)
 		}
 	}
 	return nil
@@ -684,9 +688,19 @@ func (m *Model) ProjectVocab(logits, hidden kernels.Buffer, n int) error {
 	return nil
 }
 
-// outputs downloads from rank 0 the logits of the selected rows and the taps.
-func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, tapped map[int]kernels.Buffer) ([]SeqOutput, error) {
-	b, H, V := m.ranks[0].b, m.Cfg.HiddenSize, m.Cfg.VocabSize
+// outputs downloads from rank 0 the logits of the selected rows and the
+// taps taps of every row, all at once into m.hostTaps.
+func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, taps int, tapped kernels.Buffer) ([]SeqOutput, error) {
+	b, V := m.ranks[0].b, m.Cfg.VocabSize
+	width := taps * m.Cfg.HiddenSize
+	if tapped != nil {
+		if n := tapped.Len(); len(m.hostTaps) < n {
+			m.hostTaps = make([]float32, n)
+		}
+		if err := b.DownloadF32(tapped, 0, m.hostTaps[:tapped.Len()]); err != nil {
+			return nil, fmt.Errorf("engine: download hidden states: %w", err)
+		}
+	}
 	out := make([]SeqOutput, len(seqs))
 	n, r0 := 0, 0
 	for i, sq := range seqs {
@@ -705,15 +719,8 @@ func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, tapped map[int]k
 			}
 			n += want
 		}
-		if len(tapped) > 0 {
-			out[i].Hidden = map[int][]float32{}
-			for l, t := range tapped {
-				h := make([]float32, T*H)
-				if err := b.DownloadF32(t, r0*H, h); err != nil {
-					return nil, fmt.Errorf("engine: download hidden states: %w", err)
-				}
-				out[i].Hidden[l] = h
-			}
+		if tapped != nil {
+			out[i].Features = m.hostTaps[r0*width : (r0+T)*width : (r0+T)*width]
 		}
 		r0 += T
 	}

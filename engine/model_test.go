@@ -2,6 +2,7 @@ package engine
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"ddflash/engine/testmodel"
@@ -170,29 +171,62 @@ func checkBatchEqualsAlone(t *testing.T, preset string) {
 	}
 }
 
-// TestHiddenTapsShape checks the taps' sizes and that a bad tap is refused;
-// their values are checked against the float64 reference in the golden test.
-func TestHiddenTapsShape(t *testing.T) {
+// TestHiddenTapsLayout checks the taps' layout: in a batch of two
+// sequences, each sequence's features are its rows, each row the tapped
+// layers in the order asked for, bit-identical to each layer tapped alone
+// in a forward of the sequence alone; and a bad tap is refused. Their
+// values are checked against the float64 reference in the golden test.
+func TestHiddenTapsLayout(t *testing.T) {
+	tokens := [][]int32{{5, 6, 7}, {8, 9}}
+	last := newTestEngine(t, "tiny", 4, Options{}).Model.Cfg.NumLayers - 1
+	taps := []int{last, 0}
+	forward := func(seqs [][]int32, taps []int) [][]float32 {
+		e := newTestEngine(t, "tiny", 4, Options{MaxSeqs: 2})
+		var inputs []SeqInput
+		for _, toks := range seqs {
+			s, err := e.newSequence()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Model.KV.Reserve(&s.kv, len(toks)); err != nil {
+				t.Fatal(err)
+			}
+			inputs = append(inputs, SeqInput{Tokens: toks, KV: &s.kv, Slot: s.slot, Logits: LastRow})
+		}
+		outs, err := e.Model.Forward(inputs, taps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var features [][]float32
+		for _, o := range outs {
+			features = append(features, o.Features)
+		}
+		return features
+	}
+	batched := forward(tokens, taps)
+	H := newTestEngine(t, "tiny", 4, Options{}).Model.Cfg.HiddenSize
+	for i, toks := range tokens {
+		if got, want := len(batched[i]), len(toks)*len(taps)*H; got != want {
+			t.Fatalf("sequence %d: %d feature values, want %d", i, got, want)
+		}
+		for k, l := range taps {
+			alone := forward([][]int32{toks}, []int{l})[0]
+			for r := range toks {
+				if got, want := batched[i][(r*len(taps)+k)*H:][:H], alone[r*H:][:H]; !slices.Equal(got, want) {
+					t.Fatalf("sequence %d row %d: tap of layer %d differs from the layer tapped alone", i, r, l)
+				}
+			}
+		}
+	}
 	e := newTestEngine(t, "tiny", 4, Options{})
 	s, err := e.newSequence()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tokens := []int32{5, 6, 7}
-	if err := e.Model.KV.Reserve(&s.kv, len(tokens)); err != nil {
+	if err := e.Model.KV.Reserve(&s.kv, len(tokens[0])); err != nil {
 		t.Fatal(err)
 	}
-	last := e.Model.Cfg.NumLayers - 1
-	out, err := e.Model.Forward([]SeqInput{{Tokens: tokens, KV: &s.kv, Slot: s.slot, Logits: AllRows}}, []int{0, last})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range []int{0, last} {
-		if got := len(out[0].Hidden[l]); got != len(tokens)*e.Model.Cfg.HiddenSize {
-			t.Fatalf("tap %d has %d values", l, got)
-		}
-	}
-	if _, err := e.Model.Forward([]SeqInput{{Tokens: tokens, KV: &s.kv, Slot: s.slot}}, []int{99}); err == nil {
+	if _, err := e.Model.Forward([]SeqInput{{Tokens: tokens[0], KV: &s.kv, Slot: s.slot}}, []int{99}); err == nil {
 		t.Fatal("tap of a layer that does not exist was accepted")
 	}
 }

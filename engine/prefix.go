@@ -129,7 +129,7 @@ func (c *prefixCache) reuse(e *Engine, j *job) {
 	e.Model.States.CopySlot(j.seq.slot, h.Node.Slot())
 	j.seq.len, j.prefilled = h.Tokens, h.Tokens
 	if width > 0 {
-		j.features = [][]float32{h.Features}
+		j.context = h.Features
 	}
 	c.tree.Lock(h.Node)
 	j.cacheNode = h.Node
@@ -181,7 +181,7 @@ func (c *prefixCache) store(e *Engine, j *job) {
 	n, width := j.prefilled, e.featureWidth()
 	var features []float32
 	if width > 0 {
-		features = j.context()[:n*width]
+		features = j.context[:n*width]
 	}
 	end, adopted, taken := c.tree.Insert(j.out.r.Prompt[:n], j.seq.kv.Pages[:n/e.Model.KV.PageSize()], features, slot)
 	for _, p := range adopted {
