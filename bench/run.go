@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -142,6 +143,9 @@ func (s *sweeper) pass(ctx context.Context, t Target, convs [][]string, key RunK
 		firstErr error
 		wg       sync.WaitGroup
 	)
+	// The garbage of what ran before (another mode's pass, interleaved) is
+	// collected now, not on this pass's time.
+	runtime.GC()
 	slots := make(chan struct{}, key.Concurrency)
 	start := time.Now()
 	for ci, conv := range convs {

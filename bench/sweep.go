@@ -276,8 +276,8 @@ type member struct {
 
 // group measures the unfinished runs of a group's configurations run by
 // run, the passes of each run in turn across them (every configuration's
-// first pass, then every second pass, ...), each configuration opened for
-// its pass. On a machine whose load changes while the sweep runs, every
+// first pass, then every second pass, ..., each round starting one
+// configuration further on), each configuration opened for its pass. On a machine whose load changes while the sweep runs, every
 // configuration of a run meets the same load, so their ratios hold. Each
 // finished run is saved at once.
 func (s *sweeper) group(ctx context.Context, cs []Config) error {
@@ -297,9 +297,11 @@ func (s *sweeper) group(ctx context.Context, cs []Config) error {
 			}
 		}
 		start := s.progress.position()
-		for range s.o.Plan.Repeats {
-			for _, c := range cells {
-				if err := s.cellPass(ctx, key, c); err != nil {
+		for pass := range s.o.Plan.Repeats {
+			// Each pass starts with the next configuration: whatever a
+			// configuration leaves behind falls on every other one alike.
+			for i := range cells {
+				if err := s.cellPass(ctx, key, cells[(pass+i)%len(cells)]); err != nil {
 					s.progress.finish(start + float64(len(cells))*s.runUnits(key))
 					return err
 				}

@@ -322,8 +322,9 @@ func TestInProcessWeightsInterleave(t *testing.T) {
 	requests := len(plan.Workloads[0].passConversations(1)) // one turn each
 	var want []string
 	for _, mode := range []string{"auto", "b6"} {
+		names := []string{"tp1-" + mode, "tp1-fp8-" + mode}
 		for pass := range plan.Repeats {
-			for _, name := range []string{"tp1-" + mode, "tp1-fp8-" + mode} {
+			for _, name := range rotated(names, pass) {
 				if pass == 0 {
 					want = append(want, name) // the warmup
 				}
@@ -334,7 +335,7 @@ func TestInProcessWeightsInterleave(t *testing.T) {
 		}
 	}
 	if !slices.Equal(backend.log, want) {
-		t.Errorf("requests went to\n%v\nwant them interleaved pass by pass:\n%v", backend.log, want)
+		t.Errorf("requests went to\n%v\nwant them interleaved pass by pass, each pass starting one further on:\n%v", backend.log, want)
 	}
 	st := Store{Dir: dir}
 	auto, err := st.ReadRecord("tp1-auto")
@@ -381,6 +382,12 @@ func TestInProcessWeightsInterleave(t *testing.T) {
 	}
 }
 
+// rotated is names starting at names[k mod len(names)], wrapping around.
+func rotated(names []string, k int) []string {
+	k %= len(names)
+	return slices.Concat(names[k:], names[:k])
+}
+
 // openLog records the configurations a backend opens, in order.
 type openLog struct {
 	Backend
@@ -404,9 +411,10 @@ func TestInterleavedSweep(t *testing.T) {
 	if _, err := Sweep(context.Background(), Options{Plan: plan, Backend: backend, Store: Store{Dir: dir}, IgnoreEOS: true, GPUs: &fakeGPUs{}, Interleave: true}); err != nil {
 		t.Fatal(err)
 	}
-	// Two runs (concurrency 1 and 2), two passes each, the modes in turn.
+	// Two runs (concurrency 1 and 2), two passes each, the modes in turn,
+	// the second pass starting with the second mode.
 	turn := []string{"auto", "b4", "adaptive"}
-	if want := slices.Concat(turn, turn, turn, turn); !slices.Equal(backend.opened, want) {
+	if want := slices.Concat(turn, rotated(turn, 1), turn, rotated(turn, 1)); !slices.Equal(backend.opened, want) {
 		t.Errorf("opened %v, want %v", backend.opened, want)
 	}
 	if v, err := Verify(dir); err != nil || !v.OK() || len(v.Findings) != 3 {
