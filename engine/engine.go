@@ -97,6 +97,7 @@ type Engine struct {
 	prefix  *prefixCache // nil without prefix slots
 	// prefixOff stops looking up and storing prefixes (SetPrefixCache).
 	prefixOff bool
+	contexts  contextPool
 }
 
 // Load reads a checkpoint directory and allocates caches on b.

@@ -65,7 +65,7 @@ func (e *Engine) startJob(r Request, checkpointOnly bool) (*job, error) {
 	if err := e.CheckRequest(r); err != nil {
 		return nil, err
 	}
-	j := &job{e: e, out: newOutput(e, r), started: time.Now(), checkpointOnly: checkpointOnly}
+	j := &job{e: e, out: newOutput(e, r), started: time.Now(), checkpointOnly: checkpointOnly, context: e.contexts.get()}
 	if e.Spec.Mode != SpecAuto {
 		if e.Drafter == nil {
 			return nil, fmt.Errorf("spec mode %s needs a drafter (--draft)", e.Spec.Mode)
@@ -122,6 +122,8 @@ func (j *job) close() {
 	if j.sess != nil {
 		j.sess.Close()
 	}
+	j.e.contexts.put(j.context, j.e.MaxSeqs())
+	j.context = nil
 	if j.verify != nil {
 		j.verify.Close()
 	}

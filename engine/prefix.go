@@ -129,7 +129,7 @@ func (c *prefixCache) reuse(e *Engine, j *job) {
 	e.Model.States.CopySlot(j.seq.slot, h.Node.Slot())
 	j.seq.len, j.prefilled = h.Tokens, h.Tokens
 	if width > 0 {
-		j.context = h.Features
+		j.context = append(j.context, h.Features...)
 	}
 	c.tree.Lock(h.Node)
 	j.cacheNode = h.Node
