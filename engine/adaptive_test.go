@@ -74,9 +74,9 @@ func TestAdaptiveGreedyIsLossless(t *testing.T) {
 }
 
 // TestAdaptiveResumesDrafting starts a request where the policy has seen
-// drafts not pay and probes lose: after its first decoding step (where its
-// schedule starts) it decodes autoregressively until the engine's next
-// probe (the whole probe interval, 5 steps at the preset cost), then its
+// drafts not pay: after its first decoding step (where its schedule
+// starts) it decodes autoregressively until the engine's next probe (a
+// probe interval after the stop, 5 steps at the preset cost), then its
 // probe draft takes in those steps' hidden states at once and, with
 // perfect drafts, pays, so it drafts on.
 // The output stays the autoregressive one.
@@ -99,14 +99,8 @@ func TestAdaptiveResumesDrafting(t *testing.T) {
 		p.Cost.ObserveDraft(156*time.Nanosecond, true)
 	}
 	b := p.StartBackoff(1)
-	hopeless := func() { p.Allot([][]float64{{1e-4}}, [][]int32{{1}}, adaptive.Rest{}, []*adaptive.Backoff{&b}) }
 	for range 8 { // a window of hopeless drafts: the engine's drafts do not pay
-		hopeless()
-	}
-	for range 2 { // two losing probes: the engine's next probe waits the whole interval
-		for !p.Draft(&b) {
-		}
-		hopeless()
+		p.Allot([][]float64{{1e-4}}, [][]int32{{1}}, adaptive.Rest{}, []*adaptive.Backoff{&b})
 	}
 	got, err := e.Generate(context.Background(), req)
 	if err != nil {
