@@ -171,12 +171,14 @@ func ProbeInterval(batch int, draftMs, stepMs float64) int {
 }
 
 // delay is how many request steps the next probe waits after failures
-// losing probes (a stop counts as none): a quarter of the interval after a
-// stop (drafting paid until lately: a reply's uncertain stretch may be over
-// soon), then twice as long after each losing probe (exponential back-off:
-// half the interval, the interval, twice it, ... up to maxInterval).
+// losing probes (a stop counts as none): the interval, then twice as long
+// after each losing probe (exponential back-off, up to maxInterval). Never
+// less than the interval, so probing never takes more than probeShare of
+// the time: where probes pay now and then but drafting on does not (heldout
+// prompts at concurrency 4 on a CPU), a schedule that came back sooner after
+// each paying probe spent a tenth of the time on probes' catch-up drafts.
 func delay(interval, failures int) int {
-	return min(max(1, interval<<min(failures, 10)/4), maxInterval)
+	return min(max(1, interval<<min(failures, 10)), maxInterval)
 }
 
 // Backoff is one request's drafting state. While its next draft is
@@ -263,7 +265,7 @@ func (s *Probes) judge(b *Backoff, gain float64, interval int) {
 		b.probing = false
 		if gain > resumeAbove {
 			b.stopped, s.failures = false, 0
-			s.due = s.steps + delay(interval, 0) // others may pay by now too
+			s.due = s.steps + delay(interval, 0)
 			return
 		}
 		b.recent = nil
