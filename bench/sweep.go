@@ -277,9 +277,10 @@ type member struct {
 // group measures the unfinished runs of a group's configurations run by
 // run, the passes of each run in turn across them (every configuration's
 // first pass, then every second pass, ..., each round starting one
-// configuration further on), each configuration opened for its pass. On a machine whose load changes while the sweep runs, every
-// configuration of a run meets the same load, so their ratios hold. Each
-// finished run is saved at once.
+// configuration further on), each configuration opened for its pass. On a
+// machine whose load changes while the sweep runs, every configuration of
+// a run meets the same load, so their ratios hold. Each finished run is
+// saved at once.
 func (s *sweeper) group(ctx context.Context, cs []Config) error {
 	var members []*member
 	for _, c := range cs {

@@ -694,10 +694,11 @@ func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, taps int, tapped
 	b, V := m.ranks[0].b, m.Cfg.VocabSize
 	width := taps * m.Cfg.HiddenSize
 	if tapped != nil {
-		if n := tapped.Len(); len(m.hostTaps) < n {
+		n := tapped.Len()
+		if len(m.hostTaps) < n {
 			m.hostTaps = make([]float32, n)
 		}
-		if err := b.DownloadF32(tapped, 0, m.hostTaps[:tapped.Len()]); err != nil {
+		if err := b.DownloadF32(tapped, 0, m.hostTaps[:n]); err != nil {
 			return nil, fmt.Errorf("engine: download hidden states: %w", err)
 		}
 	}

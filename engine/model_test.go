@@ -178,8 +178,9 @@ func checkBatchEqualsAlone(t *testing.T, preset string) {
 // values are checked against the float64 reference in the golden test.
 func TestHiddenTapsLayout(t *testing.T) {
 	tokens := [][]int32{{5, 6, 7}, {8, 9}}
-	last := newTestEngine(t, "tiny", 4, Options{}).Model.Cfg.NumLayers - 1
-	taps := []int{last, 0}
+	e := newTestEngine(t, "tiny", 4, Options{})
+	H := e.Model.Cfg.HiddenSize
+	taps := []int{e.Model.Cfg.NumLayers - 1, 0}
 	forward := func(seqs [][]int32, taps []int) [][]float32 {
 		e := newTestEngine(t, "tiny", 4, Options{MaxSeqs: 2})
 		var inputs []SeqInput
@@ -204,7 +205,6 @@ func TestHiddenTapsLayout(t *testing.T) {
 		return features
 	}
 	batched := forward(tokens, taps)
-	H := newTestEngine(t, "tiny", 4, Options{}).Model.Cfg.HiddenSize
 	for i, toks := range tokens {
 		if got, want := len(batched[i]), len(toks)*len(taps)*H; got != want {
 			t.Fatalf("sequence %d: %d feature values, want %d", i, got, want)
@@ -218,7 +218,6 @@ func TestHiddenTapsLayout(t *testing.T) {
 			}
 		}
 	}
-	e := newTestEngine(t, "tiny", 4, Options{})
 	s, err := e.newSequence()
 	if err != nil {
 		t.Fatal(err)
