@@ -409,47 +409,65 @@ func TestBackoffSchedule(t *testing.T) {
 		want     string
 	}{
 		{
-			// It stops on the evidence of 8 drafts, probes after 4, 8 and 16
-			// steps (the interval, then twice as long each time) while probes
-			// lose, and drafts every step from the probe that pays.
-			"stops, backs off, resumes", StartBackoff(nil, 1), Probes{}, 4,
+			// It stops on the evidence of 8 drafts (a full window: the next
+			// probe comes a quarter interval on), probes after 2, 4 and 8
+			// steps (twice as long after each losing probe), and drafts every
+			// step from the probe that pays.
+			"stops, backs off, resumes", StartBackoff(nil, 1), Probes{}, 8,
 			func(k int) float64 { return map[bool]float64{false: -1, true: 2}[k >= 10] },
-			"DDDDDDDD" + "...." + "D" + strings.Repeat(".", 8) + "D" + strings.Repeat(".", 16) + strings.Repeat("D", 12),
+			"DDDDDDDD" + ".." + "D" + "...." + "D" + strings.Repeat(".", 8) + strings.Repeat("D", 12),
 		},
 		{
-			// Started with the engine's recent drafts as evidence, it stops at once.
-			"inherited evidence", StartBackoff(eight, 1), Probes{}, 4, losing,
-			"D" + "...." + "D" + strings.Repeat(".", 8) + "D" + strings.Repeat(".", 16) + "D" + "...",
+			// Started with the engine's recent drafts as evidence, it stops at
+			// once; that is not a relapse (no probe promised anything).
+			"inherited evidence", StartBackoff(eight, 1), Probes{}, 8, losing,
+			"D" + ".." + "D" + "...." + "D" + strings.Repeat(".", 8) + "D" + "...",
 		},
 		{
 			// A draft expected to lose a little does not stop it.
-			"near zero", StartBackoff(eight, 1), Probes{}, 4,
+			"near zero", StartBackoff(eight, 1), Probes{}, 8,
 			func(int) float64 { return stopBelow / 2 },
 			strings.Repeat("D", 40),
 		},
 		{
 			// Started where the engine's drafts do not pay, it waits for the
-			// engine's next probe, 5 steps on after two losing probes; its
-			// probes never pay, each wait doubles.
-			"starts stopped", StartBackoff(eight, -0.2), Probes{steps: 100, due: 105, failures: 2}, 4, losing,
-			"....." + "D" + strings.Repeat(".", 32) + "D" + strings.Repeat(".", 64) + "D" + "..",
+			// engine's next probe, 5 steps on after two relapses; its probes
+			// never pay, each wait doubles.
+			"starts stopped", StartBackoff(eight, -0.2), Probes{steps: 100, due: 105, relapses: 2}, 8, losing,
+			"....." + "D" + strings.Repeat(".", 16) + "D" + strings.Repeat(".", 32) + "D" + "..",
 		},
 		{
 			// A probe expected to gain a little (under resumeAbove) is a
 			// losing probe: one draft is weak evidence.
-			"a probe that barely pays", StartBackoff(eight, -0.2), Probes{due: 4, failures: 1}, 4,
+			"a probe that barely pays", StartBackoff(eight, -0.2), Probes{due: 4, relapses: 1}, 8,
 			func(int) float64 { return resumeAbove / 2 },
-			"...." + "D" + strings.Repeat(".", 16) + "D" + strings.Repeat(".", 32) + "D" + "..",
+			"...." + "D" + strings.Repeat(".", 8) + "D" + strings.Repeat(".", 16) + "D" + "..",
 		},
 		{
-			// Resumed by a probe, it stops again on its next losing draft:
-			// its judged drafts are many by now, the window is not refilled.
-			"resumed, then losing", StartBackoff(nil, 1), Probes{}, 4,
+			// Resumed by a probe, it stops again on its next losing draft
+			// (its judged drafts are many by now, the window is not
+			// refilled): a relapse, the schedule backs off.
+			"resumed, then losing", StartBackoff(nil, 1), Probes{}, 8,
 			func(k int) float64 { return map[bool]float64{false: -1, true: 1}[k == 8] },
-			"DDDDDDDD" + "...." + "DD" + "...." + "D" + strings.Repeat(".", 8) + "D" + "...",
+			"DDDDDDDD" + ".." + "DD" + "...." + "D" + strings.Repeat(".", 8) + "D" + "...",
 		},
 		{
-			"at most maxInterval", StartBackoff(nil, -1), Probes{due: 600, failures: 1}, 600, losing,
+			// Resumed after two relapses, it drafts a full window before it
+			// stops: drafting paid, the next probe comes a quarter interval on.
+			"resumed for a window", StartBackoff(eight, -0.2), Probes{relapses: 2}, 8,
+			func(k int) float64 {
+				switch {
+				case k == 0:
+					return 1
+				case k <= 8:
+					return 0
+				}
+				return -1
+			},
+			"D" + strings.Repeat("D", 8) + "D" + ".." + "D" + "...." + "D" + "..",
+		},
+		{
+			"at most maxInterval", StartBackoff(nil, -1), Probes{due: 600, relapses: 2}, 600, losing,
 			strings.Repeat(".", 600) + "D" + strings.Repeat(".", maxInterval) + "D" + strings.Repeat(".", maxInterval) + "D" + "....",
 		},
 	} {
@@ -467,18 +485,18 @@ func TestBackoffSchedule(t *testing.T) {
 func TestProbesAcrossRequests(t *testing.T) {
 	losing := func(int) float64 { return -1 }
 	var s Probes
-	first := drafts(StartBackoff(nil, 1), &s, 67, 8, losing)
-	if want := "DDDDDDDD" + strings.Repeat(".", 8) + "D" + strings.Repeat(".", 16) + "D" + strings.Repeat(".", 32) + "D"; first != want {
+	first := drafts(StartBackoff(nil, 1), &s, 42, 8, losing)
+	if want := "DDDDDDDD" + ".." + "D" + "...." + "D" + strings.Repeat(".", 8) + "D" + strings.Repeat(".", 16) + "D"; first != want {
 		t.Fatalf("first request\n got %s\nwant %s", first, want)
 	}
 	// The next requests start stopped (the engine's drafts do not pay) and
-	// go on with the back-off: the wait after three losing probes is 64
-	// steps, of which the first request decoded none.
+	// go on with the back-off: the wait after four losing probes is 32
+	// steps, the next 64.
 	var later string
 	for range 4 {
 		later += drafts(StartBackoff(nil, -1), &s, 20, 8, losing) + "|"
 	}
-	if want := strings.Repeat(strings.Repeat(".", 20)+"|", 3) + "...." + "D" + strings.Repeat(".", 15) + "|"; later != want {
+	if want := strings.Repeat(".", 20) + "|" + strings.Repeat(".", 12) + "D" + strings.Repeat(".", 7) + "|" + strings.Repeat(strings.Repeat(".", 20)+"|", 2); later != want {
 		t.Errorf("later requests\n got %s\nwant %s", later, want)
 	}
 	// Two stopped requests side by side, a probe due after 3 steps: it goes
@@ -501,12 +519,12 @@ func TestProbesAcrossRequests(t *testing.T) {
 	if want := ".. .D .. .. "; trace != want {
 		t.Errorf("two stopped requests: %q, want %q", trace, want)
 	}
-	if a.probing || b.probing || s.failures != 1 || s.due != 3+16 { // twice the interval after the probe's step
+	if a.probing || b.probing || s.relapses != 1 || s.due != 3+4 { // half the interval after the probe's step
 		t.Errorf("after the probe: %+v, %+v, schedule %+v", a, b, s)
 	}
 	// However deep the back-off, a request probes after maxInterval of its
 	// own steps without a draft.
-	s = Probes{due: 10 * maxInterval, failures: 12}
+	s = Probes{due: 10 * maxInterval, relapses: 12}
 	if got, want := drafts(StartBackoff(nil, -1), &s, maxInterval+3, 8, losing), strings.Repeat(".", maxInterval)+"D.."; got != want {
 		t.Errorf("a request waiting on a deep back-off: first probe after %d plain steps (-1: none), trace ends %q; want after %d, ending %q",
 			strings.Index(got, "D"), got[len(got)-3:], maxInterval, want[len(want)-3:])
@@ -614,8 +632,8 @@ func TestPolicyModes(t *testing.T) {
 	}
 	p.Autoregressive = true
 	// The drafter costs half a step and wins nothing: after minEvidence
-	// drafts the request stops, probing an interval (5 ms ·
-	// 32 / 10 ms = 16 steps) later.
+	// drafts the request stops, probing a quarter interval (5 ms ·
+	// 32 / 10 ms / 4 = 4 steps) later.
 	b := p.StartBackoff(1)
 	for k := range minEvidence {
 		if !p.Draft(&b) {
@@ -625,14 +643,14 @@ func TestPolicyModes(t *testing.T) {
 			t.Fatalf("%s: %v, want no nodes", p.Name(), got)
 		}
 	}
-	if wait := p.probes.due - p.probes.steps; !b.stopped || wait != 16 {
-		t.Errorf("after %d losing drafts: stopped %v, the next probe in %d steps, want 16", minEvidence, b.stopped, wait)
+	if wait := p.probes.due - p.probes.steps; !b.stopped || wait != 4 {
+		t.Errorf("after %d losing drafts: stopped %v, the next probe in %d steps, want 4", minEvidence, b.stopped, wait)
 	}
 	// The engine's drafts do not pay: a new request starts autoregressive.
 	if b := p.StartBackoff(1); !b.stopped {
 		t.Error("a new request drafted at once where drafts do not pay")
 	}
-	for range 16 {
+	for range 4 {
 		if p.Draft(&b) {
 			t.Fatal("the stopped request probed before the probe was due")
 		}

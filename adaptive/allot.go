@@ -170,16 +170,18 @@ func ProbeInterval(batch int, draftMs, stepMs float64) int {
 	return int(math.Min(math.Ceil(math.Max(steps, 1)), maxInterval))
 }
 
-// delay is how many request steps the next probe waits after failures
-// losing probes (a stop counts as none): the interval, then twice as long
-// after each losing probe (exponential back-off, up to maxInterval). Never
-// less than the interval, so probing never takes more than probeShare of
-// the time: where probes pay now and then but drafting on does not (heldout
-// prompts at concurrency 4 on a CPU), a schedule that came back at a quarter
-// interval after each paying probe made 67 probes in 8 passes, catch-up
-// drafts of many context rows each: by estimate 5-10 % of the time.
-func delay(interval, failures int) int {
-	return min(max(1, interval<<min(failures, 10)), maxInterval)
+// delay is how many request steps the next probe waits after so many
+// relapses: a quarter of the interval after none (drafting paid for a while
+// before it stopped: a reply's uncertain stretch may be over soon), then
+// twice as long after each (exponential back-off: half the interval, the
+// interval, twice it, ... up to maxInterval). A relapse is a losing probe,
+// or drafting resumed by a paying probe that stopped again before it had
+// drafted a full window: where one draft pays now and then but drafting on
+// does not (held-out prompts at concurrency 4 on a CPU), a schedule that
+// came back at a quarter interval after every paying probe spent 5-10 % of
+// the time on probes' catch-up drafts.
+func delay(interval, relapses int) int {
+	return min(max(1, interval<<min(relapses, 10)/4), maxInterval)
 }
 
 // Backoff is one request's drafting state. While its next draft is
@@ -192,6 +194,8 @@ func delay(interval, failures int) int {
 type Backoff struct {
 	recent  [][]float64 // its latest drafts' calibrated predictions, oldest first
 	judged  int         // drafts it has judged by: its own and those it started with
+	resumed bool        // a probe resumed its drafting
+	run     int         // its drafts since then
 	stopped bool        // it drafts only to probe
 	probing bool        // its draft in flight is a probe
 	waited  int         // its steps without a draft since its last draft
@@ -212,31 +216,33 @@ func StartBackoff(recent [][]float64, gain float64) Backoff {
 func (b *Backoff) record(probs []float64) {
 	b.recent = append(b.recent, probs)
 	b.judged++
+	b.run++
 	if len(b.recent) > recentDrafts {
 		b.recent = slices.Delete(b.recent, 0, 1)
 	}
 }
 
 // Probes is an engine's probe schedule, which its stopped requests share:
-// one probe every interval (ProbeInterval) request steps decoded without a
-// draft, backing off (delay) while probes lose. Counted across requests, a
-// back-off outlives the request it began in: where speculation does not
-// pay, a stream of short requests does not pay a probe each, and probing
-// takes a vanishing share of the time. A due probe goes to the first
-// stopped request that asks, and a request that waited maxInterval of its
-// own steps probes anyway: every request whose drafts would pay is found
-// within that, and the drafter context it gathers meanwhile (the hidden
-// states of the steps since its last draft) stays bounded.
+// one probe every so many request steps decoded without a draft (delay),
+// backing off while probes lose or drafting they resume relapses. Counted
+// across requests, a back-off outlives the request it began in: where
+// speculation does not pay, a stream of short requests does not pay a
+// probe each, and probing takes a vanishing share of the time. A due probe
+// goes to the first stopped request that asks, and a request that waited
+// maxInterval of its own steps probes anyway: every request whose drafts
+// would pay is found within that, and the drafter context it gathers
+// meanwhile (the hidden states of the steps since its last draft) stays
+// bounded.
 type Probes struct {
 	steps    int // request steps decoded without a draft so far
 	due      int // the step count from which the next probe is made
-	failures int // losing probes since a probe last paid
+	relapses int // losing probes and short-lived resumes since drafting last paid for a full window
 }
 
-// draft reports whether the request drafts this step: every step unless
-// it stopped, then only when it takes the engine's next probe. A probe
-// taken, the next waits until this one is judged (judge), or maxInterval
-// steps if it never is (its request ended first).
+// draft reports whether the request drafts this step: every step unless it
+// stopped, then only when it takes the engine's next probe. A probe taken,
+// the next waits until this one is judged (judge), or maxInterval steps if
+// it never is (its request ended first).
 func (s *Probes) draft(b *Backoff) bool {
 	if !b.stopped {
 		return true
@@ -259,23 +265,40 @@ func (s *Probes) draft(b *Backoff) bool {
 // interval (ProbeInterval of this step's batch). A drafting request stops
 // once it has judged a full window of drafts and expects a loss over
 // stopBelow; a probe resumes drafting when it expects a gain over
-// resumeAbove, and otherwise backs the schedule off.
+// resumeAbove. The schedule backs off after a relapse: a losing probe, or
+// drafting a probe resumed that stopped again within a window of drafts
+// (the probe's promise was not kept). A stop that ended a full window of
+// drafting (it paid, for a while at least) clears the relapses. After any
+// stop but a relapse the next probe comes the delay on, unless it is due
+// sooner.
 func (s *Probes) judge(b *Backoff, gain float64, interval int) {
 	switch {
 	case b.probing:
 		b.probing = false
 		if gain > resumeAbove {
-			b.stopped, s.failures = false, 0
-			s.due = s.steps + delay(interval, 0)
+			b.stopped, b.resumed, b.run = false, true, 0
+			s.due = s.steps + delay(interval, s.relapses)
 			return
 		}
 		b.recent = nil
-		s.failures++
-		s.due = s.steps + delay(interval, s.failures)
+		s.relapse(interval)
 	case !b.stopped && gain < stopBelow && b.judged >= minEvidence:
 		b.stopped, b.recent = true, nil
-		if at := s.steps + delay(interval, s.failures); s.due <= s.steps || at < s.due {
+		switch {
+		case b.run >= recentDrafts:
+			s.relapses = 0
+		case b.resumed:
+			s.relapse(interval)
+			return
+		} // else it started drafting on the engine's drafts, which did not hold for it
+		if at := s.steps + delay(interval, s.relapses); s.due <= s.steps || at < s.due {
 			s.due = at
 		}
 	}
+}
+
+// relapse backs the schedule off one step further.
+func (s *Probes) relapse(interval int) {
+	s.relapses++
+	s.due = s.steps + delay(interval, s.relapses)
 }
