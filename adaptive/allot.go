@@ -195,7 +195,7 @@ type Backoff struct {
 	recent  [][]float64 // its latest drafts' calibrated predictions, oldest first
 	judged  int         // drafts it has judged by: its own and those it started with
 	resumed bool        // a probe resumed its drafting
-	run     int         // its drafts since then
+	run     int         // its drafts since it started, or since a probe resumed it
 	stopped bool        // it drafts only to probe
 	probing bool        // its draft in flight is a probe
 	waited  int         // its steps without a draft since its last draft
