@@ -452,6 +452,13 @@ func TestBackoffSchedule(t *testing.T) {
 			"DDDDDDDD" + ".." + "DD" + "...." + "D" + strings.Repeat(".", 8) + "D" + "...",
 		},
 		{
+			// Started stopped on the engine's drafts and resumed by a probe,
+			// it stops on its next losing draft, as in "resumed, then losing".
+			"started stopped, resumed, then losing", StartBackoff(eight, -0.2), Probes{}, 8,
+			func(k int) float64 { return map[bool]float64{false: -1, true: 1}[k == 0] },
+			"D" + "D" + "...." + "D" + strings.Repeat(".", 8) + "D" + "..",
+		},
+		{
 			// Resumed after two relapses, it drafts a full window before it
 			// stops: drafting paid, the next probe comes a quarter interval on.
 			"resumed for a window", StartBackoff(eight, -0.2), Probes{relapses: 2}, 8,

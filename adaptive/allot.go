@@ -204,10 +204,14 @@ type Backoff struct {
 // StartBackoff is a new request's schedule: it drafts at once, with the
 // engine's recent drafts as its own, while a draft is expected to pay
 // (gain > 0); otherwise it starts stopped, waiting for the engine's next
-// probe.
+// probe. Either way the engine's drafts count as judged, so a request that
+// starts stopped and is resumed by a probe stops on its next losing draft,
+// as any resumed request does (judging a fresh window instead, it drafted
+// on 7 more times where drafting lost, and then its stop cleared the
+// schedule's relapses).
 func StartBackoff(recent [][]float64, gain float64) Backoff {
 	if gain <= 0 {
-		return Backoff{stopped: true}
+		return Backoff{stopped: true, judged: len(recent)}
 	}
 	return Backoff{recent: slices.Clone(recent), judged: len(recent)}
 }
