@@ -288,13 +288,13 @@ func (s *Probes) judge(b *Backoff, gain float64, interval int) {
 		s.relapse(interval)
 	case !b.stopped && gain < stopBelow && b.judged >= minEvidence:
 		b.stopped, b.recent = true, nil
-		switch {
-		case b.run >= recentDrafts:
-			s.relapses = 0
-		case b.resumed:
+		if b.resumed && b.run < recentDrafts {
 			s.relapse(interval)
 			return
-		} // else it started drafting on the engine's drafts, which did not hold for it
+		}
+		if b.run >= recentDrafts {
+			s.relapses = 0
+		} // else it started drafting on the engine's drafts, which did not hold for it: no evidence either way
 		if at := s.steps + delay(interval, s.relapses); s.due <= s.steps || at < s.due {
 			s.due = at
 		}
