@@ -136,11 +136,12 @@ type pass struct {
 	specAfter *SpecCounter
 }
 
-// computeMetrics summarizes a run's passes; counters holds the spec-decode
-// counters before the first pass (nil without speculation).
-func computeMetrics(passes []pass, before *SpecCounter) (Metrics, []Sample) {
+// computeMetrics summarizes a run's passes at its concurrency; counters
+// holds the spec-decode counters before the first pass (nil without
+// speculation).
+func computeMetrics(passes []pass, concurrency int, before *SpecCounter) (Metrics, []Sample) {
 	var all []measured
-	var wall time.Duration
+	var wall, busy time.Duration
 	tokens := 0
 	samples := make([]Sample, len(passes))
 	prev := before
@@ -148,6 +149,7 @@ func computeMetrics(passes []pass, before *SpecCounter) (Metrics, []Sample) {
 		n := 0
 		for _, m := range p.reqs {
 			n += m.resp.OutputTokens
+			busy += m.resp.E2E
 		}
 		ttft, tpot, _, _, _ := latencies(p.reqs)
 		tau, _, _ := acceptance(delta(prev, p.specAfter))
@@ -159,6 +161,10 @@ func computeMetrics(passes []pass, before *SpecCounter) (Metrics, []Sample) {
 	m.TTFT, m.TPOT, m.ITLChunk, m.ITLToken, m.E2E = latencies(all)
 	m.LaterTurnsTTFT, m.PrefixCacheHitRate = prefixReuse(all)
 	m.OutputThroughput = float64(tokens) / wall.Seconds()
+	if wall > 0 && concurrency > 0 {
+		use := busy.Seconds() / (float64(concurrency) * wall.Seconds())
+		m.SlotUse = &use
+	}
 	if m.TPOT.Mean > 0 {
 		m.PerUserTokS = 1000 / m.TPOT.Mean
 	}

@@ -36,7 +36,7 @@ func TestMetricsFollowTheAnchorDefinitions(t *testing.T) {
 	}}
 	before := &SpecCounter{Drafts: 10, DraftTokens: 40, AcceptedTokens: 5, AcceptedPerPosition: []int64{3, 2}}
 	after := &SpecCounter{Drafts: 14, DraftTokens: 56, AcceptedTokens: 11, AcceptedPerPosition: []int64{6, 4, 1}}
-	m, samples := computeMetrics([]pass{{wall: ms(40), reqs: []measured{req}, specAfter: after}}, before)
+	m, samples := computeMetrics([]pass{{wall: ms(40), reqs: []measured{req}, specAfter: after}}, 1, before)
 
 	checks := []struct {
 		name      string
@@ -49,6 +49,7 @@ func TestMetricsFollowTheAnchorDefinitions(t *testing.T) {
 		{"itl_chunk_ms", m.ITLChunk.Mean, (4 + 6) / 2.0},
 		{"itl_token_ms", m.ITLToken.Mean, (4.0/3 + 6.0/2) / 2},
 		{"e2el_ms", m.E2E.Mean, 20},
+		{"slot_use", *m.SlotUse, 20.0 / 40},
 		{"acceptance_length", *m.AcceptanceLength, 1 + 6.0/4},
 		{"acceptance_rate", *m.AcceptanceRate, 6.0 / 16},
 		{"sample output_throughput", samples[0].OutputThroughput, 150},
@@ -77,12 +78,29 @@ func TestMetricsWithoutSpeculationOrTokenCounts(t *testing.T) {
 		E2E:          ms(17),
 		OutputTokens: 8,
 	}}
-	m, _ := computeMetrics([]pass{{wall: ms(20), reqs: []measured{req}}}, nil)
+	m, _ := computeMetrics([]pass{{wall: ms(20), reqs: []measured{req}}}, 1, nil)
 	if !near(m.ITLToken.Mean, 2) || !near(m.ITLChunk.Mean, 4) {
 		t.Errorf("itl_token_ms %v, itl_chunk_ms %v: want 2 and 4", m.ITLToken.Mean, m.ITLChunk.Mean)
 	}
 	if m.AcceptanceLength != nil || m.AcceptanceRate != nil || m.PerPositionAcceptance != nil || m.SpecDecode != nil {
 		t.Errorf("acceptance without counters: %+v", m)
+	}
+}
+
+// TestSlotUseShowsAPassTail: at concurrency 2, two passes of 40 ms: in the
+// first both requests run the whole pass, in the second one ends at 20 ms
+// and its slot idles for the rest (the pass's tail): 140 busy ms of 160.
+func TestSlotUseShowsAPassTail(t *testing.T) {
+	req := func(e2e float64) measured {
+		return measured{resp: &Response{Chunks: []Chunk{{At: ms(5), Tokens: 1}}, E2E: ms(e2e), OutputTokens: 1}}
+	}
+	passes := []pass{
+		{wall: ms(40), reqs: []measured{req(40), req(40)}},
+		{wall: ms(40), reqs: []measured{req(40), req(20)}},
+	}
+	m, _ := computeMetrics(passes, 2, nil)
+	if m.SlotUse == nil || !near(*m.SlotUse, 140.0/160) {
+		t.Errorf("slot_use = %v, want %v", m.SlotUse, 140.0/160)
 	}
 }
 

@@ -171,6 +171,7 @@ type Metrics struct {
 	ITLChunk              Dist         `json:"itl_chunk_ms"`
 	ITLToken              Dist         `json:"itl_token_ms"`
 	E2E                   Dist         `json:"e2el_ms"`
+	SlotUse               *float64     `json:"slot_use"` // requests' e2e over concurrency × passes' wall: under 1, slots idled in passes' tails
 	AcceptanceLength      *float64     `json:"acceptance_length"`
 	AcceptanceRate        *float64     `json:"acceptance_rate"`
 	PerPositionAcceptance []float64    `json:"per_position_acceptance"`

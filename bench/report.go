@@ -168,6 +168,15 @@ func (r *Results) prefixTable(w io.Writer, multi bool) {
 	}
 }
 
+// optPercent is a share as a percentage with one decimal ("-" when unmeasured):
+// a tail of a few percent is what it is there to show.
+func optPercent(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", 100**v)
+}
+
 func optFloat(v *float64, format string) string {
 	if v == nil {
 		return "-"
@@ -178,7 +187,7 @@ func optFloat(v *float64, format string) string {
 // Markdown writes the results table, failures and skipped files below it.
 func (r *Results) Markdown(w io.Writer) {
 	multi, weights := r.multiSource(), r.otherWeights()
-	head := "| TP | mode | workload | max tokens | conc. | tok/s | per-user tok/s | τ | accept | speedup | TTFT ms | TPOT ms |"
+	head := "| TP | mode | workload | max tokens | conc. | tok/s | per-user tok/s | τ | accept | speedup | TTFT ms | TPOT ms | slots busy |"
 	if weights {
 		head = strings.Replace(head, "| mode |", "| weights | mode |", 1) + " vs checkpoint |"
 	}
@@ -204,10 +213,10 @@ func (r *Results) Markdown(w io.Writer) {
 		if weights {
 			fmt.Fprintf(w, "%s | ", row.weights())
 		}
-		fmt.Fprintf(w, "%s | %s | %d | %d | %.1f | %.1f | %s | %s | %s | %.1f | %.2f |",
+		fmt.Fprintf(w, "%s | %s | %d | %d | %.1f | %.1f | %s | %s | %s | %.1f | %.2f | %s |",
 			row.Knobs.Mode, row.Run.Workload, row.Run.MaxTokens, row.Run.Concurrency,
 			m.OutputThroughput, m.PerUserTokS, optFloat(m.AcceptanceLength, "%.2f"), rate,
-			speed, m.TTFT.Mean, m.TPOT.Mean)
+			speed, m.TTFT.Mean, m.TPOT.Mean, optPercent(m.SlotUse))
 		if weights {
 			fmt.Fprintf(w, " %s |", optFloat(row.VsCheckpoint, "%.2fx"))
 		}
@@ -261,14 +270,14 @@ func (r *Results) CSV(w io.Writer) error {
 	cw.Write([]string{"source", "config", "tp", "weights", "mode", "spec", "budget", "workload", "max_tokens", "concurrency",
 		"enable_thinking", "requests", "output_tokens", "output_throughput", "per_user_tok_s",
 		"ttft_ms_mean", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p99", "itl_chunk_ms_mean", "itl_token_ms_mean",
-		"acceptance_length", "acceptance_rate", "speedup", "vs_checkpoint", "lossless"})
+		"slot_use", "acceptance_length", "acceptance_rate", "speedup", "vs_checkpoint", "lossless"})
 	for _, row := range r.Rows {
 		m, k := &row.Run.Metrics, row.Knobs
 		cw.Write([]string{row.Source, row.Config, strconv.Itoa(k.TP), row.weights(), k.Mode, k.Spec, strconv.Itoa(k.Budget),
 			row.Run.Workload, strconv.Itoa(row.Run.MaxTokens), strconv.Itoa(row.Run.Concurrency),
 			strconv.FormatBool(row.Run.EnableThinking), strconv.Itoa(row.Run.Completed), strconv.Itoa(row.Run.OutputTokens),
 			f(m.OutputThroughput), f(m.PerUserTokS), f(m.TTFT.Mean), f(m.TTFT.P99), f(m.TPOT.Mean), f(m.TPOT.P99),
-			f(m.ITLChunk.Mean), f(m.ITLToken.Mean), opt(m.AcceptanceLength), opt(m.AcceptanceRate), opt(row.Speedup), opt(row.VsCheckpoint), optBool(row.Lossless)})
+			f(m.ITLChunk.Mean), f(m.ITLToken.Mean), opt(m.SlotUse), opt(m.AcceptanceLength), opt(m.AcceptanceRate), opt(row.Speedup), opt(row.VsCheckpoint), optBool(row.Lossless)})
 	}
 	cw.Flush()
 	return cw.Error()

@@ -22,7 +22,7 @@ func sweepRows() *Results {
 		return Row{Source: "bench_results", Config: "tp1-" + mode,
 			Knobs: Knobs{TP: 1, Mode: mode, Spec: spec, Budget: budget},
 			Run: Run{RunKey: key, Completed: 2, OutputTokens: 512, Metrics: Metrics{
-				OutputThroughput: tput, PerUserTokS: 1000 / tpot, TPOT: Dist{N: 2, Mean: tpot}, AcceptanceLength: tau,
+				OutputThroughput: tput, PerUserTokS: 1000 / tpot, TPOT: Dist{N: 2, Mean: tpot}, SlotUse: f64(0.987), AcceptanceLength: tau,
 			}, Samples: []Sample{{OutputThroughput: tput - 1, TPOTMs: tpot, AcceptanceLength: tau}, {OutputThroughput: tput + 1, TPOTMs: tpot, AcceptanceLength: tau}}}}
 	}
 	rows := []Row{
@@ -44,7 +44,7 @@ func TestMarkdownTable(t *testing.T) {
 	if len(lines) != 6 {
 		t.Fatalf("want a header, a rule and 4 rows:\n%s", b.String())
 	}
-	want := "| 1 | b8 | fibonacci | 256 | 1 | 170.0 | 200.0 | 3.60 | - | 2.00x | 0.0 | 5.00 |"
+	want := "| 1 | b8 | fibonacci | 256 | 1 | 170.0 | 200.0 | 3.60 | - | 2.00x | 0.0 | 5.00 | 98.7% |"
 	if lines[4] != want {
 		t.Errorf("b8 row\n got %s\nwant %s", lines[4], want)
 	}
@@ -66,7 +66,7 @@ func TestCSV(t *testing.T) {
 	for i, h := range recs[0] {
 		col[h] = i
 	}
-	if v, _ := strconv.ParseFloat(recs[3][col["output_throughput"]], 64); v != 170 || recs[3][col["mode"]] != "b8" || recs[3][col["speedup"]] != "2" {
+	if v, _ := strconv.ParseFloat(recs[3][col["output_throughput"]], 64); v != 170 || recs[3][col["mode"]] != "b8" || recs[3][col["speedup"]] != "2" || recs[3][col["slot_use"]] != "0.987" {
 		t.Errorf("b8 record %v", recs[3])
 	}
 	if recs[1][col["acceptance_length"]] != "" {

@@ -91,7 +91,7 @@ func (r *measuring) finish() (*measuredRun, *RunFailure) {
 		}
 		return nil, r.failure(fmt.Errorf("%d of %d requests completed, %d failed; first error: %w", run.Completed, r.requested, run.Failed, r.firstErr), run.Completed, run.Failed)
 	}
-	run.Metrics, run.Samples = computeMetrics(passes, r.before)
+	run.Metrics, run.Samples = computeMetrics(passes, r.key.Concurrency, r.before)
 	if tput := run.Metrics.OutputThroughput; !(tput > 0) || math.IsInf(tput, 0) {
 		return nil, r.failure(fmt.Errorf("output throughput %v tok/s: nothing was generated", tput), run.Completed, 0)
 	}
