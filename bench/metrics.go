@@ -136,7 +136,7 @@ type pass struct {
 	specAfter *SpecCounter
 }
 
-// computeMetrics summarizes a run's passes at its concurrency; counters
+// computeMetrics summarizes a run's passes at its concurrency; before
 // holds the spec-decode counters before the first pass (nil without
 // speculation).
 func computeMetrics(passes []pass, concurrency int, before *SpecCounter) (Metrics, []Sample) {

@@ -156,10 +156,7 @@ func (r *Results) prefixTable(w io.Writer, multi bool) {
 				ratio = fmt.Sprintf("%.2fx", m.LaterTurnsTTFT.Mean/o.Run.Metrics.LaterTurnsTTFT.Mean)
 			}
 		}
-		hit := "-"
-		if m.PrefixCacheHitRate != nil {
-			hit = fmt.Sprintf("%.0f%%", 100**m.PrefixCacheHitRate)
-		}
+		hit := optPercent(m.PrefixCacheHitRate, 0)
 		if multi {
 			fmt.Fprintf(w, "| %s ", filepath.Base(row.Source))
 		}
@@ -168,13 +165,12 @@ func (r *Results) prefixTable(w io.Writer, multi bool) {
 	}
 }
 
-// optPercent is a share as a percentage with one decimal ("-" when unmeasured):
-// a tail of a few percent is what it is there to show.
-func optPercent(v *float64) string {
+// optPercent is a share as a percentage with so many decimals ("-" when unmeasured).
+func optPercent(v *float64, decimals int) string {
 	if v == nil {
 		return "-"
 	}
-	return fmt.Sprintf("%.1f%%", 100**v)
+	return fmt.Sprintf("%.*f%%", decimals, 100**v)
 }
 
 func optFloat(v *float64, format string) string {
@@ -201,10 +197,7 @@ func (r *Results) Markdown(w io.Writer) {
 		if multi {
 			fmt.Fprintf(w, "| %s ", filepath.Base(row.Source))
 		}
-		rate := "-"
-		if m.AcceptanceRate != nil {
-			rate = fmt.Sprintf("%.0f%%", 100**m.AcceptanceRate)
-		}
+		rate := optPercent(m.AcceptanceRate, 0)
 		speed := optFloat(row.Speedup, "%.2fx")
 		if row.lossy() {
 			speed = "LOSSY"
@@ -216,7 +209,7 @@ func (r *Results) Markdown(w io.Writer) {
 		fmt.Fprintf(w, "%s | %s | %d | %d | %.1f | %.1f | %s | %s | %s | %.1f | %.2f | %s |",
 			row.Knobs.Mode, row.Run.Workload, row.Run.MaxTokens, row.Run.Concurrency,
 			m.OutputThroughput, m.PerUserTokS, optFloat(m.AcceptanceLength, "%.2f"), rate,
-			speed, m.TTFT.Mean, m.TPOT.Mean, optPercent(m.SlotUse))
+			speed, m.TTFT.Mean, m.TPOT.Mean, optPercent(m.SlotUse, 1)) // a tail of a few percent is what it shows
 		if weights {
 			fmt.Fprintf(w, " %s |", optFloat(row.VsCheckpoint, "%.2fx"))
 		}
