@@ -58,19 +58,28 @@ func treeParents(op string, parents kernels.Buffer, T int) []int32 {
 
 // CausalConv runs the depthwise causal conv + SiLU over rows whose history
 // is their ancestor chain. Each row is computed alone from its window, so
-// a verify block matches decoding (with a BF16 state too: see pastInputs).
+// a verify block matches decoding (with a BF16 state too: see roundedBF16).
 func (be *Backend) CausalConv(out, x, state, w, parents kernels.Buffer, T, channels, K int) {
 	o, xv := f32s("CausalConv out", out, T*channels), f32s("CausalConv x", x, T*channels)
-	st := convState("CausalConv state", state, (K-1)*channels)
+	stTemp := be.temps.get((K - 1) * channels)
+	defer be.temps.put(stTemp)
+	st := convState("CausalConv state", state, *stTemp)
 	wv := widened("CausalConv w", w, channels*K)
-	wT := make([]float32, K*channels) // [K, channels]: tap j of every channel is contiguous
+	wTemp := be.temps.get(K * channels)
+	defer be.temps.put(wTemp)
+	wT := *wTemp // [K, channels]: tap j of every channel is contiguous
 	for c := range channels {
 		for j := range K {
 			wT[j*channels+c] = wv[c*K+j]
 		}
 	}
 	history := convHistory(treeParents("CausalConv", parents, T), T, K)
-	past := pastInputs(state, xv)
+	past := xv // x as a row's history sees it: as the state holds it once committed
+	if asBuffer(state).dt == kernels.BF16 {
+		pastTemp := be.temps.get(T * channels)
+		defer be.temps.put(pastTemp)
+		past = roundedBF16(xv, *pastTemp)
+	}
 	be.pool.parallelFor(T, K*channels, func(lo, hi int) {
 		window := make([][]float32, K)
 		for t := lo; t < hi; t++ {
@@ -104,16 +113,20 @@ func convPortable(out []float32, window [][]float32, wT []float32) {
 
 // ConvCommit sets state to the last K-1 inputs of the chain ending at node.
 func (be *Backend) ConvCommit(state, x, parents kernels.Buffer, node, channels, K int) {
-	st := convState("ConvCommit state", state, (K-1)*channels)
 	if node < 0 {
 		return // nothing accepted: the state stays
 	}
+	stTemp := be.temps.get((K - 1) * channels)
+	defer be.temps.put(stTemp)
+	st := convState("ConvCommit state", state, *stTemp)
 	xv := f32s("ConvCommit x", x, (node+1)*channels)
 	history := convHistory(treeParents("ConvCommit", parents, node+1), node+1, K)
 	// The new state is the window of node+1 minus its oldest row, so read it
 	// fully before overwriting rows of the old state it may draw on.
 	window := history[node*K+1 : (node+1)*K]
-	next := make([]float32, (K-1)*channels)
+	nextTemp := be.temps.get((K - 1) * channels)
+	defer be.temps.put(nextTemp)
+	next := *nextTemp
 	for j, s := range window {
 		if s >= 0 {
 			copy(next[j*channels:(j+1)*channels], xv[int(s)*channels:])
@@ -124,27 +137,26 @@ func (be *Backend) ConvCommit(state, x, parents kernels.Buffer, node, channels, 
 	storeConvState(state, next)
 }
 
-// pastInputs is x as a row's history sees it: as the state holds it once
-// committed (rounded to nearest even for a BF16 state), so that a row in a
-// block sees what it sees decoded after its history was committed.
-func pastInputs(state kernels.Buffer, x []float32) []float32 {
-	if asBuffer(state).dt != kernels.BF16 {
-		return x
-	}
-	past := make([]float32, len(x))
+// roundedBF16 writes x rounded to nearest even BF16 into past (as long):
+// x as a BF16 conv state holds it once committed, so that a row in a block
+// sees what it sees decoded after its history was committed.
+func roundedBF16(x, past []float32) []float32 {
 	for i, v := range x {
 		past[i] = half.BF16ToFloat32(half.Float32ToBF16(v))
 	}
 	return past
 }
 
-// convState returns a conv state's values: an F32 state itself, a BF16
-// one widened (exactly) into a copy.
-func convState(op string, state kernels.Buffer, n int) []float32 {
-	if asBuffer(state).dt != kernels.BF16 {
-		return f32s(op, state, n)
+// convState returns a conv state's len(tmp) values: an F32 state itself,
+// a BF16 one widened (exactly) into tmp.
+func convState(op string, state kernels.Buffer, tmp []float32) []float32 {
+	buf := asBuffer(state)
+	if buf.dt != kernels.BF16 {
+		return f32s(op, state, len(tmp))
 	}
-	return widened(op, state, n)
+	checkLen(op, buf, len(tmp))
+	widenInto(tmp, buf.u16[:len(tmp)], buf.dt)
+	return tmp
 }
 
 // storeConvState writes values into a conv state, rounding to nearest

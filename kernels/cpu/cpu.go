@@ -39,8 +39,9 @@ func (b *buffer) Len() int {
 
 // Backend runs every op on the calling goroutine plus a fixed worker pool.
 type Backend struct {
-	pool *pool
-	kern *kernelSet
+	pool  *pool
+	kern  *kernelSet
+	temps temps
 }
 
 var _ kernels.Backend = (*Backend)(nil)

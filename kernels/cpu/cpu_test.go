@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -230,5 +231,34 @@ func TestAttentionScratchBounded(t *testing.T) {
 	}
 	if sizes[0] != sizes[1] || sizes[1] > 1<<20 {
 		t.Errorf("attention scratch of %d bytes at 600 keys and %d at 6,000: want equal and under 1 MiB", sizes[0], sizes[1])
+	}
+}
+
+// TestConvKernelsReuseTemporaries checks that a decode step's conv kernels
+// (one row, a BF16 state) allocate less per call than one copy of the
+// state: their widened state, transposed weights, rounded inputs and next
+// state come from the backend's temporaries, not the collector.
+func TestConvKernelsReuseTemporaries(t *testing.T) {
+	const channels, K = 1024, 4
+	be := newBackend(1, portableKernels, defaultMinWork)
+	x := upload(t, be, make([]float32, channels))
+	w := upload(t, be, make([]float32, channels*K))
+	out, _ := be.Alloc(kernels.F32, channels)
+	state, _ := be.Alloc(kernels.BF16, (K-1)*channels)
+	step := func() {
+		be.CausalConv(out, x, state, w, nil, 1, channels, K)
+		be.ConvCommit(state, x, nil, 0, channels, K)
+	}
+	step() // the temporaries' first allocation
+	const steps = 200
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range steps {
+		step()
+	}
+	runtime.ReadMemStats(&after)
+	perStep := (after.TotalAlloc - before.TotalAlloc) / steps
+	if stateBytes := uint64((K - 1) * channels * 4); perStep >= stateBytes {
+		t.Errorf("a conv and commit of one row allocate %d bytes, want less than the widened state's %d", perStep, stateBytes)
 	}
 }
