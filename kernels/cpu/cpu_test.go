@@ -234,31 +234,43 @@ func TestAttentionScratchBounded(t *testing.T) {
 	}
 }
 
-// TestConvKernelsReuseTemporaries checks that a decode step's conv kernels
-// (one row, a BF16 state) allocate less per call than one copy of the
-// state: their widened state, transposed weights, rounded inputs and next
-// state come from the backend's temporaries, not the collector.
-func TestConvKernelsReuseTemporaries(t *testing.T) {
-	const channels, K = 1024, 4
+// TestDecodeKernelsReuseTemporaries checks that a decode step's Gated
+// DeltaNet kernels (one row, BF16 states) allocate less per call than one
+// copy of the state they widen: their working copies (the conv state, its
+// transposed weights, rounded inputs and next state, a head's recurrent
+// state) come from the backend's temporaries, not the collector.
+func TestDecodeKernelsReuseTemporaries(t *testing.T) {
 	be := newBackend(1, portableKernels, defaultMinWork)
-	x := upload(t, be, make([]float32, channels))
-	w := upload(t, be, make([]float32, channels*K))
-	out, _ := be.Alloc(kernels.F32, channels)
-	state, _ := be.Alloc(kernels.BF16, (K-1)*channels)
-	step := func() {
-		be.CausalConv(out, x, state, w, nil, 1, channels, K)
-		be.ConvCommit(state, x, nil, 0, channels, K)
-	}
-	step() // the temporaries' first allocation
-	const steps = 200
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	for range steps {
-		step()
-	}
-	runtime.ReadMemStats(&after)
-	perStep := (after.TotalAlloc - before.TotalAlloc) / steps
-	if stateBytes := uint64((K - 1) * channels * 4); perStep >= stateBytes {
-		t.Errorf("a conv and commit of one row allocate %d bytes, want less than the widened state's %d", perStep, stateBytes)
+	zeros := func(n int) kernels.Buffer { return upload(t, be, make([]float32, n)) }
+	bf16 := func(n int) kernels.Buffer { b, _ := be.Alloc(kernels.BF16, n); return b }
+	const channels, K = 1024, 4
+	x, w, out, convState := zeros(channels), zeros(channels*K), zeros(channels), bf16((K-1)*channels)
+	shape := kernels.GDNShape{KeyHeads: 1, ValueHeads: 1, KeyDim: 64, ValueDim: 64}
+	q, k, v, g, beta, o := zeros(64), zeros(64), zeros(64), zeros(1), zeros(1), zeros(64)
+	state := bf16(shape.StateLen())
+	for _, c := range []struct {
+		name       string
+		step       func()
+		stateBytes int
+	}{
+		{"conv and commit", func() {
+			be.CausalConv(out, x, convState, w, nil, 1, channels, K)
+			be.ConvCommit(convState, x, nil, 0, channels, K)
+		}, (K - 1) * channels * 4},
+		{"recurrence", func() {
+			be.GDNRecurrence(o, q, k, v, g, beta, state, state, nil, nil, 1, shape)
+		}, shape.StateLen() * 4},
+	} {
+		c.step() // the temporaries' first allocation
+		const steps = 200
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for range steps {
+			c.step()
+		}
+		runtime.ReadMemStats(&after)
+		if perStep := (after.TotalAlloc - before.TotalAlloc) / steps; perStep >= uint64(c.stateBytes) {
+			t.Errorf("%s of one row: %d bytes allocated, want less than the widened state's %d", c.name, perStep, c.stateBytes)
+		}
 	}
 }

@@ -131,10 +131,14 @@ func (be *Backend) GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeSta
 	}
 	headLen := shape.KeyDim * shape.ValueDim
 	be.pool.parallelFor(shape.ValueHeads, T*headLen, func(lo, hi int) {
-		delta := make([]float32, shape.ValueDim)
+		deltaTemp := be.temps.get(shape.ValueDim)
+		defer be.temps.put(deltaTemp)
+		delta := *deltaTemp
 		var work []float32 // a BF16 head's working copy
 		if dt == kernels.BF16 {
-			work = make([]float32, headLen)
+			workTemp := be.temps.get(headLen)
+			defer be.temps.put(workTemp)
+			work = *workTemp
 		}
 		for h := lo; h < hi; h++ {
 			head := h * headLen
