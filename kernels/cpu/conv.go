@@ -61,13 +61,12 @@ func treeParents(op string, parents kernels.Buffer, T int) []int32 {
 // a verify block matches decoding (with a BF16 state too: see roundedBF16).
 func (be *Backend) CausalConv(out, x, state, w, parents kernels.Buffer, T, channels, K int) {
 	o, xv := f32s("CausalConv out", out, T*channels), f32s("CausalConv x", x, T*channels)
-	stTemp := be.temps.get((K - 1) * channels)
+	stTemp, stBuf := be.temps.get((K - 1) * channels)
 	defer be.temps.put(stTemp)
-	st := convState("CausalConv state", state, *stTemp)
+	st := convState("CausalConv state", state, stBuf)
 	wv := widened("CausalConv w", w, channels*K)
-	wTemp := be.temps.get(K * channels)
+	wTemp, wT := be.temps.get(K * channels) // [K, channels]: tap j of every channel is contiguous
 	defer be.temps.put(wTemp)
-	wT := *wTemp // [K, channels]: tap j of every channel is contiguous
 	for c := range channels {
 		for j := range K {
 			wT[j*channels+c] = wv[c*K+j]
@@ -76,9 +75,9 @@ func (be *Backend) CausalConv(out, x, state, w, parents kernels.Buffer, T, chann
 	history := convHistory(treeParents("CausalConv", parents, T), T, K)
 	past := xv // x as a row's history sees it: as the state holds it once committed
 	if asBuffer(state).dt == kernels.BF16 {
-		pastTemp := be.temps.get(T * channels)
+		pastTemp, pastBuf := be.temps.get(T * channels)
 		defer be.temps.put(pastTemp)
-		past = roundedBF16(xv, *pastTemp)
+		past = roundedBF16(xv, pastBuf)
 	}
 	be.pool.parallelFor(T, K*channels, func(lo, hi int) {
 		window := make([][]float32, K)
@@ -113,20 +112,19 @@ func convPortable(out []float32, window [][]float32, wT []float32) {
 
 // ConvCommit sets state to the last K-1 inputs of the chain ending at node.
 func (be *Backend) ConvCommit(state, x, parents kernels.Buffer, node, channels, K int) {
+	stTemp, stBuf := be.temps.get((K - 1) * channels)
+	defer be.temps.put(stTemp)
+	st := convState("ConvCommit state", state, stBuf)
 	if node < 0 {
 		return // nothing accepted: the state stays
 	}
-	stTemp := be.temps.get((K - 1) * channels)
-	defer be.temps.put(stTemp)
-	st := convState("ConvCommit state", state, *stTemp)
 	xv := f32s("ConvCommit x", x, (node+1)*channels)
 	history := convHistory(treeParents("ConvCommit", parents, node+1), node+1, K)
 	// The new state is the window of node+1 minus its oldest row, so read it
 	// fully before overwriting rows of the old state it may draw on.
 	window := history[node*K+1 : (node+1)*K]
-	nextTemp := be.temps.get((K - 1) * channels)
+	nextTemp, next := be.temps.get((K - 1) * channels)
 	defer be.temps.put(nextTemp)
-	next := *nextTemp
 	for j, s := range window {
 		if s >= 0 {
 			copy(next[j*channels:(j+1)*channels], xv[int(s)*channels:])

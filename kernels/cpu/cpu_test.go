@@ -244,7 +244,7 @@ func TestDecodeKernelsReuseTemporaries(t *testing.T) {
 	zeros := func(n int) kernels.Buffer { return upload(t, be, make([]float32, n)) }
 	bf16 := func(n int) kernels.Buffer { b, _ := be.Alloc(kernels.BF16, n); return b }
 	const channels, K = 1024, 4
-	x, w, out, convState := zeros(channels), zeros(channels*K), zeros(channels), bf16((K-1)*channels)
+	x, w, out, convStateBuf := zeros(channels), zeros(channels*K), zeros(channels), bf16((K-1)*channels)
 	shape := kernels.GDNShape{KeyHeads: 1, ValueHeads: 1, KeyDim: 64, ValueDim: 64}
 	q, k, v, g, beta, o := zeros(64), zeros(64), zeros(64), zeros(1), zeros(1), zeros(64)
 	state := bf16(shape.StateLen())
@@ -254,8 +254,8 @@ func TestDecodeKernelsReuseTemporaries(t *testing.T) {
 		stateBytes int
 	}{
 		{"conv and commit", func() {
-			be.CausalConv(out, x, convState, w, nil, 1, channels, K)
-			be.ConvCommit(convState, x, nil, 0, channels, K)
+			be.CausalConv(out, x, convStateBuf, w, nil, 1, channels, K)
+			be.ConvCommit(convStateBuf, x, nil, 0, channels, K)
 		}, (K - 1) * channels * 4},
 		{"recurrence", func() {
 			be.GDNRecurrence(o, q, k, v, g, beta, state, state, nil, nil, 1, shape)

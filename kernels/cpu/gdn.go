@@ -131,14 +131,13 @@ func (be *Backend) GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeSta
 	}
 	headLen := shape.KeyDim * shape.ValueDim
 	be.pool.parallelFor(shape.ValueHeads, T*headLen, func(lo, hi int) {
-		deltaTemp := be.temps.get(shape.ValueDim)
+		deltaTemp, delta := be.temps.get(shape.ValueDim)
 		defer be.temps.put(deltaTemp)
-		delta := *deltaTemp
 		var work []float32 // a BF16 head's working copy
 		if dt == kernels.BF16 {
-			workTemp := be.temps.get(headLen)
+			var workTemp *[]float32
+			workTemp, work = be.temps.get(headLen)
 			defer be.temps.put(workTemp)
-			work = *workTemp
 		}
 		for h := lo; h < hi; h++ {
 			head := h * headLen

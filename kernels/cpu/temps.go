@@ -10,14 +10,15 @@ import "sync"
 // kept ones grow to the longest use.
 type temps struct{ pool sync.Pool } // of *[]float32
 
-// get returns a buffer of n values with undefined contents; put gives it back.
-func (t *temps) get(n int) *[]float32 {
+// get returns a buffer of n values with undefined contents, and its
+// handle for put.
+func (t *temps) get(n int) (*[]float32, []float32) {
 	if p, ok := t.pool.Get().(*[]float32); ok && cap(*p) >= n {
 		*p = (*p)[:n]
-		return p
+		return p, *p
 	}
 	s := make([]float32, n)
-	return &s
+	return &s, s
 }
 
 // put returns a buffer from get once nothing reads it.
