@@ -145,23 +145,87 @@ func TestCostsStepMs(t *testing.T) {
 	}
 }
 
+// TestBatchFactorWeighsRows: a verify of one node beside three plain
+// sequences adds next to nothing to the step, so its factor is mostly
+// noise (here 0); the factor is what many rows add, as the trees that
+// matter have them.
+func TestBatchFactorWeighsRows(t *testing.T) {
+	var c CostModel
+	for range 3 {
+		c.ObserveStep(1, 1, time.Millisecond)
+		c.ObserveStep(4, 4, 2*time.Millisecond)
+	}
+	for range 3 {
+		c.ObserveStep(1, 2, 1100*time.Microsecond) // one extra row alone: 0.1 ms
+		c.ObserveStep(1, 17, 5*time.Millisecond)   // 16: 4 ms
+	}
+	for i := range window {
+		if i%4 == 3 {
+			c.ObserveStep(4, 20, 10*time.Millisecond) // 16 extra rows beside three others: twice what they add alone
+		} else {
+			c.ObserveStep(4, 5, 2*time.Millisecond) // one: measured at the plain step
+		}
+	}
+	if got := c.Costs().Factor; len(got) != 1 || got[0].Rows != 4 || !near(got[0].Ms, 2) {
+		t.Errorf("batch factors %v, want 2 at 4 sequences", got)
+	}
+}
+
+// TestPlainStepsRideOutBursts: a burst of slow steps (other programs'
+// load) does not stand for the plain step, as it would if drafting
+// stopped the plain steps right after it; a lasting slowdown does.
+func TestPlainStepsRideOutBursts(t *testing.T) {
+	var c CostModel
+	observe := func(n int, d time.Duration) {
+		for range n {
+			c.ObserveStep(4, 4, d)
+		}
+	}
+	observe(plainWindow, time.Millisecond)
+	observe(30, 2*time.Millisecond)
+	if got := c.Costs().StepMs(4, 4); !near(got, 1) {
+		t.Errorf("after a burst of 30 slow steps, the plain step is estimated at %v ms, want 1", got)
+	}
+	observe(plainWindow, 2*time.Millisecond)
+	if got := c.Costs().StepMs(4, 4); !near(got, 2) {
+		t.Errorf("after %d slow steps, the plain step is estimated at %v ms, want 2", plainWindow, got)
+	}
+}
+
 func TestCostModelStepOverhead(t *testing.T) {
 	var c CostModel
 	t0 := time.Unix(0, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	c.ForwardStarts(at(0), false) // a prompt chunk
-	c.ForwardEnds(at(10), false)
-	c.ForwardStarts(at(15), true) // the first decode step: no decode step before it
-	c.ForwardEnds(at(20), true)
-	c.ObserveDraft(2*time.Millisecond, false) // catching up or steady, drafting is not overhead
+	c.ForwardStarts(at(0), false, 0) // a prompt chunk
+	c.ForwardEnds(at(10), false, 0)
+	c.ForwardStarts(at(15), true, 0) // the first decode step: no decode step before it
+	c.ForwardEnds(at(20), true, 0)
+	c.ForwardStarts(at(22), true, 0) // plain steps: 2 ms, then 1 ms of overhead
+	c.ForwardEnds(at(30), true, 0)
+	c.ForwardStarts(at(31), true, 0)
+	c.ForwardEnds(at(35), true, 0)
+	// Then a stretch of steps where two requests draft (2 ms) and verify:
+	// of the 6 ms between forwards, 3 are neither drafting nor committing
+	// (1 ms), and 1 of them a plain step has too: 1 ms of bookkeeping per
+	// speculating request. It measures no plain step's overhead.
+	now := 35
+	for range 2 * window {
+		c.ObserveCommit(time.Millisecond)
+		c.ObserveDraft(2*time.Millisecond, false) // catching up or steady, drafting is not overhead
+		c.ForwardStarts(at(now+6), true, 2)
+		c.ForwardEnds(at(now+10), true, 2)
+		now += 10
+	}
+	// After the last verify: committing (1 ms) and walking the trees.
 	c.ObserveCommit(time.Millisecond)
-	c.ForwardStarts(at(24), true) // 4 ms since the last forward, 3 of them drafting and committing
-	c.ForwardEnds(at(30), true)
-	c.ForwardStarts(at(32), true)
-	c.ForwardEnds(at(40), false) // a batch with a prompt chunk: the next gap is not a step's
-	c.ForwardStarts(at(90), true)
+	c.ForwardStarts(at(now+4), true, 0)
+	c.ForwardEnds(at(now+10), false, 0) // a batch with a prompt chunk: the next gap is not a step's
+	c.ForwardStarts(at(now+50), true, 0)
 	if got := c.OverheadMs(); !near(got, 1) { // the lower of 1 and 2
 		t.Errorf("step overhead %v ms, want 1", got)
+	}
+	if got := c.Costs().CommitMs; !near(got, 1+1) { // the commit and the bookkeeping, per speculating request
+		t.Errorf("a speculating request's cost besides its draft: %v ms, want 2", got)
 	}
 }
 

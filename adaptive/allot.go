@@ -155,10 +155,12 @@ func ExpectedGain(recent [][]float64, rest Rest, stepMs func(rows int) float64, 
 
 // probeShare is the most of the batch's time that probing drafts (drafts
 // made while speculation does not pay, to see whether it pays by now) may
-// take; maxInterval bounds the steps between a request's probes.
+// take; maxInterval bounds the steps between a request's probes;
+// maxRelapses bounds the back-off (delay).
 const (
 	probeShare  = 1.0 / 32
 	maxInterval = 1024
+	maxRelapses = 6
 )
 
 // ProbeInterval is how many steps a request decodes autoregressively
@@ -174,14 +176,19 @@ func ProbeInterval(batch int, draftMs, stepMs float64) int {
 // relapses: a quarter of the interval after none (drafting paid for a while
 // before it stopped: a reply's uncertain stretch may be over soon), then
 // twice as long after each (exponential back-off: half the interval, the
-// interval, twice it, ... up to maxInterval). A relapse is a losing probe,
+// interval, twice it, ... up to 16 intervals, where probing takes 1/512 of
+// the batch's time; each request still probes after maxInterval of its own
+// steps). Capped at maxInterval as well, the engine's schedule probed about
+// once per 1,024 request steps where drafting never paid (held-out prompts
+// at concurrency 4: 20 probes in 9 passes, each a catch-up draft of 2.5
+// plain steps). A relapse is a losing probe,
 // or drafting resumed by a paying probe that stopped again before it had
 // drafted a full window: where one draft pays now and then but drafting on
 // does not (held-out prompts at concurrency 4 on a CPU), a schedule that
 // came back at a quarter interval after every paying probe spent 5-10 % of
 // the time on probes' catch-up drafts.
 func delay(interval, relapses int) int {
-	return min(max(1, interval<<min(relapses, 10)/4), maxInterval)
+	return max(1, interval<<min(relapses, maxRelapses)/4)
 }
 
 // Backoff is one request's drafting state. While its next draft is

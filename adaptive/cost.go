@@ -8,6 +8,7 @@
 package adaptive
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -24,28 +25,56 @@ import (
 // rarely (large trees) stay comparable, as they would not with a minimum.
 const window = 16
 
-// samples is one estimate's recent measurements, a ring.
+// plainWindow is the plain steps' window. They are measured every step
+// while no request drafts, and not at all while all do, so a burst of slow
+// steps (10-30 steps at twice the time, now and then on a shared machine)
+// just before a drafting stretch would stand for the plain step
+// throughout it, making drafting look cheap and the stretch last: over 64
+// the lower quartile rides such a burst out.
+const plainWindow = 64
+
+// samples is one estimate's recent measurements, a ring, each with a
+// weight (1 but for the batch factors, see ObserveStep).
 type samples struct {
-	ms   []float64
-	next int
+	ms, weights []float64
+	next        int
 }
 
-func (s *samples) add(ms float64) {
-	if len(s.ms) < window {
-		s.ms = append(s.ms, ms)
+func (s *samples) add(ms float64) { s.push(ms, 1, window) }
+
+// push adds a measurement of a weight to a ring of size measurements.
+func (s *samples) push(ms, weight float64, size int) {
+	if len(s.ms) < size {
+		s.ms, s.weights = append(s.ms, ms), append(s.weights, weight)
 		return
 	}
-	s.ms[s.next] = ms
-	s.next = (s.next + 1) % window
+	s.ms[s.next], s.weights[s.next] = ms, weight
+	s.next = (s.next + 1) % size
 }
 
-// estimate is the lower quartile, 0 without measurements.
+// estimate is the weighted lower quartile, 0 without measurements: the
+// smallest measurement at which the measurements up to it hold the share
+// of the total weight that the ((n+1)/4)-th smallest of n equal ones holds.
 func (s *samples) estimate() float64 {
-	if len(s.ms) == 0 {
+	n := len(s.ms)
+	if n == 0 {
 		return 0
 	}
-	m := slices.Sorted(slices.Values(s.ms))
-	return m[max(0, (len(m)+1)/4-1)]
+	order := make([]int, n)
+	total := 0.0
+	for i := range order {
+		order[i] = i
+		total += s.weights[i]
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(s.ms[a], s.ms[b]) })
+	quantile := float64(max(1, (n+1)/4)) / float64(n) * total * (1 - 1e-9) // the tolerance keeps equal weights' sums exact
+	below := 0.0
+	for _, i := range order {
+		if below += s.weights[i]; below >= quantile {
+			return s.ms[i]
+		}
+	}
+	return s.ms[order[n-1]]
 }
 
 // Point is one point of the step-time curve.
@@ -76,13 +105,22 @@ type CostModel struct {
 	// catchUp are drafts that also took in the context of autoregressive
 	// steps: the estimate until a steady draft is seen.
 	catchUp samples
-	// overhead is a decode step's time outside the forward, its drafts and
-	// its commits (sampling, emitting, scheduling): from one decode
-	// forward's end (lastEnd; zero after other forwards) to the next one's
-	// start, less the drafts and commits timed in between (inside).
-	overhead samples
-	lastEnd  time.Time
-	inside   time.Duration
+	// overhead is a plain decode step's time outside the forward, its
+	// drafts and its commits (sampling, emitting, scheduling): from one
+	// decode forward's end (lastEnd; zero after other forwards) to the next
+	// one's start, less the drafts and commits timed in between (inside),
+	// where neither step speculated. Where one did, what that time has
+	// beyond a plain step's overhead is its speculating requests'
+	// bookkeeping (the policy's allotment, the tree walk, calibrating), per
+	// request: a cost of speculating, counted with the commit (Costs). A
+	// stretch where every request drafts would otherwise measure only its
+	// own overhead, charge it to plain steps too, and make drafting look
+	// cheap by as much (0.1-0.2 ms a step against 0.03 on the default pair's
+	// CPU).
+	overhead, bookkeeping samples
+	lastEnd               time.Time
+	lastSpeculating       int
+	inside                time.Duration
 }
 
 // curve is measurements by a count (rows or sequences).
@@ -91,13 +129,14 @@ type curve struct {
 	steps []samples
 }
 
-func (c *curve) add(key int, ms float64) {
+// add adds a count's measurement of a weight to its ring of size.
+func (c *curve) add(key int, ms, weight float64, size int) {
 	i, found := slices.BinarySearch(c.keys, key)
 	if !found {
 		c.keys = slices.Insert(c.keys, i, key)
 		c.steps = slices.Insert(c.steps, i, samples{})
 	}
-	c.steps[i].add(ms)
+	c.steps[i].push(ms, weight, size)
 }
 
 // points are the estimates of the counts measured at least minSamples times.
@@ -115,7 +154,12 @@ func (c *curve) points() []Point {
 // d. A step with rows beyond one per sequence measures what they add over
 // the plain step of as many sequences, as estimated so far (not before one
 // is): alone, by their number (extra); beside other sequences, as a factor
-// of what they add alone (not before that is measured).
+// of what they add alone (not before that is measured), weighted by that:
+// a verify of a node or two adds next to nothing to a step's time, so its
+// ratio is mostly the steps' noise, and probes verify one node. Counted
+// alike, such ratios (half of them near 0) made the factor's lower quartile
+// a fifth of the true one at concurrency 4 on a CPU, and a 32-node tree
+// that took 3 ms was predicted at 0.9.
 func (c *CostModel) ObserveStep(seqs, rows int, d time.Duration) {
 	if seqs < 1 || rows < seqs {
 		return
@@ -123,7 +167,7 @@ func (c *CostModel) ObserveStep(seqs, rows int, d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if rows == seqs {
-		c.plain.add(seqs, millis(d))
+		c.plain.add(seqs, millis(d), 1, plainWindow)
 		return
 	}
 	plain := Monotone(c.plain.points())
@@ -132,9 +176,9 @@ func (c *CostModel) ObserveStep(seqs, rows int, d time.Duration) {
 	}
 	added := max(0, millis(d)-StepMs(plain, seqs))
 	if seqs == 1 {
-		c.extra.add(rows-1, added)
+		c.extra.add(rows-1, added, 1, window)
 	} else if alone := extraMs(Monotone(c.extra.points()), rows-seqs); alone > 0 {
-		c.factor.add(seqs, added/alone)
+		c.factor.add(seqs, added/alone, alone, window)
 	}
 }
 
@@ -154,28 +198,35 @@ func (c *CostModel) ObserveDraft(d time.Duration, steady bool) {
 	c.inside += d
 }
 
-// ForwardStarts marks a forward's start at now: for a decode forward, the
-// end of the step overhead since the previous decode forward.
-func (c *CostModel) ForwardStarts(now time.Time, decoding bool) {
+// ForwardStarts marks a forward's start at now, with speculating of its
+// requests verifying drafts: for a decode forward, the end of the step
+// overhead since the previous decode forward.
+func (c *CostModel) ForwardStarts(now time.Time, decoding bool, speculating int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if decoding && !c.lastEnd.IsZero() {
-		c.overhead.add(max(0, millis(now.Sub(c.lastEnd)-c.inside)))
+		ms := max(0, millis(now.Sub(c.lastEnd)-c.inside))
+		if n := max(speculating, c.lastSpeculating); n == 0 {
+			c.overhead.add(ms)
+		} else {
+			c.bookkeeping.add(max(0, ms-c.overhead.estimate()) / float64(n))
+		}
 	}
 	c.lastEnd, c.inside = time.Time{}, 0
 }
 
-// ForwardEnds marks a forward's end at now; only a decode forward starts
-// a step overhead to time.
-func (c *CostModel) ForwardEnds(now time.Time, decoding bool) {
+// ForwardEnds marks a forward's end at now, with speculating of its
+// requests verifying drafts; only a decode forward starts a step overhead
+// to time.
+func (c *CostModel) ForwardEnds(now time.Time, decoding bool, speculating int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if decoding {
-		c.lastEnd = now
+		c.lastEnd, c.lastSpeculating = now, speculating
 	}
 }
 
-// OverheadMs is the estimated step time outside the forward, drafts and commits.
+// OverheadMs is the estimated plain step's time outside the forward.
 func (c *CostModel) OverheadMs() float64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -205,7 +256,9 @@ type Costs struct {
 	// sequences, how many times that rows beyond one per sequence add to a
 	// step of that many (Ms holds the factor).
 	Plain, Extra, Factor []Point
-	DraftMs, CommitMs    float64 // 0 until measured
+	// DraftMs is a draft's time, CommitMs what else a speculating request
+	// costs a step: its commit and bookkeeping. 0 until measured.
+	DraftMs, CommitMs float64
 	// ProbeMs is a probe's draft: one after autoregressive steps, which
 	// takes in their context too (DraftMs until one is measured).
 	ProbeMs float64
@@ -221,7 +274,7 @@ func (c *CostModel) Costs() Costs {
 		draftMs = c.catchUp.estimate()
 	}
 	return Costs{Plain: Monotone(c.plain.points()), Extra: Monotone(c.extra.points()), Factor: c.factor.points(),
-		DraftMs: draftMs, CommitMs: c.commit.estimate(), ProbeMs: max(draftMs, c.catchUp.estimate())}
+		DraftMs: draftMs, CommitMs: c.commit.estimate() + c.bookkeeping.estimate(), ProbeMs: max(draftMs, c.catchUp.estimate())}
 }
 
 // StepMs predicts a forward's time over rows rows of seqs sequences: the

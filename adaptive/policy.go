@@ -43,8 +43,8 @@ type Snapshot struct {
 	StepMs      []Point           `json:"step_ms"`  // the target's step time by rows, for one sequence
 	BatchMs     []Point           `json:"batch_ms"` // a plain decoding step's time by rows, one per sequence
 	DraftMs     float64           `json:"draft_ms"`
-	CommitMs    float64           `json:"commit_ms"`
-	OverheadMs  float64           `json:"overhead_ms"` // per step, outside forward, drafts and commits
+	CommitMs    float64           `json:"commit_ms"`   // per speculating request: its commit and bookkeeping
+	OverheadMs  float64           `json:"overhead_ms"` // per plain step, outside the forward
 	Calibration CalibrationReport `json:"calibration"`
 }
 

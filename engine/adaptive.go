@@ -34,17 +34,20 @@ func (e *Engine) forwardBatch(jobs []*job, inputs []SeqInput, taps []int) ([]Seq
 	if p == nil {
 		return e.Model.Forward(inputs, taps)
 	}
-	decoding := e.allot(p, jobs, inputs)
+	decoding, drafted := e.allot(p, jobs, inputs)
 	start := time.Now()
-	p.Cost.ForwardStarts(start, decoding)
+	p.Cost.ForwardStarts(start, decoding, drafted)
 	outs, err := e.Model.Forward(inputs, taps)
 	end := time.Now()
-	p.Cost.ForwardEnds(end, decoding && err == nil)
-	if err == nil && decoding {
-		rows := 0
-		for _, in := range inputs {
-			rows += len(in.Tokens)
-		}
+	p.Cost.ForwardEnds(end, decoding && err == nil, drafted)
+	rows := 0
+	for _, in := range inputs {
+		rows += len(in.Tokens)
+	}
+	// A step whose drafts were all cut to the root is plain in shape, but
+	// it came after drafts, and the plain steps' curve is what a step
+	// costs while none draft.
+	if err == nil && decoding && (rows > len(inputs) || drafted == 0) {
 		p.Cost.ObserveStep(len(inputs), rows, end.Sub(start))
 	}
 	return outs, err
@@ -53,13 +56,13 @@ func (e *Engine) forwardBatch(jobs []*job, inputs []SeqInput, taps []int) ([]Seq
 // allot cuts the drafted jobs' trees to the policy's node counts, starts
 // the drafting schedule of the jobs at their first decoding step, judged in
 // its batch, and reports whether the batch is a pure decode step (no prompt
-// chunk), whose time measures the verify cost.
-func (e *Engine) allot(p *adaptive.Policy, jobs []*job, inputs []SeqInput) (decoding bool) {
+// chunk), whose time measures the verify cost, and how many jobs drafted.
+func (e *Engine) allot(p *adaptive.Policy, jobs []*job, inputs []SeqInput) (bool, int) {
 	var drafted []int
 	var probs [][]float64
 	var depths [][]int32
 	var rest adaptive.Rest
-	decoding = true
+	decoding := true
 	for i, j := range jobs {
 		switch {
 		case j.drafted:
@@ -80,7 +83,7 @@ func (e *Engine) allot(p *adaptive.Policy, jobs []*job, inputs []SeqInput) (deco
 		}
 	}
 	if len(drafted) == 0 {
-		return decoding
+		return decoding, 0
 	}
 	var backoffs []*adaptive.Backoff
 	if p.Autoregressive {
@@ -93,7 +96,7 @@ func (e *Engine) allot(p *adaptive.Policy, jobs []*job, inputs []SeqInput) (deco
 		jobs[i].tree = jobs[i].tree.Prefix(nodes[k])
 		jobs[i].setProposal(&inputs[i])
 	}
-	return decoding
+	return decoding, len(drafted)
 }
 
 // pathProbs are the tree's non-root nodes' path probabilities under the drafter.

@@ -90,11 +90,12 @@ func TestAdaptiveResumesDrafting(t *testing.T) {
 	}
 	e, p := adaptiveEngine(t, 3, true, mamba.Replay, pathOracle(concat(prompt, want.Tokens)), 0, ctxLen, Options{})
 	// Preset costs that this run's own measurements cannot move (a full
-	// window each, far below them): a flat step and a drafter at 0.625 of
-	// one, so a draft that wins nothing loses 0.625 steps and the probe
-	// interval is 20 steps (the first probe after a full window of drafts
-	// comes a quarter of it, 5 steps, on); perfect drafts pay.
-	for range 16 {
+	// window each, the plain step's longest, far below them): a flat step
+	// and a drafter at 0.625 of one, so a draft that wins nothing loses
+	// 0.625 steps and the probe interval is 20 steps (the first probe after
+	// a full window of drafts comes a quarter of it, 5 steps, on); perfect
+	// drafts pay.
+	for range 64 {
 		p.Cost.ObserveStep(1, 1, time.Microsecond)
 		p.Cost.ObserveStep(1, 33, time.Microsecond)
 		p.Cost.ObserveDraft(625*time.Nanosecond, true)

@@ -24,7 +24,7 @@ var (
 	adaptiveDraftDesc = prometheus.NewDesc("ddflash:adaptive_draft_seconds",
 		"Measured drafter time per draft.", nil, nil)
 	adaptiveCommitDesc = prometheus.NewDesc("ddflash:adaptive_commit_seconds",
-		"Measured commit time per verify (accepted path's GDN state and KV).", nil, nil)
+		"Measured time a speculating request adds to a step besides its draft and rows: its commit (accepted path's GDN state and KV) and its tree's bookkeeping.", nil, nil)
 	adaptivePredictedDesc = prometheus.NewDesc("ddflash:adaptive_predicted_accepted_total",
 		"Drafter path probabilities summed over verified nodes of this depth: the predicted verify steps accepting at least depth tokens.", []string{"depth"}, nil)
 	adaptiveObservedDesc = prometheus.NewDesc("ddflash:adaptive_observed_accepted_total",
