@@ -87,7 +87,7 @@ func defaultDraftGolden(t *testing.T) draftGolden {
 	return draftGolden{"../models/default/target", "../models/default/draft", g.Context, g.Anchor, g.Logits}
 }
 
-func readJSON(t *testing.T, path string, v any) {
+func readJSON(t testing.TB, path string, v any) {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
