@@ -25,10 +25,13 @@ type draftGolden struct {
 // TestDrafterMatchesFloat64Reference runs one draft step on the committed
 // pairs (target features from the engine, then the drafter) and compares the
 // per-position logits with the float64 references: the random golden-tiny
-// pair (engine/testdata/golden-tiny, two anchors) and the trained default
-// pair (dflash/testdata/golden-default-draft.json).
+// pair (engine/testdata/golden-tiny, two anchors), golden-tiny's target with
+// a random drafter in the published Qwen3.6-27B layout
+// (dflash/testdata/golden-published-layout, two anchors) and the trained
+// default pair (dflash/testdata/golden-default-draft.json).
 func TestDrafterMatchesFloat64Reference(t *testing.T) {
-	for _, g := range append(tinyDraftGoldens(t), defaultDraftGolden(t)) {
+	goldens := slices.Concat(tinyDraftGoldens(t), publishedLayoutGoldens(t), []draftGolden{defaultDraftGolden(t)})
+	for _, g := range goldens {
 		e := loadPair(t, g.target, g.draft)
 		d := e.Drafter.(*Drafter)
 		sess, err := d.NewSession(nil)
@@ -73,6 +76,38 @@ func tinyDraftGoldens(t *testing.T) []draftGolden {
 	var out []draftGolden
 	for _, b := range g.Draft.Blocks {
 		out = append(out, draftGolden{dir, dir + "/draft", ids[:b.Anchor], ids[b.Anchor], b.Logits})
+	}
+	return out
+}
+
+// publishedLayoutGoldens reads the draft steps of a random drafter with the
+// layer layout of z-lab's Qwen3.6-27B-DFlash (4 sliding layers, window 8 here,
+// then 1 full) on golden-tiny's target, after checking that its layout is
+// the published config's.
+func publishedLayoutGoldens(t *testing.T) []draftGolden {
+	const dir = "testdata/golden-published-layout"
+	cfg, err := LoadConfig(dir + "/draft")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, k := range cfg.Layers {
+		kinds = append(kinds, k.String())
+	}
+	if published := publishedLayerTypes(t); !slices.Equal(kinds, published) {
+		t.Fatalf("%s/draft has layers %v, the published drafter %v", dir, kinds, published)
+	}
+	var g struct {
+		IDs    []int32 `json:"ids"`
+		Blocks []struct {
+			Anchor int         `json:"anchor"`
+			Logits [][]float64 `json:"logits"`
+		} `json:"blocks"`
+	}
+	readJSON(t, dir+"/golden.json", &g)
+	var out []draftGolden
+	for _, b := range g.Blocks {
+		out = append(out, draftGolden{"../engine/testdata/golden-tiny", dir + "/draft", g.IDs[:b.Anchor], g.IDs[b.Anchor], b.Logits})
 	}
 	return out
 }
