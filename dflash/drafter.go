@@ -42,10 +42,14 @@ type Drafter struct {
 	kv, ring   *engine.KVCache
 	ringPages  int
 	cacheIndex []int
-	allVisible kernels.Buffer // I32 block mask of ones: non-causal layers
-	attn       kernels.AttnShape
-	invFreq    kernels.Buffer // RoPE inverse frequencies (plain or YaRN)
-	ropeScale  float32
+	allVisible kernels.Buffer // I32 block mask of ones: non-causal full layers
+	// nearVisible is the block mask of non-causal sliding layers: block
+	// keys less than a window away on either side (the kernel's window
+	// hides only keys before a query).
+	nearVisible kernels.Buffer
+	attn        kernels.AttnShape
+	invFreq     kernels.Buffer // RoPE inverse frequencies (plain or YaRN)
+	ropeScale   float32
 }
 
 // Options sizes the drafter's context cache: room for Sequences sessions
@@ -98,18 +102,19 @@ func LoadDrafter(dir string, target *engine.Model, opts Options) (*Drafter, erro
 		d.Close()
 		return nil, err
 	}
-	ones := make([]int32, cfg.BlockSize*cfg.BlockSize)
-	for i := range ones {
-		ones[i] = 1
-	}
-	if d.allVisible, err = b.Alloc(kernels.I32, len(ones)); err != nil {
+	if d.allVisible, err = d.blockMask(cfg.BlockSize); err != nil {
+		d.Close()
 		return nil, err
 	}
-	if err := b.UploadI32(d.allVisible, 0, ones); err != nil {
-		return nil, err
+	if cfg.SlidingWindow > 0 {
+		if d.nearVisible, err = d.blockMask(cfg.SlidingWindow); err != nil {
+			d.Close()
+			return nil, err
+		}
 	}
 	freq, scale := cfg.RopeFrequencies()
 	if d.invFreq, err = engine.UploadRopeFrequencies(b, freq); err != nil {
+		d.Close()
 		return nil, err
 	}
 	d.ropeScale = scale
@@ -118,6 +123,25 @@ func LoadDrafter(dir string, target *engine.Model, opts Options) (*Drafter, erro
 		PageSize: opts.PageSize, Scale: float32(1 / math.Sqrt(float64(cfg.HeadDim))),
 	}
 	return d, nil
+}
+
+// blockMask uploads the block mask that shows block row i the block keys j
+// with |i−j| < window.
+func (d *Drafter) blockMask(window int) (kernels.Buffer, error) {
+	Q := d.Cfg.BlockSize
+	mask := make([]int32, Q*Q)
+	for i := range Q {
+		for j := range Q {
+			if max(i-j, j-i) < window {
+				mask[i*Q+j] = 1
+			}
+		}
+	}
+	buf, err := d.b.Alloc(kernels.I32, len(mask))
+	if err != nil {
+		return nil, err
+	}
+	return buf, d.b.UploadI32(buf, 0, mask)
 }
 
 func (d *Drafter) tensorSpecs() []engine.TensorSpec {
@@ -207,7 +231,7 @@ func (d *Drafter) Close() {
 			c.Close()
 		}
 	}
-	for _, buf := range []kernels.Buffer{d.allVisible, d.invFreq} {
+	for _, buf := range []kernels.Buffer{d.allVisible, d.nearVisible, d.invFreq} {
 		if buf != nil {
 			d.b.Free(buf)
 		}
@@ -388,11 +412,15 @@ func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 		b.RMSNorm(q, q, lw.QNorm, Q*c.NumHeads, c.HeadDim, eps, false)
 		b.RoPE(q, blockPosBuf, d.invFreq, Q, c.NumHeads, c.HeadDim, c.HeadDim, d.ropeScale)
 		seq := cc.seq
-		if !c.LayerCausal(i) {
-			seq.Mask = d.allVisible
-		}
 		if c.Layers[i] == SlidingAttention {
 			seq.Window = c.SlidingWindow
+		}
+		switch {
+		case c.LayerCausal(i): // no mask: the kernel's causal order
+		case seq.Window > 0:
+			seq.Mask = d.nearVisible
+		default:
+			seq.Mask = d.allVisible
 		}
 		b.Attention(attn, q, kc, vc, d.attn, []kernels.AttnSeq{seq})
 		b.MatMul(u, attn, lw.OProj, Q, H, qDim)

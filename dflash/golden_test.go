@@ -3,6 +3,7 @@ package dflash
 import (
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -26,8 +27,9 @@ type draftGolden struct {
 // pairs (target features from the engine, then the drafter) and compares the
 // per-position logits with the float64 references: the random golden-tiny
 // pair (engine/testdata/golden-tiny, two anchors), golden-tiny's target with
-// a random drafter in the published Qwen3.6-27B layout
-// (dflash/testdata/golden-published-layout, two anchors) and the trained
+// a random drafter in the published Qwen3.6-27B layout, as published and
+// with is_causal false (dflash/testdata/golden-published-layout, two anchors
+// each) and the trained
 // default pair (dflash/testdata/golden-default-draft.json).
 func TestDrafterMatchesFloat64Reference(t *testing.T) {
 	goldens := slices.Concat(tinyDraftGoldens(t), publishedLayoutGoldens(t), []draftGolden{defaultDraftGolden(t)})
@@ -83,9 +85,10 @@ func tinyDraftGoldens(t *testing.T) []draftGolden {
 // publishedLayoutGoldens reads the draft steps of a random drafter with the
 // layer layout of z-lab's Qwen3.6-27B-DFlash (4 sliding layers, window 8 here,
 // then 1 full) on golden-tiny's target, after checking that its layout is
-// the published config's.
+// the published config's; and the same drafter's steps with is_causal false
+// (noncausal/config.json, the sliding layers' window on both sides).
 func publishedLayoutGoldens(t *testing.T) []draftGolden {
-	const dir = "testdata/golden-published-layout"
+	const dir, target = "testdata/golden-published-layout", "../engine/testdata/golden-tiny"
 	cfg, err := LoadConfig(dir + "/draft")
 	if err != nil {
 		t.Fatal(err)
@@ -97,17 +100,33 @@ func publishedLayoutGoldens(t *testing.T) []draftGolden {
 	if published := publishedLayerTypes(t); !slices.Equal(kinds, published) {
 		t.Fatalf("%s/draft has layers %v, the published drafter %v", dir, kinds, published)
 	}
+	type blocks []struct {
+		Anchor int         `json:"anchor"`
+		Logits [][]float64 `json:"logits"`
+	}
 	var g struct {
-		IDs    []int32 `json:"ids"`
-		Blocks []struct {
-			Anchor int         `json:"anchor"`
-			Logits [][]float64 `json:"logits"`
-		} `json:"blocks"`
+		IDs       []int32 `json:"ids"`
+		Blocks    blocks  `json:"blocks"`
+		NonCausal struct {
+			Blocks blocks `json:"blocks"`
+		} `json:"noncausal"`
 	}
 	readJSON(t, dir+"/golden.json", &g)
+	noncausal := filepath.Join(t.TempDir(), "noncausal")
+	if err := os.Mkdir(noncausal, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{dir + "/noncausal/config.json", dir + "/draft/model.safetensors"} {
+		if err := os.WriteFile(filepath.Join(noncausal, filepath.Base(f)), readFile(t, f), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var out []draftGolden
 	for _, b := range g.Blocks {
-		out = append(out, draftGolden{"../engine/testdata/golden-tiny", dir + "/draft", g.IDs[:b.Anchor], g.IDs[b.Anchor], b.Logits})
+		out = append(out, draftGolden{target, dir + "/draft", g.IDs[:b.Anchor], g.IDs[b.Anchor], b.Logits})
+	}
+	for _, b := range g.NonCausal.Blocks {
+		out = append(out, draftGolden{target, noncausal, g.IDs[:b.Anchor], g.IDs[b.Anchor], b.Logits})
 	}
 	return out
 }

@@ -109,7 +109,7 @@ def draft_config_json(cfg, num_target_layers, vocab_size, max_position_embedding
         "tie_word_embeddings": False,
         "vocab_size": vocab_size,
         "dtype": "bfloat16",
-    }
+    } | ({} if cfg.causal is None else {"is_causal": cfg.causal})
 
 
 def draft_weight_shapes(cfg):

@@ -10,11 +10,14 @@ The widths follow golden-tiny (hidden 64, vocabulary 320, mask id 319 in its unu
 heads keep the published 4:1 grouping; the taps are z-lab's default rule for 5 draft layers over
 golden-tiny's 8 layers, the rule that gives the published [1, 16, 31, 46, 61] over 64. The window
 (8) is shorter than the context of the second anchor and than the block, so the sliding layers'
-window and causality both show.
+window and causality both show. noncausal/ holds the same drafter's config with is_causal false
+(every layer non-causal, the sliding layers' window on both sides of a query); its weights are
+draft/'s.
 
 Usage: make_layout_golden.py  (run from the repository root with Debian's python3)
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -73,18 +76,31 @@ def main():
     with open(os.path.join(TARGET, "golden.json")) as f:
         ids = json.load(f)["sequences"][-1]["ids"]
     assert len(ids) == 40
+    # The same weights with every layer non-causal: only its config.json is written.
+    noncausal = dataclasses.replace(cfg, causal=False)
+    os.makedirs(os.path.join(OUT, "noncausal"), exist_ok=True)
+    with open(os.path.join(OUT, "noncausal", "config.json"), "w") as f:
+        json.dump(dflash.draft_config_json(noncausal, len(target_cfg.layer_types), target_cfg.vocab_size, 256), f, indent=2)
+        f.write("\n")
     draft32 = {name: t.to(torch.float32) for name, t in draft.items()}
     target32 = {name: t.to(torch.float32) for name, t in target.items()}
-    blocks, float32_diff = [], 0.0
-    with torch.no_grad():
-        features = dflash.target_features(qwen36.forward(target_cfg, target, torch.tensor([ids]))[1], cfg.target_layer_ids)
-        features32 = dflash.target_features(qwen36.forward(target_cfg, target32, torch.tensor([ids]))[1], cfg.target_layer_ids)
+    float32_diff = 0.0
+
+    def steps(cfg):
+        nonlocal float32_diff
+        blocks = []
         for anchor in ANCHORS:
             anchor_id = torch.tensor([ids[anchor]])
             logits = dflash.draft_block(cfg, draft, target["embed_tokens.weight"], target["lm_head.weight"], features[:, :anchor], anchor_id)
             logits32 = dflash.draft_block(cfg, draft32, target32["embed_tokens.weight"], target32["lm_head.weight"], features32[:, :anchor], anchor_id)
             float32_diff = max(float32_diff, (logits32.double() - logits).abs().max().item())
             blocks.append({"anchor": anchor, "logits": [[round(v, 7) for v in row] for row in logits[0].tolist()]})
+        return blocks
+
+    with torch.no_grad():
+        features = dflash.target_features(qwen36.forward(target_cfg, target, torch.tensor([ids]))[1], cfg.target_layer_ids)
+        features32 = dflash.target_features(qwen36.forward(target_cfg, target32, torch.tensor([ids]))[1], cfg.target_layer_ids)
+        blocks, noncausal_blocks = steps(cfg), steps(noncausal)
     write_golden(os.path.join(OUT, "golden.json"), {
         "generator": "tools/reference/make_layout_golden.py (float64 references of the target and the drafter)",
         "target": "engine/testdata/golden-tiny",
@@ -92,12 +108,13 @@ def main():
         "ids": ids,
         "layout": "blocks[i].logits[row][vocab] for rows 1..block_size-1 of the block [ids[anchor], mask...] at positions "
                   "anchor..anchor+15, context = the target's tapped layer outputs at positions 0..anchor-1; sliding layers "
-                  "causal with the window, the full layer non-causal",
+                  "causal with the window, the full layer non-causal; noncausal.blocks the same with noncausal/config.json "
+                  "(is_causal false: every layer non-causal, the window on both sides of a query) and draft/'s weights",
         "checks": {"float32_reference_draft_logits_max_abs": float32_diff},
         "blocks": blocks,
+        "noncausal": {"blocks": noncausal_blocks},
     })
     print(f"wrote {OUT}: taps {cfg.target_layer_ids}, float32 vs float64 draft logits {float32_diff:.2e}")
-
 
 if __name__ == "__main__":
     main()
