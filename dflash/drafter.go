@@ -37,14 +37,19 @@ type Drafter struct {
 	layers     []layerWeights
 	// Context K/V of committed tokens: full-attention layers page the whole
 	// sequence in kv; sliding layers keep a ring of ringPages pages per
-	// session in ring (see ringTable). cacheIndex is a layer's index in its cache.
+	// session in ring (see ringTable). cacheIndex is a layer's index in its
+	// cache. A cache no layer uses is nil.
 	kv, ring   *engine.KVCache
 	ringPages  int
 	cacheIndex []int
-	allVisible kernels.Buffer // I32 block mask of ones: non-causal layers
-	attn       kernels.AttnShape
-	invFreq    kernels.Buffer // RoPE inverse frequencies (plain or YaRN)
-	ropeScale  float32
+	allVisible kernels.Buffer // I32 block mask of ones: non-causal full layers
+	// nearVisible is the block mask of non-causal sliding layers: block
+	// keys less than a window away on either side (the kernel's window
+	// hides only keys before a query).
+	nearVisible kernels.Buffer
+	attn        kernels.AttnShape
+	invFreq     kernels.Buffer // RoPE inverse frequencies (plain or YaRN)
+	ropeScale   float32
 }
 
 // Options sizes the drafter's context cache: room for Sequences sessions
@@ -97,18 +102,19 @@ func LoadDrafter(dir string, target *engine.Model, opts Options) (*Drafter, erro
 		d.Close()
 		return nil, err
 	}
-	ones := make([]int32, cfg.BlockSize*cfg.BlockSize)
-	for i := range ones {
-		ones[i] = 1
-	}
-	if d.allVisible, err = b.Alloc(kernels.I32, len(ones)); err != nil {
+	if d.allVisible, err = d.blockMask(cfg.BlockSize); err != nil {
+		d.Close()
 		return nil, err
 	}
-	if err := b.UploadI32(d.allVisible, 0, ones); err != nil {
-		return nil, err
+	if cfg.SlidingWindow > 0 {
+		if d.nearVisible, err = d.blockMask(cfg.SlidingWindow); err != nil {
+			d.Close()
+			return nil, err
+		}
 	}
 	freq, scale := cfg.RopeFrequencies()
 	if d.invFreq, err = engine.UploadRopeFrequencies(b, freq); err != nil {
+		d.Close()
 		return nil, err
 	}
 	d.ropeScale = scale
@@ -117,6 +123,25 @@ func LoadDrafter(dir string, target *engine.Model, opts Options) (*Drafter, erro
 		PageSize: opts.PageSize, Scale: float32(1 / math.Sqrt(float64(cfg.HeadDim))),
 	}
 	return d, nil
+}
+
+// blockMask uploads the block mask that shows block row i the block keys j
+// with |i−j| < window.
+func (d *Drafter) blockMask(window int) (kernels.Buffer, error) {
+	Q := d.Cfg.BlockSize
+	mask := make([]int32, Q*Q)
+	for i := range Q {
+		for j := range Q {
+			if max(i-j, j-i) < window {
+				mask[i*Q+j] = 1
+			}
+		}
+	}
+	buf, err := d.b.Alloc(kernels.I32, len(mask))
+	if err != nil {
+		return nil, err
+	}
+	return buf, d.b.UploadI32(buf, 0, mask)
 }
 
 func (d *Drafter) tensorSpecs() []engine.TensorSpec {
@@ -176,8 +201,10 @@ func (d *Drafter) allocCaches(opts Options) error {
 	}
 	pages := (tokens + opts.PageSize - 1) / opts.PageSize
 	var err error
-	if d.kv, err = engine.NewKVCache(shard, paged, opts.PageSize, pages); err != nil {
-		return err
+	if paged > 0 {
+		if d.kv, err = engine.NewKVCache(shard, paged, opts.PageSize, pages); err != nil {
+			return err
+		}
 	}
 	if ringed > 0 {
 		d.ringPages = cfg.RingTokens(opts.PageSize, opts.Context) / opts.PageSize
@@ -204,7 +231,7 @@ func (d *Drafter) Close() {
 			c.Close()
 		}
 	}
-	for _, buf := range []kernels.Buffer{d.allVisible, d.invFreq} {
+	for _, buf := range []kernels.Buffer{d.allVisible, d.nearVisible, d.invFreq} {
 		if buf != nil {
 			d.b.Free(buf)
 		}
@@ -232,7 +259,9 @@ func (d *Drafter) NewSession([]int32) (engine.DraftSession, error) { return &Ses
 
 // Close returns the session's cache pages.
 func (s *Session) Close() {
-	s.d.kv.Truncate(&s.kv, 0)
+	if s.d.kv != nil {
+		s.d.kv.Truncate(&s.kv, 0)
+	}
 	if s.d.ring != nil {
 		s.d.ring.Truncate(&s.ring, 0)
 	}
@@ -262,6 +291,53 @@ func (s *Session) ringSlots(pos []int32) []int32 {
 	return slots
 }
 
+// contextCache is where one round's attention layers of a kind (paged or
+// ringed) keep their keys and values: the cache, the last keep of the
+// round's context rows (the rest no query of theirs can see again), and the
+// slots and attention pages of those rows and of the block.
+type contextCache struct {
+	cache                *engine.KVCache
+	keep                 int
+	ctxSlots, blockSlots kernels.Buffer
+	seq                  kernels.AttnSeq // the block's queries over the cache's pages
+}
+
+// pagedCache reserves the session's pages for the context and the block at
+// blockPos (whose first is the anchor's position) in the paged cache.
+func (s *Session) pagedCache(a *arena, ctxPos, blockPos []int32) (contextCache, error) {
+	kv, start, Q := s.d.kv, int(blockPos[0]), len(blockPos)
+	if err := kv.Reserve(&s.kv, start+Q); err != nil {
+		return contextCache{}, err
+	}
+	return contextCache{
+		cache:      kv,
+		keep:       len(ctxPos),
+		ctxSlots:   a.i32(slotsOf(&s.kv, kv.PageSize(), ctxPos)),
+		blockSlots: a.i32(slotsOf(&s.kv, kv.PageSize(), blockPos)),
+		seq:        kernels.AttnSeq{QueryLen: Q, Prefix: start, Pages: a.i32(s.kv.Pages)},
+	}, nil
+}
+
+// ringCache reserves the session's ring: it keeps the context rows a query
+// can still see, and the block's attention reads it from the page where the
+// block's first window starts.
+func (s *Session) ringCache(a *arena, ctxPos, blockPos []int32) (contextCache, error) {
+	ring, start, Q := s.d.ring, int(blockPos[0]), len(blockPos)
+	if err := ring.Reserve(&s.ring, s.d.ringPages*ring.PageSize()); err != nil {
+		return contextCache{}, err
+	}
+	first := max(0, start-(s.d.Cfg.SlidingWindow-1))
+	keep := start - max(s.cached, first)
+	ringFrom := first / ring.PageSize() * ring.PageSize()
+	return contextCache{
+		cache:      ring,
+		keep:       keep,
+		ctxSlots:   a.i32(s.ringSlots(ctxPos[len(ctxPos)-keep:])),
+		blockSlots: a.i32(s.ringSlots(blockPos)),
+		seq:        kernels.AttnSeq{QueryLen: Q, Prefix: start - ringFrom, Pages: a.i32(s.ringTable(ringFrom, start+Q))},
+	}, nil
+}
+
 // Draft appends the fused features of newly committed tokens (rows of
 // len(TapLayers)·targetHidden values, in tap order) to the context, runs the
 // block [anchor, mask, …, mask] at positions start..start+BlockSize-1 (start
@@ -276,47 +352,35 @@ func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 	}
 	ctxRows, Q, H := len(features)/width, c.BlockSize, c.HiddenSize
 	start := s.cached + ctxRows
-	if err := d.kv.Reserve(&s.kv, start+Q); err != nil {
-		return nil, err
-	}
-	// The sliding layers keep the context rows a query can still see,
-	// from the page where the block's first window starts.
-	keep, ringFrom := 0, 0
-	if d.ring != nil {
-		if err := d.ring.Reserve(&s.ring, d.ringPages*d.ring.PageSize()); err != nil {
-			return nil, err
-		}
-		first := max(0, start-(c.SlidingWindow-1))
-		keep = start - max(s.cached, first)
-		ringFrom = first / d.ring.PageSize() * d.ring.PageSize()
-	}
 	a := arena{b: b}
 	defer a.free()
+	ctxPos, blockPos := positions(s.cached, ctxRows), positions(start, Q)
+	var paged, ringed contextCache
+	var err error
+	if d.kv != nil {
+		if paged, err = s.pagedCache(&a, ctxPos, blockPos); err != nil {
+			return nil, err
+		}
+	}
+	if d.ring != nil {
+		if ringed, err = s.ringCache(&a, ctxPos, blockPos); err != nil {
+			return nil, err
+		}
+	}
 	qDim, kvDim := c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
 	ids := make([]int32, Q)
 	ids[0] = anchor
 	for i := 1; i < Q; i++ {
 		ids[i] = int32(c.MaskTokenID)
 	}
-	ctxPos, blockPos := positions(s.cached, ctxRows), positions(start, Q)
-	ctxSlots, blockSlots := slotsOf(&s.kv, d.kv.PageSize(), ctxPos), slotsOf(&s.kv, d.kv.PageSize(), blockPos)
-	idsBuf, pagesBuf := a.i32(ids), a.i32(s.kv.Pages)
-	blockPosBuf, blockSlotsBuf := a.i32(blockPos), a.i32(blockSlots)
-	var ringPagesBuf, ringCtxSlotsBuf, ringBlockSlotsBuf kernels.Buffer
-	if d.ring != nil {
-		ringPagesBuf, ringBlockSlotsBuf = a.i32(s.ringTable(ringFrom, start+Q)), a.i32(s.ringSlots(blockPos))
-		if keep > 0 {
-			ringCtxSlotsBuf = a.i32(s.ringSlots(ctxPos[ctxRows-keep:]))
-		}
-	}
+	idsBuf, blockPosBuf := a.i32(ids), a.i32(blockPos)
 	x, u := a.f32(Q*H), a.f32(Q*H)
 	q, attn := a.f32(Q*qDim), a.f32(Q*qDim)
 	k, v := a.f32(max(Q, ctxRows)*kvDim), a.f32(max(Q, ctxRows)*kvDim)
 	act, up := a.f32(Q*c.IntermediateSize), a.f32(Q*c.IntermediateSize)
-	var ctx, ctxPosBuf, ctxSlotsBuf, feat kernels.Buffer
+	var ctx, ctxPosBuf, feat kernels.Buffer
 	if ctxRows > 0 {
-		ctx, feat = a.f32(ctxRows*H), a.f32(len(features))
-		ctxPosBuf, ctxSlotsBuf = a.i32(ctxPos), a.i32(ctxSlots)
+		ctx, feat, ctxPosBuf = a.f32(ctxRows*H), a.f32(len(features)), a.i32(ctxPos)
 	}
 	if a.err != nil {
 		return nil, a.err
@@ -331,34 +395,32 @@ func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 	}
 	b.Embedding(x, d.target.Embeddings(), idsBuf, Q, H)
 	for i, lw := range d.layers {
-		kc, vc := d.kv.Layer(0, d.cacheIndex[i])
-		seq := kernels.AttnSeq{QueryLen: Q, Prefix: start, Pages: pagesBuf}
-		slots := blockSlotsBuf
-		switch {
-		case d.ringed(i):
-			kc, vc = d.ring.Layer(0, d.cacheIndex[i])
-			if keep > 0 {
-				from := ctxRows - keep
-				d.keysValues(&lw, k, v, b.Slice(ctx, from*H, keep*H), b.Slice(ctxPosBuf, from, keep), keep)
-				b.WriteKV(kc, vc, k, v, ringCtxSlotsBuf, keep, kvDim)
-			}
-			slots = ringBlockSlotsBuf
-			seq = kernels.AttnSeq{QueryLen: Q, Prefix: start - ringFrom, Pages: ringPagesBuf}
-		case ctxRows > 0:
-			d.keysValues(&lw, k, v, ctx, ctxPosBuf, ctxRows)
-			b.WriteKV(kc, vc, k, v, ctxSlotsBuf, ctxRows, kvDim)
+		cc := &paged
+		if d.ringed(i) {
+			cc = &ringed
+		}
+		kc, vc := cc.cache.Layer(0, d.cacheIndex[i])
+		if cc.keep > 0 {
+			from := ctxRows - cc.keep
+			d.keysValues(&lw, k, v, b.Slice(ctx, from*H, cc.keep*H), b.Slice(ctxPosBuf, from, cc.keep), cc.keep)
+			b.WriteKV(kc, vc, k, v, cc.ctxSlots, cc.keep, kvDim)
 		}
 		b.RMSNorm(u, x, lw.InputNorm, Q, H, eps, false)
 		d.keysValues(&lw, k, v, u, blockPosBuf, Q)
-		b.WriteKV(kc, vc, k, v, slots, Q, kvDim)
+		b.WriteKV(kc, vc, k, v, cc.blockSlots, Q, kvDim)
 		b.MatMul(q, u, lw.QProj, Q, qDim, H)
 		b.RMSNorm(q, q, lw.QNorm, Q*c.NumHeads, c.HeadDim, eps, false)
 		b.RoPE(q, blockPosBuf, d.invFreq, Q, c.NumHeads, c.HeadDim, c.HeadDim, d.ropeScale)
-		if !c.LayerCausal(i) {
-			seq.Mask = d.allVisible
-		}
+		seq := cc.seq
 		if c.Layers[i] == SlidingAttention {
 			seq.Window = c.SlidingWindow
+		}
+		switch {
+		case c.LayerCausal(i): // no mask: the kernel's causal order
+		case seq.Window > 0:
+			seq.Mask = d.nearVisible
+		default:
+			seq.Mask = d.allVisible
 		}
 		b.Attention(attn, q, kc, vc, d.attn, []kernels.AttnSeq{seq})
 		b.MatMul(u, attn, lw.OProj, Q, H, qDim)
@@ -438,7 +500,12 @@ func (a *arena) alloc(dt kernels.DType, n int) kernels.Buffer {
 
 func (a *arena) f32(n int) kernels.Buffer { return a.alloc(kernels.F32, n) }
 
+// i32 uploads v to a new buffer; an empty v gets none (nil), as no kernel
+// reads it.
 func (a *arena) i32(v []int32) kernels.Buffer {
+	if len(v) == 0 {
+		return nil
+	}
 	buf := a.alloc(kernels.I32, len(v))
 	if buf != nil {
 		if err := a.b.UploadI32(buf, 0, v); err != nil {

@@ -57,6 +57,39 @@ func writePair(t testing.TB, preset string, seed uint64, dtype string, draft tes
 	return target, draftDir
 }
 
+// layout is a drafter's layer_types in order, named for test messages.
+type layout struct {
+	name  string
+	types []string
+}
+
+// drafterLayouts are the layouts the drafter tests run on: z-lab's
+// published Qwen3.6-27B drafter (4 sliding + 1 full, read from its config in
+// testdata), 2 + 1, 1 + 1 (testmodel's default), full and sliding layers
+// alternating, all sliding and all full. The TP test runs the first two.
+func drafterLayouts(t testing.TB) []layout {
+	const S, F = "sliding_attention", "full_attention"
+	return []layout{
+		{"published", publishedLayerTypes(t)},
+		{"2+1", []string{S, S, F}},
+		{"1+1", []string{S, F}},
+		{"alternating", []string{F, S, F, S}},
+		{"all sliding", []string{S, S, S}},
+		{"all full", []string{F, F}},
+	}
+}
+
+// publishedLayerTypes reads layer_types from the published Qwen3.6-27B-DFlash
+// config (testdata/SOURCES.md).
+func publishedLayerTypes(t testing.TB) []string {
+	t.Helper()
+	var cfg struct {
+		LayerTypes []string `json:"layer_types"`
+	}
+	readJSON(t, "testdata/qwen3.6-27b-dflash.config.subset.json", &cfg)
+	return cfg.LayerTypes
+}
+
 func randomFeatures(rng *rand.Rand, n int) []float32 {
 	f := make([]float32, n)
 	for i := range f {
@@ -70,49 +103,63 @@ func randomFeatures(rng *rand.Rand, n int) []float32 {
 // checks each round equals a fresh session given the whole context at once:
 // no block K/V of an earlier round leaks into a later one.
 func TestDraftCacheHoldsOnlyCommittedContext(t *testing.T) {
-	e := tinyPair(t, 2, engine.SpecOptions{Mode: engine.SpecLinear})
-	d := e.Drafter.(*Drafter)
-	width := len(d.TapLayers()) * e.Model.Cfg.HiddenSize
-	rng := rand.New(rand.NewPCG(1, 2))
-	// 40 rows of context: with window 24 the sliding layer's window matters.
-	all := randomFeatures(rng, 40*width)
-	inc, err := d.NewSession(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer inc.Close()
-	done := 0
-	for _, rows := range []int{7, 1, 16, 3, 13} {
-		anchor := int32(rng.IntN(290))
-		got, err := inc.Draft(all[done*width:(done+rows)*width], anchor)
+	for _, l := range drafterLayouts(t) {
+		e := tinyPairWith(t, 2, engine.SpecOptions{Mode: engine.SpecLinear}, testmodel.DraftOptions{LayerTypes: l.types, Window: 12})
+		d := e.Drafter.(*Drafter)
+		width := len(d.TapLayers()) * e.Model.Cfg.HiddenSize
+		rng := rand.New(rand.NewPCG(1, 2))
+		// 40 rows of context: with window 12 the sliding layers' window
+		// matters and their rings wrap.
+		all := randomFeatures(rng, 40*width)
+		inc, err := d.NewSession(nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		done += rows
-		fresh, err := d.NewSession(nil)
-		if err != nil {
-			t.Fatal(err)
+		done := 0
+		for _, rows := range []int{7, 1, 16, 3, 13} {
+			anchor := int32(rng.IntN(290))
+			got, err := inc.Draft(all[done*width:(done+rows)*width], anchor)
+			if err != nil {
+				t.Fatal(err)
+			}
+			done += rows
+			fresh, err := d.NewSession(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := fresh.Draft(all[:done*width], anchor)
+			fresh.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := closeness.MaxAbsDiff(got, want); diff > 1e-5 {
+				t.Fatalf("%s layout, after %d context rows: incremental draft differs from fresh by %g", l.name, done, diff)
+			}
 		}
-		want, err := fresh.Draft(all[:done*width], anchor)
-		fresh.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if diff := closeness.MaxAbsDiff(got, want); diff > 1e-5 {
-			t.Fatalf("after %d context rows: incremental draft differs from fresh by %g", done, diff)
-		}
+		inc.Close()
+		e.Close()
 	}
 }
 
 // TestSlidingRingsMatchFullCache drafts over a context five times the
 // sliding window, in rounds of varied sizes (one longer than the window),
 // with the sliding layers in per-session rings and, as the reference, in
-// the paged cache over the whole context: the logits must agree bit for
-// bit (attention depends only on the keys a row sees, in order), and the
-// rings must hold RingTokens per session.
+// the paged cache over the whole context, for each layout with sliding
+// layers: the logits must agree bit for bit (attention depends only on the
+// keys a row sees, in order), and each sliding layer's ring must hold
+// RingTokens per session.
 func TestSlidingRingsMatchFullCache(t *testing.T) {
 	const window = 12
-	target, dir := writePair(t, "tiny", 4, "", testmodel.DraftOptions{Window: window})
+	for _, l := range drafterLayouts(t) {
+		if !slices.Contains(l.types, "sliding_attention") {
+			continue
+		}
+		checkRingsMatchFullCache(t, l, window)
+	}
+}
+
+func checkRingsMatchFullCache(t *testing.T, l layout, window int) {
+	target, dir := writePair(t, "tiny", 4, "", testmodel.DraftOptions{LayerTypes: l.types, Window: window})
 	e, err := engine.Load(cpu.New(2), target, engine.Options{PageSize: 4, MaxSeqs: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -129,12 +176,14 @@ func TestSlidingRingsMatchFullCache(t *testing.T) {
 	}
 	defer paged.Close()
 	if ringed.ring == nil || paged.ring != nil {
-		t.Fatalf("ring caches: %v with rings, %v without: want one and none", ringed.ring != nil, paged.ring != nil)
+		t.Fatalf("%s layout: ring caches: %v with rings, %v without: want one and none", l.name, ringed.ring != nil, paged.ring != nil)
 	}
 	kvDim := ringed.Cfg.NumKVHeads * ringed.Cfg.HeadDim
-	k, _ := ringed.ring.Layer(0, 0)
-	if want := 2 * ringed.Cfg.RingTokens(4, e.Context) * kvDim; k.Len() != want {
-		t.Errorf("ring layer of %d elements, want two sessions' RingTokens × kvDim = %d", k.Len(), want)
+	for i := range ringed.Cfg.NumSliding() {
+		k, _ := ringed.ring.Layer(0, i)
+		if want := 2 * ringed.Cfg.RingTokens(4, e.Context) * kvDim; k.Len() != want {
+			t.Errorf("%s layout: ring layer %d of %d elements, want two sessions' RingTokens × kvDim = %d", l.name, i, k.Len(), want)
+		}
 	}
 	width := len(ringed.TapLayers()) * e.Model.Cfg.HiddenSize
 	rng := rand.New(rand.NewPCG(5, 6))
@@ -159,7 +208,7 @@ func TestSlidingRingsMatchFullCache(t *testing.T) {
 		}
 		done += rows
 		if !slices.Equal(out[0], out[1]) {
-			t.Fatalf("after %d context rows (window %d): ring draft differs from the full-cache draft", done, window)
+			t.Fatalf("%s layout, after %d context rows (window %d): ring draft differs from the full-cache draft", l.name, done, window)
 		}
 	}
 	if done < 5*window {
@@ -168,11 +217,13 @@ func TestSlidingRingsMatchFullCache(t *testing.T) {
 }
 
 // TestRealDrafterIsLossless runs the real drafter forward (random weights,
-// so acceptance is rare but every path runs) in each spec mode and compares
-// the output with autoregressive decoding.
+// so acceptance is rare but every path runs) in each spec mode, for each
+// drafter layout, and compares the output with autoregressive decoding.
+// The sliding window (12) is smaller than the sequences, so rings wrap.
 func TestRealDrafterIsLossless(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	for seed := uint64(1); seed <= 3; seed++ {
+	for i, l := range drafterLayouts(t) {
+		seed := uint64(i + 1)
 		prompt := make([]int32, 1+rng.IntN(30))
 		for i := range prompt {
 			prompt[i] = int32(rng.IntN(290))
@@ -188,13 +239,13 @@ func TestRealDrafterIsLossless(t *testing.T) {
 			{Mode: engine.SpecTree, Budget: 32},
 		} {
 			// Every other run uses a YaRN-scaled drafter.
-			draft := testmodel.DraftOptions{Window: 24, YaRN: float64(2 * (seed % 2))}
+			draft := testmodel.DraftOptions{LayerTypes: l.types, Window: 12, YaRN: float64(2 * (seed % 2))}
 			got, err := tinyPairWith(t, seed, spec, draft).Generate(context.Background(), req)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !slices.Equal(got.Tokens, want.Tokens) {
-				t.Fatalf("seed %d %v b%d: output differs from autoregressive\n got %v\nwant %v", seed, spec.Mode, spec.Budget, got.Tokens, want.Tokens)
+				t.Fatalf("%s layout, seed %d %v b%d: output differs from autoregressive\n got %v\nwant %v", l.name, seed, spec.Mode, spec.Budget, got.Tokens, want.Tokens)
 			}
 		}
 	}

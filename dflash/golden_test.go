@@ -3,6 +3,7 @@ package dflash
 import (
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -25,10 +26,14 @@ type draftGolden struct {
 // TestDrafterMatchesFloat64Reference runs one draft step on the committed
 // pairs (target features from the engine, then the drafter) and compares the
 // per-position logits with the float64 references: the random golden-tiny
-// pair (engine/testdata/golden-tiny, two anchors) and the trained default
-// pair (dflash/testdata/golden-default-draft.json).
+// pair (engine/testdata/golden-tiny, two anchors), golden-tiny's target with
+// a random drafter in the published Qwen3.6-27B layout, as published and
+// with is_causal false (dflash/testdata/golden-published-layout, two anchors
+// each) and the trained
+// default pair (dflash/testdata/golden-default-draft.json).
 func TestDrafterMatchesFloat64Reference(t *testing.T) {
-	for _, g := range append(tinyDraftGoldens(t), defaultDraftGolden(t)) {
+	goldens := slices.Concat(tinyDraftGoldens(t), publishedLayoutGoldens(t), []draftGolden{defaultDraftGolden(t)})
+	for _, g := range goldens {
 		e := loadPair(t, g.target, g.draft)
 		d := e.Drafter.(*Drafter)
 		sess, err := d.NewSession(nil)
@@ -77,6 +82,55 @@ func tinyDraftGoldens(t *testing.T) []draftGolden {
 	return out
 }
 
+// publishedLayoutGoldens reads the draft steps of a random drafter with the
+// layer layout of z-lab's Qwen3.6-27B-DFlash (4 sliding layers, window 8 here,
+// then 1 full) on golden-tiny's target, after checking that its layout is
+// the published config's; and the same drafter's steps with is_causal false
+// (noncausal/config.json, the sliding layers' window on both sides).
+func publishedLayoutGoldens(t *testing.T) []draftGolden {
+	const dir, target = "testdata/golden-published-layout", "../engine/testdata/golden-tiny"
+	cfg, err := LoadConfig(dir + "/draft")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, k := range cfg.Layers {
+		kinds = append(kinds, k.String())
+	}
+	if published := publishedLayerTypes(t); !slices.Equal(kinds, published) {
+		t.Fatalf("%s/draft has layers %v, the published drafter %v", dir, kinds, published)
+	}
+	type blocks []struct {
+		Anchor int         `json:"anchor"`
+		Logits [][]float64 `json:"logits"`
+	}
+	var g struct {
+		IDs       []int32 `json:"ids"`
+		Blocks    blocks  `json:"blocks"`
+		NonCausal struct {
+			Blocks blocks `json:"blocks"`
+		} `json:"noncausal"`
+	}
+	readJSON(t, dir+"/golden.json", &g)
+	noncausal := filepath.Join(t.TempDir(), "noncausal")
+	if err := os.Mkdir(noncausal, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{dir + "/noncausal/config.json", dir + "/draft/model.safetensors"} {
+		if err := os.WriteFile(filepath.Join(noncausal, filepath.Base(f)), readFile(t, f), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out []draftGolden
+	for _, b := range g.Blocks {
+		out = append(out, draftGolden{target, dir + "/draft", g.IDs[:b.Anchor], g.IDs[b.Anchor], b.Logits})
+	}
+	for _, b := range g.NonCausal.Blocks {
+		out = append(out, draftGolden{target, noncausal, g.IDs[:b.Anchor], g.IDs[b.Anchor], b.Logits})
+	}
+	return out
+}
+
 func defaultDraftGolden(t *testing.T) draftGolden {
 	var g struct {
 		Context []int32     `json:"context"`
@@ -87,7 +141,7 @@ func defaultDraftGolden(t *testing.T) draftGolden {
 	return draftGolden{"../models/default/target", "../models/default/draft", g.Context, g.Anchor, g.Logits}
 }
 
-func readJSON(t *testing.T, path string, v any) {
+func readJSON(t testing.TB, path string, v any) {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {

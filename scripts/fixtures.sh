@@ -2,6 +2,8 @@
 # Reproduces the committed fixtures from scratch, with fixed seeds:
 #   engine/testdata/golden-tiny/  float64 reference logits for a tiny random checkpoint (seconds),
 #                                 and golden-tiny-fp8/, the same in FP8 (ddflash quantize)
+#   dflash/testdata/golden-published-layout/  a random drafter in the published Qwen3.6-27B-DFlash
+#                                 layer layout for golden-tiny, and its float64 draft logits (seconds)
 #   models/default/               the trained tiny target + DFlash drafter, and eval.json (about
 #                                 an hour of CPU: target ~30 min, drafter ~35 min, evaluation)
 # Usage: scripts/fixtures.sh [golden|all]   (default all)
@@ -35,6 +37,7 @@ go run ./cmd/ddflash quantize --in engine/testdata/golden-tiny --out "$fp8tmp"
 cp "$fp8tmp/config.json" "$fp8tmp/model.safetensors" engine/testdata/golden-tiny-fp8/
 rm -rf "$fp8tmp"
 $python tools/reference/make_golden_fp8.py
+$python tools/reference/make_layout_golden.py
 if [ "${1:-all}" = golden ]; then
 	exit 0
 fi

@@ -24,6 +24,9 @@ func runTestModel(args []string) error {
 	dtype := fs.String("dtype", "f32", "weight dtype: f32|bf16|fp8 (fp8: bf16 with FP8 block-scaled linear layers, as Qwen's -FP8 checkpoints; the drafter stays bf16)")
 	shards := fs.Int("shards", 1, "number of safetensors files (more than 1 adds model.safetensors.index.json)")
 	draftOut := fs.String("draft-out", "", "also write a matching random DFlash drafter (z-lab layout) into this directory")
+	draftLayers := fs.Int("draft-layers", 0, "drafter layers (default: as many as --draft-layer-types lists, or 2)")
+	draftLayerTypes := fs.String("draft-layer-types", "", "drafter layer_types in order, comma-separated: sliding|full (default: the last layer full, the others sliding; z-lab's Qwen3.6-27B drafter is sliding,sliding,sliding,sliding,full)")
+	draftWindow := fs.Int("draft-window", 0, "sliding window of the drafter's sliding layers (default: 3/4 of the target's context)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -52,7 +55,12 @@ func runTestModel(args []string) error {
 	if draftDType == "fp8" { // drafters ship unquantised
 		draftDType = "bf16"
 	}
-	if err := testmodel.WriteDrafter(*draftOut, testmodel.DraftOptions{Target: p, Seed: *seed, DType: draftDType}); err != nil {
+	var layerTypes []string
+	if *draftLayerTypes != "" {
+		layerTypes = strings.Split(*draftLayerTypes, ",")
+	}
+	draft := testmodel.DraftOptions{Target: p, Seed: *seed, DType: draftDType, Layers: *draftLayers, LayerTypes: layerTypes, Window: *draftWindow}
+	if err := testmodel.WriteDrafter(*draftOut, draft); err != nil {
 		return err
 	}
 	fmt.Printf("wrote a matching DFlash drafter to %s\n", *draftOut)

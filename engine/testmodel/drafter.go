@@ -11,13 +11,51 @@ import (
 
 // DraftOptions selects what WriteDrafter produces.
 type DraftOptions struct {
-	Target    Preset // the target the drafter conditions on
-	Seed      uint64
-	DType     string  // "f32" or "bf16" (not fp8); empty means f32
-	Layers    int     // draft layers; 0 means 2 (the last full attention, the others sliding)
-	BlockSize int     // query block; 0 means 16 as in the real drafters
-	Window    int     // sliding window of the sliding layers; 0 means 3/4 of the target context
-	YaRN      float64 // > 1 adds YaRN rope_scaling with this factor over a quarter of the context
+	Target Preset // the target the drafter conditions on
+	Seed   uint64
+	DType  string // "f32" or "bf16" (not fp8); empty means f32
+	Layers int    // draft layers; 0 means len(LayerTypes), or 2 without them
+	// LayerTypes lists the layers' layer_types in order, by their z-lab
+	// names or as "sliding" and "full"; nil means the last layer full
+	// attention and the others sliding.
+	LayerTypes []string
+	BlockSize  int     // query block; 0 means 16 as in the real drafters
+	Window     int     // sliding window of the sliding layers; 0 means 3/4 of the target context
+	YaRN       float64 // > 1 adds YaRN rope_scaling with this factor over a quarter of the context
+}
+
+// draftLayerTypes returns the z-lab layer_types of opt's drafter.
+func draftLayerTypes(opt DraftOptions) ([]string, error) {
+	if opt.Layers < 0 {
+		return nil, fmt.Errorf("test drafter: %d layers", opt.Layers)
+	}
+	if opt.LayerTypes == nil {
+		layers := opt.Layers
+		if layers == 0 {
+			layers = 2
+		}
+		types := make([]string, layers)
+		for i := range types {
+			types[i] = "sliding_attention"
+		}
+		types[layers-1] = "full_attention"
+		return types, nil
+	}
+	if len(opt.LayerTypes) == 0 || opt.Layers != 0 && opt.Layers != len(opt.LayerTypes) {
+		return nil, fmt.Errorf("test drafter: %d layer types for %d layers", len(opt.LayerTypes), opt.Layers)
+	}
+	types := make([]string, len(opt.LayerTypes))
+	for i, name := range opt.LayerTypes {
+		switch name {
+		case "sliding", "sliding_attention":
+			types[i] = "sliding_attention"
+		case "full", "full_attention":
+			types[i] = "full_attention"
+		default:
+			return nil, fmt.Errorf("test drafter: layer type %q: want sliding_attention (sliding) or full_attention (full)", name)
+		}
+	}
+	return types, nil
 }
 
 // WriteDrafter writes a random DFlash drafter for the target preset in the
@@ -34,10 +72,11 @@ func WriteDrafter(dir string, opt DraftOptions) error {
 	if dt.fp8 {
 		return fmt.Errorf("test drafter: dtype fp8: DFlash drafters ship in bf16 (choose f32 or bf16)")
 	}
-	layers := opt.Layers
-	if layers == 0 {
-		layers = 2
+	layerTypes, err := draftLayerTypes(opt)
+	if err != nil {
+		return err
 	}
+	layers := len(layerTypes)
 	block := opt.BlockSize
 	if block == 0 {
 		block = 16
@@ -52,11 +91,6 @@ func WriteDrafter(dir string, opt DraftOptions) error {
 		taps[i] = 1 + i*(p.Layers-2)/max(layers-1, 1)
 	}
 	taps[layers-1] = p.Layers - 1
-	layerTypes := make([]string, layers)
-	for i := range layerTypes {
-		layerTypes[i] = "sliding_attention"
-	}
-	layerTypes[layers-1] = "full_attention"
 	cfg := map[string]any{
 		"architectures":           []string{"DFlashDraftModel"},
 		"model_type":              "qwen3",

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"ddflash/dflash"
 	"ddflash/engine"
 	"ddflash/engine/config"
 	"ddflash/engine/safetensors"
@@ -263,6 +264,61 @@ func TestWriteRejectsBadOptions(t *testing.T) {
 	small.VocabSize = 100
 	if err := Write(t.TempDir(), Options{Preset: small}); err == nil || !strings.Contains(err.Error(), "vocab_size") {
 		t.Errorf("vocab_size below the tokenizer: err = %v", err)
+	}
+}
+
+// TestDrafterLayerTypes writes drafters of several layouts and reads them
+// back with the drafter's config parser: the layer kinds, in order, and a
+// tensor count the layer count needs; bad layouts are refused.
+func TestDrafterLayerTypes(t *testing.T) {
+	p := tiny(t)
+	S, F := dflash.SlidingAttention, dflash.FullAttention
+	for _, c := range []struct {
+		opt  DraftOptions
+		want []dflash.LayerKind
+	}{
+		{DraftOptions{}, []dflash.LayerKind{S, F}},
+		{DraftOptions{Layers: 3}, []dflash.LayerKind{S, S, F}},
+		{DraftOptions{LayerTypes: []string{"sliding", "sliding_attention", "sliding", "sliding", "full"}}, []dflash.LayerKind{S, S, S, S, F}},
+		{DraftOptions{Layers: 3, LayerTypes: []string{"full", "sliding", "full_attention"}}, []dflash.LayerKind{F, S, F}},
+		{DraftOptions{LayerTypes: []string{"sliding", "sliding"}, Window: 12}, []dflash.LayerKind{S, S}},
+		{DraftOptions{LayerTypes: []string{"full"}}, []dflash.LayerKind{F}},
+	} {
+		c.opt.Target, c.opt.Seed = p, 1
+		dir := t.TempDir()
+		if err := WriteDrafter(dir, c.opt); err != nil {
+			t.Fatalf("%+v: %v", c.opt, err)
+		}
+		cfg, err := dflash.LoadConfig(dir)
+		if err != nil {
+			t.Fatalf("%+v: %v", c.opt, err)
+		}
+		if !slices.Equal(cfg.Layers, c.want) {
+			t.Errorf("%v: layers %v, want %v", c.opt.LayerTypes, cfg.Layers, c.want)
+		}
+		if c.opt.Window != 0 && cfg.SlidingWindow != c.opt.Window {
+			t.Errorf("%v: window %d, want %d", c.opt.LayerTypes, cfg.SlidingWindow, c.opt.Window)
+		}
+		f, err := safetensors.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// fc, hidden_norm and norm, and 11 tensors per layer.
+		if n := len(f.Names()); n != 3+11*len(c.want) {
+			t.Errorf("%v: %d tensors for %d layers, want %d", c.opt.LayerTypes, n, len(c.want), 3+11*len(c.want))
+		}
+		f.Close()
+	}
+	for _, bad := range []DraftOptions{
+		{LayerTypes: []string{"sliding", "linear_attention"}},
+		{Layers: 2, LayerTypes: []string{"sliding", "sliding", "full"}},
+		{LayerTypes: []string{}},
+		{Layers: -1},
+	} {
+		bad.Target = p
+		if err := WriteDrafter(t.TempDir(), bad); err == nil {
+			t.Errorf("layers %d, types %q: accepted", bad.Layers, bad.LayerTypes)
+		}
 	}
 }
 

@@ -40,6 +40,10 @@ func TestModelLogits(t *testing.T) {
 // CPU backend's, on the GPU.
 func TestSpecGeneration(t *testing.T) { checkSpecGeneration(t, gpu(t)) }
 
+// TestDraftLogits compares a drafter in the published Qwen3.6-27B layout
+// with the CPU backend's, round by round, on the GPU.
+func TestDraftLogits(t *testing.T) { checkDraftLogits(t, gpu(t)) }
+
 // TestSpecLosslessBF16State: with a BF16 recurrent state, greedy DFlash and
 // DDTree decoding equal autoregressive decoding on the GPU.
 func TestSpecLosslessBF16State(t *testing.T) { checkSpecLosslessBF16State(t, gpu(t)) }

@@ -4,6 +4,7 @@ package cuda_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -40,6 +41,7 @@ func TestEmulatedModel(t *testing.T) {
 	t.Run("LogitsH256", func(t *testing.T) { checkModelLogits(t, be, "tiny-h256", "bf16") })
 	t.Run("Spec", func(t *testing.T) { checkSpecGeneration(t, be) })
 	t.Run("SpecBF16State", func(t *testing.T) { checkSpecLosslessBF16State(t, be) })
+	t.Run("DraftLogits", func(t *testing.T) { checkDraftLogits(t, be) })
 	t.Run("Close", func(t *testing.T) { checkCloseReleases(t, be) })
 	t.Run("PlannedAllocation", func(t *testing.T) { checkPlannedAllocation(t, be) })
 }
@@ -223,6 +225,68 @@ func checkSpecLosslessBF16State(t *testing.T, be kernels.Backend) {
 	} {
 		if got := generate(t, be, target, draft, spec, prompt, engine.SamplingParams{}, engine.SSMBF16); !slices.Equal(got, want) {
 			t.Errorf("%v budget %d %v: tokens differ from autoregressive decoding\n got %v\nwant %v", spec.Mode, spec.Budget, spec.Rollback, got, want)
+		}
+	}
+}
+
+// checkDraftLogits drafts with a random drafter in the published
+// Qwen3.6-27B layout (4 sliding layers, window 8, then a full one) on be and
+// on the CPU backend, in rounds whose context outgrows the sliding layers'
+// rings: every round's logits of the real token ids must agree to F32
+// rounding.
+func checkDraftLogits(t *testing.T, be kernels.Backend) {
+	var published struct {
+		LayerTypes []string `json:"layer_types"`
+	}
+	data, err := os.ReadFile("../../dflash/testdata/qwen3.6-27b-dflash.config.subset.json")
+	must(t, err)
+	must(t, json.Unmarshal(data, &published))
+	p, err := testmodel.PresetByName("tiny")
+	must(t, err)
+	dir := t.TempDir()
+	target, draft := dir+"/target", dir+"/draft"
+	must(t, testmodel.Write(target, testmodel.Options{Preset: p, Seed: 7, DType: "bf16"}))
+	must(t, testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: 7, DType: "bf16", LayerTypes: published.LayerTypes, Window: 8}))
+	cfg, err := dflash.LoadConfig(draft)
+	must(t, err)
+	width := len(cfg.TargetLayerIDs) * p.Hidden
+	rng := rand.New(rand.NewPCG(13, 14))
+	var features [][]float32
+	for _, rows := range []int{9, 1, 20, 3, 30} {
+		f := make([]float32, rows*width)
+		for i := range f {
+			f[i] = float32(rng.NormFloat64())
+		}
+		features = append(features, f)
+	}
+	logits := func(be kernels.Backend) [][]float32 {
+		e, err := engine.Load(be, target, engine.Options{PageSize: 4, Context: 128})
+		must(t, err)
+		defer e.Close()
+		d, err := dflash.LoadDrafter(draft, e.Model, dflash.Options{PageSize: 4, Context: e.Context})
+		must(t, err)
+		defer d.Close()
+		s, err := d.NewSession(nil)
+		must(t, err)
+		defer s.Close()
+		// The padding ids' logits are -Inf on both: compare the real ones.
+		V, valid := e.Model.Cfg.VocabSize, e.ValidVocab
+		var out [][]float32
+		for i, f := range features {
+			l, err := s.Draft(f, int32(17+i))
+			must(t, err)
+			var real []float32
+			for r := 0; r < len(l); r += V {
+				real = append(real, l[r:r+valid]...)
+			}
+			out = append(out, real)
+		}
+		return out
+	}
+	want, got := logits(cpu.New(0)), logits(be)
+	for i := range want {
+		if d := cuda.RelNorm(got[i], want[i]); d > 1e-4 {
+			t.Errorf("draft round %d: ‖got−cpu‖/‖cpu‖ = %.2g", i, d)
 		}
 	}
 }

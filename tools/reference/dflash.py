@@ -4,8 +4,10 @@
 The drafter is a stack of Qwen3 decoder layers (plain-weight RMSNorm, q_norm/k_norm, full
 NeoX RoPE, no output gate). Its keys and values come from the fused target features of the
 context (fc, then hidden_norm) followed by the block itself; its queries come from the block
-[anchor, mask, …, mask]. It reuses the target's embedding and lm_head. Only non-causal
-full_attention layers are implemented (the layer type of the tiny drafter trained here).
+[anchor, mask, …, mask]. It reuses the target's embedding and lm_head. Layers are
+full_attention (non-causal: every key visible) or sliding_attention (causal, and keys a
+sliding_window or more before the query hidden), unless is_causal / dflash_config.causal sets
+every layer's causality (docs/dflash-ddtree.md §1.4).
 """
 
 import json
@@ -17,6 +19,9 @@ import torch
 
 from qwen36 import apply_rope, attend, mlp
 from safetensors_io import read_safetensors, write_safetensors
+
+
+FULL, SLIDING = "full_attention", "sliding_attention"
 
 
 @dataclass(frozen=True)
@@ -32,13 +37,33 @@ class DraftConfig:
     block_size: int
     mask_token_id: int
     target_layer_ids: tuple
+    layer_types: tuple = None  # "full_attention" or "sliding_attention" per layer; None: all full
+    sliding_window: int = None  # required when a layer slides
+    causal: bool = None  # is_causal (dflash_config.causal) when the config sets it
+
+    def __post_init__(self):
+        if self.layer_types is None:
+            object.__setattr__(self, "layer_types", (FULL,) * self.num_layers)
+        if len(self.layer_types) != self.num_layers or not set(self.layer_types) <= {FULL, SLIDING}:
+            raise ValueError(f"layer_types {self.layer_types}: want {self.num_layers} of {FULL}, {SLIDING}")
+        if SLIDING in self.layer_types and not self.sliding_window:
+            raise ValueError("sliding_attention layers need a sliding_window")
+
+
+def build_target_layer_ids(num_target_layers, num_draft_layers):
+    """z-lab's default taps: the middle target layer for one draft layer, else spread evenly over
+    [1, num_target_layers − 3] (Python's round)."""
+    if num_draft_layers == 1:
+        return (num_target_layers // 2,)
+    start, end = 1, num_target_layers - 3
+    span = end - start
+    return tuple(round(start + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers))
 
 
 def parse_draft_config(raw):
     dflash = raw.get("dflash_config", {})
-    layer_types = raw.get("layer_types") or ["full_attention"] * raw["num_hidden_layers"]
-    if any(t != "full_attention" for t in layer_types) or raw.get("is_causal"):
-        raise ValueError(f"only non-causal full_attention drafter layers are supported, got {layer_types}")
+    layer_types = raw.get("layer_types") or [FULL] * raw["num_hidden_layers"]
+    causal = dflash.get("causal", raw.get("is_causal"))
     return DraftConfig(
         hidden_size=raw["hidden_size"],
         num_layers=raw["num_hidden_layers"],
@@ -51,6 +76,9 @@ def parse_draft_config(raw):
         block_size=dflash.get("block_size", raw.get("block_size", 16)),
         mask_token_id=dflash["mask_token_id"],
         target_layer_ids=tuple(dflash["target_layer_ids"]),
+        layer_types=tuple(layer_types),
+        sliding_window=raw.get("sliding_window") if SLIDING in layer_types else None,
+        causal=causal,
     )
 
 
@@ -64,7 +92,7 @@ def draft_config_json(cfg, num_target_layers, vocab_size, max_position_embedding
         "num_target_layers": num_target_layers,
         "hidden_size": cfg.hidden_size,
         "num_hidden_layers": cfg.num_layers,
-        "layer_types": ["full_attention"] * cfg.num_layers,
+        "layer_types": list(cfg.layer_types),
         "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim,
@@ -74,14 +102,14 @@ def draft_config_json(cfg, num_target_layers, vocab_size, max_position_embedding
         "rope_theta": cfg.rope_theta,
         "rope_scaling": None,
         "max_position_embeddings": max_position_embeddings,
-        "sliding_window": None,
-        "use_sliding_window": False,
+        "sliding_window": cfg.sliding_window,
+        "use_sliding_window": cfg.sliding_window is not None,
         "attention_bias": False,
         "attention_dropout": 0.0,
         "tie_word_embeddings": False,
         "vocab_size": vocab_size,
         "dtype": "bfloat16",
-    }
+    } | ({} if cfg.causal is None else {"is_causal": cfg.causal})
 
 
 def draft_weight_shapes(cfg):
@@ -153,13 +181,31 @@ def fuse_context(cfg, w, features):
     return rms_norm(features @ w["fc.weight"].T, w["hidden_norm.weight"], cfg.rms_norm_eps)
 
 
+def layer_visible(cfg, layer, query_positions, key_positions):
+    """[N, K], True where a query at query_positions[n] may attend to the key at
+    key_positions[k] in the given layer: full_attention layers are non-causal, sliding_attention
+    layers causal, unless cfg.causal sets it; sliding layers see keys less than sliding_window
+    positions away (before the query; on either side when non-causal)."""
+    sliding = cfg.layer_types[layer] == SLIDING
+    causal = sliding if cfg.causal is None else cfg.causal
+    distance = query_positions[:, None] - key_positions[None, :]
+    visible = torch.ones(distance.shape, dtype=torch.bool)
+    if causal:
+        visible &= distance >= 0
+    if sliding:
+        visible &= distance.abs() < cfg.sliding_window
+    return visible
+
+
 def draft_hidden(cfg, w, context, context_positions, block, block_positions, visible):
     """context [B, C, hidden] (fused), block [B, N, hidden] (embedded block tokens), positions
-    [C] and [N], visible [N, C+N] (True where a block row may attend to a key). Returns the
-    final-normed hidden states [B, N, hidden]; logits are these times the target lm_head."""
+    [C] and [N], visible [N, C+N] (True where a block row may attend to a key), one for every
+    layer or a list with one per layer. Returns the final-normed hidden states [B, N, hidden];
+    logits are these times the target lm_head."""
     batch, rows, _ = block.shape
     heads, kv_heads, dim, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
     key_positions = torch.cat([context_positions, block_positions])
+    masks = visible if isinstance(visible, (list, tuple)) else [visible] * cfg.num_layers
     x = block
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
@@ -171,21 +217,22 @@ def draft_hidden(cfg, w, context, context_positions, block, block_positions, vis
         v = (keys_from @ w[p + "self_attn.v_proj.weight"].T).view(batch, -1, kv_heads, dim)
         q = apply_rope(q, block_positions, dim, cfg.rope_theta)
         k = apply_rope(k, key_positions, dim, cfg.rope_theta)
-        x = x + attend(q, k, v, visible).reshape(batch, rows, heads * dim) @ w[p + "self_attn.o_proj.weight"].T
+        x = x + attend(q, k, v, masks[i]).reshape(batch, rows, heads * dim) @ w[p + "self_attn.o_proj.weight"].T
         x = x + mlp(w, p + "mlp.", rms_norm(x, w[p + "post_attention_layernorm.weight"], eps))
     return rms_norm(x, w["norm.weight"], eps)
 
 
 def draft_block(cfg, w, embed, lm_head, features, anchor_ids):
     """One inference draft step: context = every position before the anchor (features
-    [B, start, taps·hidden]), block [anchor, mask×(block_size−1)] at positions start…, all
-    keys visible (non-causal). Returns logits [B, block_size−1, V] for the tokens after the anchor."""
+    [B, start, taps·hidden]), block [anchor, mask×(block_size−1)] at positions start…, keys
+    visible per layer_visible. Returns logits [B, block_size−1, V] for the tokens after the anchor."""
     batch, start, _ = features.shape
     ids = torch.full((batch, cfg.block_size), cfg.mask_token_id)
     ids[:, 0] = anchor_ids
-    visible = torch.ones(cfg.block_size, start + cfg.block_size, dtype=torch.bool)
+    block_positions = torch.arange(start, start + cfg.block_size)
+    key_positions = torch.arange(start + cfg.block_size)
+    visible = [layer_visible(cfg, i, block_positions, key_positions) for i in range(cfg.num_layers)]
     hidden = draft_hidden(
-        cfg, w, fuse_context(cfg, w, features), torch.arange(start), embed[ids],
-        torch.arange(start, start + cfg.block_size), visible,
+        cfg, w, fuse_context(cfg, w, features), torch.arange(start), embed[ids], block_positions, visible,
     )
     return hidden[:, 1:] @ lm_head.T
