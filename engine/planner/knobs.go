@@ -114,7 +114,7 @@ type Knobs struct {
 
 	KVDtype   DType `json:"kv_dtype"`   // default: CheckpointDType
 	SSMDtype  DType `json:"ssm_dtype"`  // default: the config's mamba_ssm_dtype (fp32)
-	ConvDtype DType `json:"conv_dtype"` // default: CheckpointDType
+	ConvDtype DType `json:"conv_dtype"` // default: CheckpointDType (SGLang mode: bf16)
 
 	MaxRunningRequests int            `json:"max_running_requests"` // required
 	Spec               Spec           `json:"spec"`
@@ -164,14 +164,18 @@ func CheckpointDType(t *Target) DType {
 }
 
 // withCacheDefaults fills the zero cache dtypes: the KV cache and conv
-// state in the checkpoint's dtype, the recurrent state in config.json's
-// mamba_ssm_dtype.
+// state in the checkpoint's dtype (SGLang's conv state in bf16 whatever the
+// checkpoint, its SGLANG_MAMBA_CONV_DTYPE default), the recurrent state in
+// config.json's mamba_ssm_dtype.
 func (k Knobs) withCacheDefaults(t *Target) Knobs {
 	if k.KVDtype == (DType{}) {
 		k.KVDtype = CheckpointDType(t)
 	}
 	if k.ConvDtype == (DType{}) {
 		k.ConvDtype = CheckpointDType(t)
+		if k.Mode == ModeSGLang {
+			k.ConvDtype = BF16
+		}
 	}
 	if k.SSMDtype == (DType{}) {
 		k.SSMDtype = dtypeAliases[t.Config.SSMDtype] // the config parser admits only float32, bfloat16 and float16
