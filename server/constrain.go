@@ -31,7 +31,7 @@ type toolChoice struct {
 type toolSpec struct {
 	name     string
 	types    map[string]string  // each parameter's JSON schema type
-	params   map[string]*schema // a parameter's value grammar; nil: free text
+	params   map[string]*schema // a parameter's value grammar: JSON of a schema; for a string, free text (nil) or stringChoices
 	keys     []string           // the parameters, sorted; nil: any name
 	required []string
 }
@@ -107,7 +107,8 @@ func toolSpecs(raw json.RawMessage) ([]toolSpec, error) {
 			spec.keys = append(spec.keys, name)
 			spec.types[name] = schemaType(typeOf(prop))
 			if spec.types[name] == "string" {
-				continue // free text
+				spec.params[name] = stringChoices(prop) // free text unless the schema lists the values
+				continue
 			}
 			// A schema constrained decoding cannot enforce leaves the value free.
 			spec.params[name], _ = compileSchema(prop, name)
@@ -116,6 +117,33 @@ func toolSpecs(raw json.RawMessage) ([]toolSpec, error) {
 		specs = append(specs, spec)
 	}
 	return specs, nil
+}
+
+// stringChoices is the value grammar of a string parameter whose schema
+// lists its values (enum or const): one of those strings as written, for
+// qwen3_coder writes string values unquoted. It is nil, free text, when the
+// schema lists no string values.
+func stringChoices(prop json.RawMessage) *schema {
+	var listed struct {
+		Enum  []json.RawMessage `json:"enum"`
+		Const json.RawMessage   `json:"const"`
+	}
+	_ = json.Unmarshal(prop, &listed)
+	values := listed.Enum
+	if listed.Const != nil {
+		values = []json.RawMessage{listed.Const}
+	}
+	var choices []string
+	for _, v := range values {
+		var s string
+		if json.Unmarshal(v, &s) == nil {
+			choices = append(choices, s)
+		}
+	}
+	if choices == nil {
+		return nil
+	}
+	return &schema{enum: choices}
 }
 
 func typeOf(prop json.RawMessage) json.RawMessage {

@@ -90,12 +90,16 @@ func loadEngine(t testing.TB, target string, spec engine.SpecOptions, seqs int) 
 }
 
 // loadEngineWith is loadEngine with more of the engine's options; the
-// context, page size and verify room are set here.
+// page size and verify room are set here, and the context unless opts
+// gives one.
 func loadEngineWith(t testing.TB, target string, spec engine.SpecOptions, opts engine.Options) *engine.Engine {
 	t.Helper()
 	_, drafter, _ := modelDirs(t)
 	b := cpu.New(2)
-	opts.Context, opts.PageSize = testContext, 8
+	if opts.Context == 0 {
+		opts.Context = testContext
+	}
+	opts.PageSize = 8
 	var err error
 	if spec.Mode != engine.SpecAuto {
 		if opts.VerifyTokens, err = dflash.VerifyTokens(drafter, spec); err != nil {
@@ -148,6 +152,7 @@ type harnessOptions struct {
 	setup  func(*Model) // adjusts the model before it is served
 	// prefixSlots turns the engine's prefix cache on with this many checkpoints.
 	prefixSlots int
+	context     int // the engine's context; default testContext
 }
 
 // serveTiny starts a server for the tiny model and waits until /health says 200.
@@ -160,7 +165,7 @@ func serveTiny(t testing.TB, o harnessOptions) *harness {
 	if o.target != "" {
 		target = o.target
 	}
-	e := loadEngineWith(t, target, o.spec, engine.Options{MaxSeqs: max(o.sched.MaxRunning, 1), PrefixSlots: o.prefixSlots})
+	e := loadEngineWith(t, target, o.spec, engine.Options{MaxSeqs: max(o.sched.MaxRunning, 1), PrefixSlots: o.prefixSlots, Context: o.context})
 	if o.engine != nil {
 		o.engine(e)
 	}

@@ -17,9 +17,14 @@ type grammar interface {
 	root() frame
 }
 
-// maxBlank bounds white space between tokens of a grammar, so that a
-// constrained model cannot pad a reply forever.
-const maxBlank = 16
+// maxBlank bounds each run of white space between a grammar's tokens
+// (JSON's structure, before and between tool calls), as xgrammar's
+// max_whitespace_cnt does, so that a weak model cannot pad a constrained
+// reply until max_tokens: past it only the next token may come. Eight
+// leaves room for a newline and seven spaces of indentation (pretty-printed
+// JSON two spaces a level, three levels deep). Text inside JSON strings and
+// free-text tool parameters is the reply's content and is not bounded.
+const maxBlank = 8
 
 // check says whether b is a valid prefix of g, and whether it is complete.
 func check(g grammar, b []byte) (viable, complete bool) {

@@ -48,6 +48,9 @@ func TestGrammars(t *testing.T) {
 		{"person duplicate key", jsonReply{person}, `{"name": "Ann", "name": "Bo", "age": 1}`, false},
 		{"person tag not in enum", jsonReply{person}, `{"name": "A", "age": 1, "tags": ["c"]}`, false},
 		{"endless blank", object, `{` + string(make([]byte, 0)) + "                    " + `}`, false},
+		{"blank runs of 8", object, "{\n       " + `"a":` + "\t\t\t\t\t\t\t\t1\r\n}", true},
+		{"a blank run of 9", object, `{"a":         1}`, false},
+		{"a blank run of 9 before a call", choice.grammar(), "\n\n\n\n\n\n\n\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n</function>\n</tool_call>", false},
 		{"tool call", choice.grammar(), "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>", true},
 		{"two tool calls", choice.grammar(), "<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nB\n</parameter>\n</function>\n</tool_call>", true},
 		{"two calls, not parallel", single.grammar(), "<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n</function>\n</tool_call>\n<tool_call>", false},
@@ -55,6 +58,9 @@ func TestGrammars(t *testing.T) {
 		{"unknown function", choice.grammar(), "<tool_call>\n<function=get_time>\n", false},
 		{"unknown parameter", choice.grammar(), "<tool_call>\n<function=get_weather>\n<parameter=town>\n", false},
 		{"required parameter missing", choice.grammar(), "<tool_call>\n<function=get_weather>\n<parameter=days>\n3\n</parameter>\n</function>", false},
+		{"enum parameter", choice.grammar(), "<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n<parameter=unit>\nfahrenheit\n</parameter>\n</function>\n</tool_call>", true},
+		{"enum parameter not listed", choice.grammar(), "<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n<parameter=unit>\nkelvin\n</parameter>\n</function>\n</tool_call>", false},
+		{"enum parameter quoted", choice.grammar(), "<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n<parameter=unit>\n\"celsius\"\n</parameter>\n</function>\n</tool_call>", false},
 		{"integer parameter", choice.grammar(), "<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n<parameter=days>\nthree", false},
 		{"after thinking", afterThinking{object}, "hmm, {not json} here\n</think>\n\n{\"a\": 1}", true},
 		{"json before thinking ends", afterThinking{object}, "{\"a\": 1}", false},
@@ -100,7 +106,7 @@ func FuzzGrammarCheck(f *testing.F) {
 		afterThinking{jsonReply{person}}, jsonReply{numbers}, jsonReply{nil}}
 	for _, seed := range []string{`{"a": [1, -2.5e+3], "b": "x"}`, `{"a": []}`, "<tool_call>\n<function=get_weather>\n<parameter=days>\n-0\n</parameter>\n", "x</think> {\"a\": [0]}", `{"\u00e9": "\\u12`,
 		"<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n<\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=",
-		"12", "1.5 ", `[1, 2]`, `"1"`, ` 0.5e-3`} {
+		"12", "1.5 ", `[1, 2]`, `"1"`, ` 0.5e-3`, "<tool_call>\n<function=get_weather>\n<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>"} {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {

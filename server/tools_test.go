@@ -17,7 +17,8 @@ import (
 
 // weatherTool is a tool with typed parameters, as a client sends it.
 const weatherTool = `{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
- "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"}},
+ "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
+  "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
  "required": ["city"]}}}`
 
 func weatherToolParam(t *testing.T) openai.ChatCompletionToolUnionParam {

@@ -61,7 +61,7 @@ DIR/tp1-b15.failure.json.`)
 			fs.Var(f.Value, f.Name, f.Usage)
 		}
 	})
-	mf.registerSSMDtype(fs)
+	mf.registerCacheDtypes(fs)
 	modes := fs.String("modes", "auto,linear,b8,b12,b15,b16,b32,b64", "decoding modes: auto (the baseline), linear (DFlash chain), bN (DDTree, N nodes), adaptive (tree size chosen every step, up to 32 nodes)")
 	tps := fs.String("tp", "1", "tensor-parallel degrees (in-process: each loads the target split over that many ranks; with --url, a label)")
 	weights := fs.String("weights", "checkpoint", "in-process: the target's weights, checkpoint (its own) and/or fp8 (quantised to block-scaled FP8 at load, as ddflash quantize writes it, into a temporary directory); several are loaded together and their runs interleaved pass by pass, and report compares each with the checkpoint's")
@@ -162,8 +162,7 @@ func benchSizing(mf *modelFlags, fs *flag.FlagSet, running int, gpuMem string, p
 		return sizing, err
 	}
 	var memory planFlags
-	memory.convDtype = "bf16" // plan's default
-	memory.ssmDtype = mf.ssmDtype
+	memory.kvDtype, memory.convDtype, memory.ssmDtype = mf.kvDtype, mf.convDtype, mf.ssmDtype
 	memory.prefixSlots = prefixSlots
 	_, p, err := planEngine(mf, memory, fs, running, func() (gpu.Device, error) { return planDevice(gpuMem, mf.device) })
 	if err != nil {

@@ -27,7 +27,7 @@ func runGenerate(args []string) error {
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
 	var mf modelFlags
 	mf.register(fs)
-	mf.registerSSMDtype(fs)
+	mf.registerCacheDtypes(fs)
 	prompt := fs.String("prompt", "", "prompt text (encoded with the model's tokenizer)")
 	tokens := fs.String("tokens", "", "prompt as comma-separated token ids (instead of --prompt)")
 	maxTokens := fs.Int("max-tokens", 64, "maximum number of new tokens")

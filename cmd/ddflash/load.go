@@ -21,9 +21,9 @@ import (
 type modelFlags struct {
 	model, draft, spec, rollback, device string
 	budget, context, threads, tp         int
-	// ssmDtype is --ssm-dtype of the commands that size an engine without
-	// serve's memory flags (generate, bench; see registerSSMDtype).
-	ssmDtype string
+	// The cache dtype flags of the commands that size an engine without
+	// serve's memory flags (generate, bench; see registerCacheDtypes).
+	kvDtype, convDtype, ssmDtype string
 
 	// wrapBackend, when set, wraps each rank's backend (tests count allocations).
 	wrapBackend func(kernels.Backend) kernels.Backend
@@ -192,32 +192,34 @@ func (m *modelFlags) load(opts engine.Options) (*engine.Engine, error) {
 	return e, nil
 }
 
-// registerSSMDtype registers --ssm-dtype for generate and bench (serve and
-// plan have it among the memory flags).
-func (m *modelFlags) registerSSMDtype(fs *flag.FlagSet) {
+// registerCacheDtypes registers --kv-dtype, --conv-dtype and --ssm-dtype
+// for generate and bench (serve and plan have them among the memory flags).
+func (m *modelFlags) registerCacheDtypes(fs *flag.FlagSet) {
+	fs.StringVar(&m.kvDtype, "kv-dtype", "", "KV cache dtype: bf16 or fp32 (default: the checkpoint's)")
+	fs.StringVar(&m.convDtype, "conv-dtype", "", "conv state dtype: bf16 or fp32 (default: the checkpoint's)")
 	fs.StringVar(&m.ssmDtype, "ssm-dtype", "", "GDN recurrent state dtype: fp32 or bf16 (default: the config's mamba_ssm_dtype)")
 }
 
-// ssmChoice is the engine's recurrent-state choice for --ssm-dtype.
-func (m *modelFlags) ssmChoice() (engine.SSMDType, error) {
-	if m.ssmDtype == "" {
-		return engine.SSMFromConfig, nil
-	}
-	d, err := planner.ParseDType(m.ssmDtype, false)
-	if err != nil {
-		return 0, err
-	}
-	ssm, ok := planner.EngineSSMDType(d)
-	if !ok {
-		return 0, fmt.Errorf("--ssm-dtype %s: the engine keeps the GDN recurrent state in bf16 or fp32", d.Name)
-	}
-	return ssm, nil
-}
-
 // unplannedSizing sizes an engine for sequences requests without a memory
-// plan (generate, bench): KV and conv state in bf16, as plan assumes by
-// default, and the recurrent state as --ssm-dtype says.
+// plan (generate, bench): the cache dtypes as the flags say, with plan's
+// defaults (the checkpoint's dtype for the KV cache and the conv state, the
+// config's mamba_ssm_dtype for the recurrent state).
 func (m *modelFlags) unplannedSizing(sequences int) (engine.Options, error) {
-	ssm, err := m.ssmChoice()
-	return engine.Options{MaxSeqs: sequences, KVDType: kernels.BF16, ConvDType: kernels.BF16, SSMDType: ssm}, err
+	if err := m.resolveDefault(); err != nil {
+		return engine.Options{}, err
+	}
+	target, err := planner.LoadTarget(m.model)
+	if err != nil {
+		return engine.Options{}, err
+	}
+	var k planner.Knobs
+	if err := parseCacheDtypes(m.kvDtype, m.convDtype, m.ssmDtype, &k); err != nil {
+		return engine.Options{}, err
+	}
+	opts, err := planner.EngineCacheDTypes(target, k)
+	if err != nil {
+		return engine.Options{}, err
+	}
+	opts.MaxSeqs = sequences
+	return opts, nil
 }

@@ -66,7 +66,7 @@ func (f *planFlags) registerMemory(fs *flag.FlagSet) {
 	fs.BoolVar(&f.noPrefixCache, "no-prefix-cache", false, "turn the prefix cache off (as --prefix-cache-slots 0)")
 	fs.StringVar(&f.kvDtype, "kv-dtype", "", "KV cache dtype: bf16, fp16, fp8 or fp32 (default: the checkpoint's)")
 	fs.StringVar(&f.ssmDtype, "ssm-dtype", "", "recurrent state dtype: fp32, bf16 or fp16 (default: the config's mamba_ssm_dtype)")
-	fs.StringVar(&f.convDtype, "conv-dtype", "bf16", "conv state dtype: bf16, fp16 or fp32")
+	fs.StringVar(&f.convDtype, "conv-dtype", "", "conv state dtype: bf16, fp16 or fp32 (default: the checkpoint's)")
 	fs.Float64Var(&f.memFraction, "mem-fraction", 0, fmt.Sprintf("share of GPU memory for weights and caches (ddflash default %.2f; with --compat sglang, SGLang's automatic rule)", planner.DefaultMemFraction))
 	fs.StringVar(&f.reserve, "reserve", "", "runtime reserve for activations instead of --mem-fraction, e.g. 8GiB")
 }
@@ -117,18 +117,8 @@ func (f *planFlags) resolveOn(fs *flag.FlagSet, device func() (gpu.Device, error
 	if err := f.resolveRollback(k, set["rollback"]); err != nil {
 		return nil, err
 	}
-	dtypes := []struct {
-		flag     string
-		allowFP8 bool
-		dst      *planner.DType
-	}{{f.kvDtype, true, &k.KVDtype}, {f.ssmDtype, false, &k.SSMDtype}, {f.convDtype, false, &k.ConvDtype}}
-	for _, d := range dtypes {
-		if d.flag == "" {
-			continue
-		}
-		if *d.dst, err = planner.ParseDType(d.flag, d.allowFP8); err != nil {
-			return nil, err
-		}
+	if err := parseCacheDtypes(f.kvDtype, f.convDtype, f.ssmDtype, k); err != nil {
+		return nil, err
 	}
 	if s.device, err = device(); err != nil {
 		return nil, err
@@ -160,6 +150,27 @@ func (f *planFlags) resolveOn(fs *flag.FlagSet, device func() (gpu.Device, error
 		}
 	}
 	return s, nil
+}
+
+// parseCacheDtypes sets k's cache dtypes from the --kv-dtype, --conv-dtype
+// and --ssm-dtype values; an empty one leaves its knob to the planner's
+// default.
+func parseCacheDtypes(kv, conv, ssm string, k *planner.Knobs) error {
+	dtypes := []struct {
+		flag     string
+		allowFP8 bool
+		dst      *planner.DType
+	}{{kv, true, &k.KVDtype}, {conv, false, &k.ConvDtype}, {ssm, false, &k.SSMDtype}}
+	for _, d := range dtypes {
+		if d.flag == "" {
+			continue
+		}
+		var err error
+		if *d.dst, err = planner.ParseDType(d.flag, d.allowFP8); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (f *planFlags) resolveRollback(k *planner.Knobs, explicit bool) error {

@@ -112,9 +112,9 @@ type Knobs struct {
 	MemFraction float64 `json:"mem_fraction"`
 	Reserve     int64   `json:"reserve"` // ddflash mode: runtime reserve in bytes; overrides MemFraction
 
-	KVDtype   DType `json:"kv_dtype"`   // default: the checkpoint dtype (bf16)
+	KVDtype   DType `json:"kv_dtype"`   // default: CheckpointDType
 	SSMDtype  DType `json:"ssm_dtype"`  // default: the config's mamba_ssm_dtype (fp32)
-	ConvDtype DType `json:"conv_dtype"` // default: bf16
+	ConvDtype DType `json:"conv_dtype"` // default: CheckpointDType (SGLang mode: bf16)
 
 	MaxRunningRequests int            `json:"max_running_requests"` // required
 	Spec               Spec           `json:"spec"`
@@ -150,6 +150,39 @@ func (k Knobs) freeBeforeLoad() int64 {
 	return k.GPUFree
 }
 
+// CheckpointDType is the dtype the KV cache and the conv state take by
+// default: the checkpoint's activation dtype, as vLLM's and SGLang's "auto".
+// That is fp32 for a float32 checkpoint and bf16 otherwise: for bfloat16
+// checkpoints, for FP8 ones (Qwen's -FP8 releases quantise the linear
+// weights only; config.json's dtype, bfloat16, is the activations') and for
+// float16 ones, whose activations the engine keeps in bf16, not fp16.
+func CheckpointDType(t *Target) DType {
+	if dtypeBytes(t.Config.Dtype) == 4 {
+		return FP32
+	}
+	return BF16
+}
+
+// withCacheDefaults fills the zero cache dtypes: the KV cache and conv
+// state in the checkpoint's dtype (SGLang's conv state in bf16 whatever the
+// checkpoint, its SGLANG_MAMBA_CONV_DTYPE default), the recurrent state in
+// config.json's mamba_ssm_dtype.
+func (k Knobs) withCacheDefaults(t *Target) Knobs {
+	if k.KVDtype == (DType{}) {
+		k.KVDtype = CheckpointDType(t)
+	}
+	if k.ConvDtype == (DType{}) {
+		k.ConvDtype = CheckpointDType(t)
+		if k.Mode == ModeSGLang {
+			k.ConvDtype = BF16
+		}
+	}
+	if k.SSMDtype == (DType{}) {
+		k.SSMDtype = dtypeAliases[t.Config.SSMDtype] // the config parser admits only float32, bfloat16 and float16
+	}
+	return k
+}
+
 // withDefaults fills zero knobs and rejects impossible ones.
 func (k Knobs) withDefaults(t *Target) (Knobs, error) {
 	if k.TP == 0 {
@@ -158,18 +191,7 @@ func (k Knobs) withDefaults(t *Target) (Knobs, error) {
 	if k.Context == 0 {
 		k.Context = DefaultContext
 	}
-	if k.KVDtype == (DType{}) {
-		k.KVDtype = BF16
-		if dtypeBytes(t.Config.Dtype) == 4 {
-			k.KVDtype = FP32
-		}
-	}
-	if k.SSMDtype == (DType{}) {
-		k.SSMDtype = dtypeAliases[t.Config.SSMDtype] // the config parser admits only float32, bfloat16 and float16
-	}
-	if k.ConvDtype == (DType{}) {
-		k.ConvDtype = BF16
-	}
+	k = k.withCacheDefaults(t)
 	if k.MambaFullMemoryRatio == 0 {
 		k.MambaFullMemoryRatio = defaultMambaFullRatio
 	}

@@ -378,6 +378,24 @@ func EngineSSMDType(d DType) (engine.SSMDType, bool) {
 // prefix-cache slots become the engine's checkpoints.
 func (p *Plan) EngineOptions() (engine.Options, error) {
 	k := p.Settings
+	opts, err := engineDTypes(k)
+	if err != nil {
+		return engine.Options{}, err
+	}
+	opts.Context, opts.MaxSeqs, opts.KVTokens, opts.PrefixSlots = k.Context, p.MaxRunning.Effective, int(p.KVTokens), k.PrefixSlots
+	return opts, nil
+}
+
+// EngineCacheDTypes is the engine's storage for the cache dtypes k names,
+// each zero one taking its default for t as in a plan: engine options with
+// only KVDType, ConvDType and SSMDType set, for an engine sized without a
+// plan. It refuses what the engine cannot store.
+func EngineCacheDTypes(t *Target, k Knobs) (engine.Options, error) {
+	return engineDTypes(k.withCacheDefaults(t))
+}
+
+// engineDTypes is the engine's storage for k's cache dtypes.
+func engineDTypes(k Knobs) (engine.Options, error) {
 	storage := map[DType]kernels.DType{FP32: kernels.F32, BF16: kernels.BF16}
 	kv, okKV := storage[k.KVDtype]
 	conv, okConv := storage[k.ConvDtype]
@@ -390,5 +408,5 @@ func (p *Plan) EngineOptions() (engine.Options, error) {
 	case !okSSM:
 		return engine.Options{}, fmt.Errorf("--ssm-dtype %s: the engine keeps the GDN recurrent state in bf16 or fp32", k.SSMDtype.Name)
 	}
-	return engine.Options{Context: k.Context, MaxSeqs: p.MaxRunning.Effective, KVTokens: int(p.KVTokens), KVDType: kv, ConvDType: conv, SSMDType: ssm, PrefixSlots: k.PrefixSlots}, nil
+	return engine.Options{KVDType: kv, ConvDType: conv, SSMDType: ssm}, nil
 }

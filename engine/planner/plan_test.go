@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"ddflash/engine"
+	"ddflash/engine/config"
 	"ddflash/kernels"
 	"ddflash/mamba"
 )
@@ -482,5 +483,34 @@ func TestEngineOptions(t *testing.T) {
 		if err != nil || opts.KVTokens != 1234 || opts.MaxSeqs != 3 || opts.Context != 99 || opts.KVDType != wantKV || opts.ConvDType != wantConv || opts.SSMDType != wantSSM || opts.PrefixSlots != c.prefix {
 			t.Errorf("%+v: options %+v, %v", c, opts, err)
 		}
+	}
+}
+
+// TestCacheDTypeDefaults: the KV cache and conv state default to the
+// checkpoint's activation dtype (fp32 for float32, bf16 for bfloat16 and
+// its FP8 form, and for float16, which the engine does not store), except
+// SGLang's conv state, bf16 always; an explicit dtype stays.
+func TestCacheDTypeDefaults(t *testing.T) {
+	for _, c := range []struct {
+		dtype    string
+		mode     Mode
+		kv, conv DType
+	}{
+		{"float32", ModeDDFlash, FP32, FP32},
+		{"bfloat16", ModeDDFlash, BF16, BF16},
+		{"float16", ModeDDFlash, BF16, BF16},
+		{"", ModeDDFlash, BF16, BF16},
+		{"float32", ModeSGLang, FP32, BF16},
+		{"bfloat16", ModeSGLang, BF16, BF16},
+	} {
+		target := &Target{Config: &config.Config{Dtype: c.dtype, SSMDtype: "bfloat16"}}
+		k := Knobs{Mode: c.mode}.withCacheDefaults(target)
+		if k.KVDtype != c.kv || k.ConvDtype != c.conv || k.SSMDtype != BF16 {
+			t.Errorf("%q checkpoint, %s rules: KV %s, conv %s, ssm %s; want %s, %s, bf16", c.dtype, c.mode, k.KVDtype.Name, k.ConvDtype.Name, k.SSMDtype.Name, c.kv.Name, c.conv.Name)
+		}
+	}
+	explicit := Knobs{KVDtype: BF16, ConvDtype: FP32}.withCacheDefaults(&Target{Config: &config.Config{Dtype: "float32", SSMDtype: "float32"}})
+	if explicit.KVDtype != BF16 || explicit.ConvDtype != FP32 {
+		t.Errorf("explicit bf16 KV and fp32 conv became %s and %s", explicit.KVDtype.Name, explicit.ConvDtype.Name)
 	}
 }
