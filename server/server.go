@@ -29,7 +29,7 @@ const DefaultMaxBodyBytes = 16 << 20
 // Options configure a server.
 type Options struct {
 	ModelName    string // the served model name; requests naming another get 404
-	APIKey       string // when set, every endpoint but /health needs "Authorization: Bearer KEY"
+	APIKey       string // when set, every endpoint but /health and /metrics needs "Authorization: Bearer KEY"
 	MaxBodyBytes int64  // 0 means DefaultMaxBodyBytes
 	Logger       *slog.Logger
 	Timeouts     Timeouts
@@ -166,7 +166,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, err)
 			return
 		}
-		if !s.authorized(r) {
+		if !keyless(r.URL.Path) && !s.authorized(r) {
 			writeError(w, newError(http.StatusUnauthorized, invalidRequest, "invalid_api_key", "",
 				"missing or wrong API key: send the header \"Authorization: Bearer KEY\""))
 			return
@@ -188,6 +188,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rt.handler(w, r)
 	}
 }
+
+// keyless reports whether a path answers without the API key: the probes
+// and the metrics that a router or load balancer reads, which can send no
+// key (vLLM checks its key on /v1/* paths only). The API stays behind it,
+// and so do /tokenize and /detokenize.
+func keyless(path string) bool { return path == "/health" || path == "/metrics" }
 
 // isJSON reports whether a Content-Type header says JSON.
 func isJSON(contentType string) bool {

@@ -66,7 +66,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	c.model.register(fs)
 	c.memory.registerMemory(fs)
 	fs.StringVar(&c.addr, "addr", "127.0.0.1:8000", "listen address (loopback by default; elsewhere, set --api-key)")
-	fs.StringVar(&c.apiKey, "api-key", os.Getenv("DDFLASH_API_KEY"), "require \"Authorization: Bearer KEY\" on every endpoint but /health (default: $DDFLASH_API_KEY)")
+	fs.StringVar(&c.apiKey, "api-key", os.Getenv("DDFLASH_API_KEY"), "require \"Authorization: Bearer KEY\" on every endpoint but /health and /metrics (default: $DDFLASH_API_KEY)")
 	fs.StringVar(&c.name, "served-model-name", "", "model name in the API (default: the --model directory's name)")
 	fs.IntVar(&c.maxRunning, "max-running-requests", 16, "requests decoding at once; the memory plan may lower it")
 	fs.IntVar(&c.maxQueue, "max-queue", 0, "requests waiting for admission before 429 answers (default: 4 × running)")
