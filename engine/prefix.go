@@ -67,6 +67,9 @@ func (e *Engine) activePrefix() *prefixCache {
 	return e.prefix
 }
 
+// PrefixCaching reports whether new requests use the prefix cache.
+func (e *Engine) PrefixCaching() bool { return e.activePrefix() != nil }
+
 // PrefixStats returns the prefix cache's counters; safe to call from any goroutine.
 func (e *Engine) PrefixStats() PrefixStats {
 	c := e.prefix
@@ -185,7 +188,7 @@ func (c *prefixCache) store(e *Engine, j *job) {
 	}
 	end, adopted, taken := c.tree.Insert(j.out.r.Prompt[:n], j.seq.kv.Pages[:n/e.Model.KV.PageSize()], features, slot)
 	for _, p := range adopted {
-		e.Model.KV.Retain(p)
+		e.Model.KV.Cache(p)
 	}
 	if taken {
 		e.Model.States.CopySlot(slot, j.seq.slot)
@@ -235,7 +238,7 @@ func (c *prefixCache) giveSlot(e *Engine, slot int) {
 
 func (c *prefixCache) releasePages(e *Engine, pages []int32) {
 	for _, p := range pages {
-		e.Model.KV.Release(p)
+		e.Model.KV.Uncache(p)
 	}
 }
 

@@ -128,6 +128,7 @@ func (s *Server) Run(ctx context.Context, m *Model) {
 }
 
 func (s *Server) attach(m *Model) {
+	s.metrics.setCacheConfig(m.Engine)
 	if m.Engine.Drafter != nil && m.Engine.Spec.Mode != engine.SpecAuto {
 		s.metrics.specPositions(m.Engine.Drafter.BlockSize() - 1)
 	}
