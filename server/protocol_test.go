@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -150,5 +151,73 @@ func waitQuietServer(t *testing.T, s *engine.Scheduler) {
 			t.Fatalf("the scheduler is still busy: %+v", st)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRender checks vLLM's render endpoints, which a router tokenizes
+// with, against an independent rendering (the tokenizer on the ChatML text
+// written out by hand), against /tokenize, and against the prompt tokens a
+// generation of the same body reports; and that a malformed body gets a
+// 400 naming its field.
+func TestRender(t *testing.T) {
+	h := serveTiny(t, harnessOptions{})
+	_, _, tok := modelDirs(t)
+	const text = "the farmer walks to the field in the morning"
+	messages := `[{"role": "system", "content": "the farmer walks"}, {"role": "user", "content": "the dog sleeps in the sun"}]`
+	type usageOnly struct {
+		Usage usage `json:"usage"`
+	}
+	for _, c := range []struct {
+		name, path, body, tokenize string
+		want                       []int32
+	}{
+		{"text prompt", "/v1/completions", `{"prompt": "` + text + `", "max_tokens": 2}`, `{"prompt": "` + text + `"}`, tok.Encode(text)},
+		{"chat", "/v1/chat/completions", `{"messages": ` + messages + `, "max_tokens": 2, "stream": false}`, `{"messages": ` + messages + `}`,
+			tok.Encode(chatML([2]string{"system", "the farmer walks"}, [2]string{"user", "the dog sleeps in the sun"}))},
+	} {
+		var got rendered
+		if c.path == "/v1/completions" {
+			var all []rendered
+			postJSON(t, h, c.path+"/render", c.body, http.StatusOK, &all)
+			if len(all) != 1 {
+				t.Fatalf("%s: %d rendered prompts, want 1", c.name, len(all))
+			}
+			got = all[0]
+		} else {
+			postJSON(t, h, c.path+"/render", c.body, http.StatusOK, &got)
+		}
+		var tokenized tokenizeResponse
+		postJSON(t, h, "/tokenize", c.tokenize, http.StatusOK, &tokenized)
+		var generated usageOnly
+		postJSON(t, h, c.path, c.body, http.StatusOK, &generated)
+		if !slices.Equal(got.TokenIDs, c.want) || !slices.Equal(tokenized.Tokens, c.want) || generated.Usage.PromptTokens != len(c.want) || got.Model != testModel {
+			t.Errorf("%s: rendered %v (model %q), /tokenize %v, a generation's prompt_tokens %d; want %v",
+				c.name, got.TokenIDs, got.Model, tokenized.Tokens, generated.Usage.PromptTokens, c.want)
+		}
+	}
+	// A prompt of token ids renders as itself.
+	var ids []rendered
+	postJSON(t, h, "/v1/completions/render", `{"prompt": [5, 6, 7]}`, http.StatusOK, &ids)
+	if len(ids) != 1 || !slices.Equal(ids[0].TokenIDs, []int32{5, 6, 7}) {
+		t.Errorf("token prompt rendered as %+v", ids)
+	}
+
+	for _, c := range []struct{ path, body, param string }{
+		{"/v1/completions/render", `{}`, "prompt"},
+		{"/v1/completions/render", `{"prompt": 5}`, "prompt"},
+		{"/v1/completions/render", `{"prompt": "x", "max_tokens": "many"}`, "max_tokens"},
+		{"/v1/completions/render", `{"prompt": "x", "model": "another"}`, "model"},
+		{"/v1/chat/completions/render", `{"messages": "hello"}`, "messages"},
+		{"/v1/chat/completions/render", `{"messages": [{"content": "hello"}]}`, "messages"},
+		{"/v1/chat/completions/render", `{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}`, "top_logprobs"},
+	} {
+		rec := serve(h.srv, "POST", c.path, c.body, "")
+		want := http.StatusBadRequest
+		if c.param == "model" {
+			want = http.StatusNotFound // as the generation answers a model it does not serve
+		}
+		if rec.status != want || rec.err.Param == nil || *rec.err.Param != c.param {
+			t.Errorf("%s %s: %d %s, want %d naming %q", c.path, c.body, rec.status, rec.body, want, c.param)
+		}
 	}
 }

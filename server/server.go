@@ -1,7 +1,7 @@
 // Package server is ddflash's OpenAI-compatible HTTP server: completions
 // and chat completions (with SSE streaming), models, tokenize/detokenize,
-// health and Prometheus metrics, over the engine's continuous-batching
-// scheduler.
+// render (vLLM's, for routers), health and Prometheus metrics, over the
+// engine's continuous-batching scheduler.
 package server
 
 import (
@@ -105,13 +105,15 @@ func New(opts Options) *Server {
 	s := &Server{opts: opts, log: opts.Logger, created: time.Now().Unix(), origin: newOriginPolicy(opts)}
 	s.metrics = newMetrics(opts.ModelName, s.schedulerState)
 	s.routes = map[string]route{
-		"/health":              {http.MethodGet, s.health},
-		"/metrics":             {http.MethodGet, promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}).ServeHTTP},
-		"/v1/models":           {http.MethodGet, s.needsModel(s.answer(s.listModels))},
-		"/v1/completions":      {http.MethodPost, s.needsModel(s.generator(s.completionRequest, newCompletionAPI))},
-		"/v1/chat/completions": {http.MethodPost, s.needsModel(s.generator(s.chatRequest, newChatAPI))},
-		"/tokenize":            {http.MethodPost, s.needsModel(s.answer(s.tokenize))},
-		"/detokenize":          {http.MethodPost, s.needsModel(s.answer(s.detokenize))},
+		"/health":                     {http.MethodGet, s.health},
+		"/metrics":                    {http.MethodGet, promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}).ServeHTTP},
+		"/v1/models":                  {http.MethodGet, s.needsModel(s.answer(s.listModels))},
+		"/v1/completions":             {http.MethodPost, s.needsModel(s.generator(s.completionRequest, newCompletionAPI))},
+		"/v1/chat/completions":        {http.MethodPost, s.needsModel(s.generator(s.chatRequest, newChatAPI))},
+		"/v1/completions/render":      {http.MethodPost, s.needsModel(s.answer(s.renderCompletion))},
+		"/v1/chat/completions/render": {http.MethodPost, s.needsModel(s.answer(s.renderChat))},
+		"/tokenize":                   {http.MethodPost, s.needsModel(s.answer(s.tokenize))},
+		"/detokenize":                 {http.MethodPost, s.needsModel(s.answer(s.detokenize))},
 	}
 	return s
 }
