@@ -3,59 +3,15 @@ package engine
 import (
 	"context"
 	"math/rand/v2"
-	"slices"
 	"testing"
+
+	"ddflash/kvevents/kveventstest"
 )
 
-// advertised is what a subscriber to the cache events knows: the blocks
-// stored and not removed since, and which of them ended a stored run.
-type advertised struct {
-	parent map[uint64]uint64
-	tokens map[uint64][]int32
-	ends   map[uint64]bool
-}
-
-func (a *advertised) apply(t *testing.T, ev CacheEvent, pageSize int) {
-	t.Helper()
-	switch ev.Kind {
-	case BlocksStored:
-		if ev.Parent != 0 && a.tokens[ev.Parent] == nil {
-			t.Fatalf("stored blocks %v after block %d, which is not cached", ev.Blocks, ev.Parent)
-		}
-		if ev.BlockSize != pageSize || len(ev.Tokens) != len(ev.Blocks)*pageSize {
-			t.Fatalf("stored %d blocks of %d tokens with %d tokens, want pages of %d", len(ev.Blocks), ev.BlockSize, len(ev.Tokens), pageSize)
-		}
-		parent := ev.Parent
-		for i, id := range ev.Blocks {
-			if id == 0 || a.tokens[id] != nil {
-				t.Fatalf("stored block ID %d, which is 0 or cached already", id)
-			}
-			a.parent[id], a.tokens[id] = parent, ev.Tokens[i*pageSize:(i+1)*pageSize]
-			parent = id
-		}
-		a.ends[parent] = true
-	case BlocksRemoved:
-		for _, id := range ev.Blocks {
-			if a.tokens[id] == nil {
-				t.Fatalf("removed block %d, which is not cached", id)
-			}
-			delete(a.parent, id)
-			delete(a.tokens, id)
-			delete(a.ends, id)
-		}
-	default:
-		t.Fatalf("event kind %d", ev.Kind)
-	}
-}
-
-// prefix is the tokens from the prompt's start to the end of block id.
-func (a *advertised) prefix(id uint64) []int32 {
-	var blocks [][]int32
-	for ; id != 0; id = a.parent[id] {
-		blocks = append(blocks, a.tokens[id])
-	}
-	slices.Reverse(blocks)
-	return slices.Concat(blocks...)
+// wireEvent is an engine event as a router decodes it from the wire.
+func wireEvent(ev CacheEvent) kveventstest.Event {
+	kind := map[CacheEventKind]string{BlocksStored: "BlockStored", BlocksRemoved: "BlockRemoved"}[ev.Kind]
+	return kveventstest.Event{Kind: kind, Hashes: ev.Blocks, Parent: ev.Parent, Tokens: ev.Tokens, BlockSize: ev.BlockSize}
 }
 
 // TestCacheEventsTrackResumablePrefixes runs conversations that share
@@ -66,7 +22,7 @@ func (a *advertised) prefix(id uint64) []int32 {
 func TestCacheEventsTrackResumablePrefixes(t *testing.T) {
 	const pageSize = 16
 	e := newTestEngine(t, "tiny", 9, Options{Context: 256, PageSize: pageSize, PrefixSlots: 2})
-	a := advertised{parent: map[uint64]uint64{}, tokens: map[uint64][]int32{}, ends: map[uint64]bool{}}
+	index := kveventstest.NewIndex()
 	var events []CacheEvent
 	e.SetCacheEvents(func(ev CacheEvent) { events = append(events, ev) })
 	rng := rand.New(rand.NewPCG(7, 8))
@@ -85,30 +41,36 @@ func TestCacheEventsTrackResumablePrefixes(t *testing.T) {
 		}
 		prompts = append(prompts, concat(prompt, res.Tokens))
 		for _, ev := range events {
-			a.apply(t, ev, pageSize)
+			if ev.BlockSize != 0 && ev.BlockSize != pageSize {
+				t.Fatalf("blocks of %d tokens, want pages of %d", ev.BlockSize, pageSize)
+			}
+			if err := index.Apply(wireEvent(ev)); err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
 			if ev.Kind == BlocksRemoved {
 				removed++
 			}
 		}
 		events = nil
-		if held := int(e.PrefixStats().Pages); held != len(a.tokens) {
-			t.Fatalf("round %d: the cache holds %d pages, the events advertise %d", round, held, len(a.tokens))
+		if held := int(e.PrefixStats().Pages); held != index.Blocks() {
+			t.Fatalf("round %d: the cache holds %d pages, the events advertise %d", round, held, index.Blocks())
 		}
-		for id := range a.ends {
-			p := a.prefix(id)
+		for _, p := range index.Prefixes() {
 			if h := e.prefix.tree.Match(p); h.Tokens != len(p) {
 				t.Fatalf("round %d: advertised prefix of %d tokens resumes %d", round, len(p), h.Tokens)
 			}
 		}
 	}
-	if removed == 0 || len(a.ends) == 0 {
-		t.Fatalf("%d removals, %d prefixes advertised: the test exercised nothing", removed, len(a.ends))
+	if removed == 0 || len(index.Prefixes()) == 0 {
+		t.Fatalf("%d removals, %d prefixes advertised: the test exercised nothing", removed, len(index.Prefixes()))
 	}
 	e.SetPrefixCache(false)
 	for _, ev := range events {
-		a.apply(t, ev, pageSize)
+		if err := index.Apply(wireEvent(ev)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if len(a.tokens) != 0 {
-		t.Fatalf("the cache is off and %d blocks are still advertised", len(a.tokens))
+	if index.Blocks() != 0 {
+		t.Fatalf("the cache is off and %d blocks are still advertised", index.Blocks())
 	}
 }

@@ -43,7 +43,7 @@ var cacheConfigLabels = []string{"block_size", "num_gpu_blocks", "cache_dtype", 
 // latencyBuckets span 1 ms to about 17 minutes.
 var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 21)
 
-func newMetrics(modelName string, state func() (engine.SchedulerState, engine.SpecOptions, bool)) *metrics {
+func newMetrics(modelName string, state func() (engine.SchedulerState, engine.SpecOptions, bool), kvEvents EventCounts) *metrics {
 	reg := prometheus.NewRegistry()
 	r := prometheus.WrapRegistererWith(prometheus.Labels{"model_name": modelName}, reg)
 	f := factory{r}
@@ -103,6 +103,18 @@ func newMetrics(modelName string, state func() (engine.SchedulerState, engine.Sp
 		return float64(spec.Budget)
 	})
 	r.MustRegister(adaptiveCollector{state})
+	eventCounter := func(name, help string, count func(EventCounts) uint64) {
+		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 {
+			if kvEvents == nil {
+				return 0
+			}
+			return float64(count(kvEvents))
+		}))
+	}
+	eventCounter("ddflash:kv_events_published_total", "KV events (vLLM's format: blocks stored and removed) published on --kv-events-endpoint.",
+		EventCounts.Published)
+	eventCounter("ddflash:kv_events_dropped_total", "KV events dropped for want of room: the publisher's queue, or a slow subscriber's (once per subscriber).",
+		EventCounts.Dropped)
 	return m
 }
 

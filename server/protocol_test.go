@@ -16,6 +16,8 @@ import (
 	"github.com/prometheus/common/model"
 
 	"ddflash/engine"
+	"ddflash/kvevents"
+	"ddflash/kvevents/kveventstest"
 )
 
 // scrapeFamilies reads /metrics without a key, as the llm-d EPP's scraper
@@ -219,5 +221,116 @@ func TestRender(t *testing.T) {
 		if rec.status != want || rec.err.Param == nil || *rec.err.Param != c.param {
 			t.Errorf("%s %s: %d %s, want %d naming %q", c.path, c.body, rec.status, rec.body, want, c.param)
 		}
+	}
+}
+
+// TestKVEventsAdvertiseResumablePrefixes serves with a KV events publisher
+// and the prefix cache's two checkpoints, runs conversations that overflow
+// them, and follows the events on a SUB socket as the llm-d router does:
+// after each request, the blocks advertised are exactly the pages the
+// cache holds (nothing evicted is still advertised), and every advertised
+// prefix, sent again with one more token, is served from the cache
+// (vllm:prefix_cache_hits_total rises by its length, within a page).
+func TestKVEventsAdvertiseResumablePrefixes(t *testing.T) {
+	pub, err := kvevents.Listen("tcp://127.0.0.1:0", "kv@127.0.0.1@"+testModel, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	h := serveTiny(t, harnessOptions{sched: engine.SchedulerOptions{MaxRunning: 1}, prefixSlots: 2,
+		server: Options{KVEvents: pub}, engine: func(e *engine.Engine) { e.SetCacheEvents(pub.Publish) }})
+	pageSize := h.model.Engine.Model.KV.PageSize()
+	sub := kveventstest.Subscribe(t, "tcp://"+pub.Addr().String(), "kv@")
+	index := kveventstest.NewIndex()
+	received, removed, resent := 0, 0, 0
+	// sync publishes a probe (the removal of a block never stored, which a
+	// router ignores) once the engine is quiet, and reads up to it: then
+	// every event of the requests before has arrived.
+	probe := uint64(1) << 62
+	sync := func() {
+		t.Helper()
+		waitQuietServer(t, h.model.Scheduler)
+		probe++
+		pub.Publish(engine.CacheEvent{Kind: engine.BlocksRemoved, Blocks: []uint64{probe}})
+		for {
+			m := sub.Next(t, 5*time.Second)
+			if m.Topic != "kv@127.0.0.1@"+testModel {
+				t.Fatalf("topic %q", m.Topic)
+			}
+			for _, ev := range m.Events {
+				received++
+				if ev.Kind == "BlockRemoved" && ev.Hashes[0] >= 1<<62 {
+					if ev.Hashes[0] == probe {
+						return
+					}
+					continue // an earlier probe, sent before the subscription took
+				}
+				if ev.Kind == "BlockRemoved" {
+					removed++
+				}
+				if ev.Kind == "BlockStored" && (ev.BlockSize != pageSize || ev.Medium != "GPU" || ev.GroupIdx != 0 || ev.SpecKind != "full_attention") {
+					t.Fatalf("stored blocks of %d tokens, medium %q, group %d, kind %q", ev.BlockSize, ev.Medium, ev.GroupIdx, ev.SpecKind)
+				}
+				if err := index.Apply(ev); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	// The subscription takes a moment: probe until something arrives.
+	for {
+		probe++
+		pub.Publish(engine.CacheEvent{Kind: engine.BlocksRemoved, Blocks: []uint64{probe}})
+		if _, ok := sub.Receive(t, 50*time.Millisecond); ok {
+			break
+		}
+	}
+	sync()
+
+	complete := func(prompt []int32, maxTokens int) openai.Completion {
+		t.Helper()
+		c, err := h.client.Completions.New(context.Background(), openai.CompletionNewParams{Model: testModel,
+			Prompt:    openai.CompletionNewParamsPromptUnion{OfArrayOfTokens: toInt64(prompt)},
+			MaxTokens: openai.Int(int64(maxTokens)), Temperature: openai.Float(0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return *c
+	}
+	rng := rand.New(rand.NewPCG(21, 22))
+	random := func(n int) []int32 {
+		out := make([]int32, n)
+		for i := range out {
+			out[i] = int32(rng.IntN(256))
+		}
+		return out
+	}
+	conversations := [][]int32{random(70), random(90), random(75)}
+	for round := range 6 {
+		i := round % len(conversations)
+		complete(conversations[i], 8)
+		conversations[i] = append(conversations[i], random(28)...) // the next turn
+		sync()
+		if held := h.model.Scheduler.State().PrefixPages; held != index.Blocks() {
+			t.Fatalf("round %d: the cache holds %d pages, the events advertise %d", round, held, index.Blocks())
+		}
+		for _, p := range index.Prefixes() {
+			before := scrape(t, h)["vllm:prefix_cache_hits_total"]
+			c := complete(append(slices.Clone(p), int32(rng.IntN(256))), 1)
+			cached := int(c.Usage.PromptTokensDetails.CachedTokens)
+			rise := scrape(t, h)["vllm:prefix_cache_hits_total"] - before
+			if cached > len(p) || cached <= len(p)-pageSize || rise != float64(cached) {
+				t.Fatalf("round %d: an advertised prefix of %d tokens, sent again, reused %d (hits rose by %v); want it within a page", round, len(p), cached, rise)
+			}
+			resent++
+			sync()
+		}
+	}
+	if removed == 0 || resent == 0 {
+		t.Fatalf("%d blocks removed, %d prefixes sent again: the test exercised too little", removed, resent)
+	}
+	t.Logf("%d events received, %d blocks removed, %d advertised prefixes sent again", received, removed, resent)
+	if m := scrape(t, h); m["ddflash:kv_events_published_total"] < float64(received) || m["ddflash:kv_events_dropped_total"] != 0 {
+		t.Errorf("published %v dropped %v, the subscriber received %d", m["ddflash:kv_events_published_total"], m["ddflash:kv_events_dropped_total"], received)
 	}
 }

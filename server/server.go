@@ -41,6 +41,15 @@ type Options struct {
 	Addr           string
 	AllowedHosts   []string // extra Host names, e.g. a reverse proxy's public name; "*" allows any
 	AllowedOrigins []string // extra origins ("https://ui.example.com"), answered with CORS headers; "*" allows any
+	// KVEvents, when set, is the KV events publisher (package kvevents)
+	// whose counts /metrics shows.
+	KVEvents EventCounts
+}
+
+// EventCounts are a KV events publisher's counts.
+type EventCounts interface {
+	Published() uint64
+	Dropped() uint64
 }
 
 // Timeouts bound how long one connection may take; zero means no bound.
@@ -103,7 +112,7 @@ func New(opts Options) *Server {
 		opts.Logger = slog.Default()
 	}
 	s := &Server{opts: opts, log: opts.Logger, created: time.Now().Unix(), origin: newOriginPolicy(opts)}
-	s.metrics = newMetrics(opts.ModelName, s.schedulerState)
+	s.metrics = newMetrics(opts.ModelName, s.schedulerState, opts.KVEvents)
 	s.routes = map[string]route{
 		"/health":                     {http.MethodGet, s.health},
 		"/metrics":                    {http.MethodGet, promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}).ServeHTTP},
