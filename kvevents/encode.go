@@ -16,16 +16,20 @@ const (
 	groupKind = "full_attention"
 )
 
+// dataParallelRank is the payload's rank: a replica is one engine, and
+// data-parallel replicas are separate serve processes (docs/scale-out.md).
+const dataParallelRank = 0
+
 // encodeBatch is a message's payload: [timestamp, [events...], rank],
 // each event the positional array vLLM's msgspec writes. Hashes are
 // written as 64-bit unsigned integers, which every router decodes.
-func encodeBatch(batch []event, rank int) ([]byte, error) {
+func encodeBatch(batch []event) ([]byte, error) {
 	events := make([]any, len(batch))
 	for i, ev := range batch {
 		events[i] = encodeEvent(ev)
 	}
 	now := float64(time.Now().UnixNano()) / 1e9
-	return msgpack.Marshal([]any{now, events, rank})
+	return msgpack.Marshal([]any{now, events, dataParallelRank})
 }
 
 func encodeEvent(ev event) []any {

@@ -41,9 +41,6 @@ import (
 	"ddflash/engine"
 )
 
-// DefaultPort is vLLM's KV events port (of data-parallel rank 0).
-const DefaultPort = 5557
-
 const (
 	queueLen      = 4096 // events waiting for the sender
 	subscriberLen = 256  // messages waiting for one subscriber
@@ -55,7 +52,6 @@ const (
 type Publisher struct {
 	ln     net.Listener
 	topic  []byte
-	rank   int
 	log    *slog.Logger
 	events chan event
 	stop   chan struct{}
@@ -79,8 +75,8 @@ type event struct {
 // Listen binds a PUB socket to endpoint ("tcp://*:5557", "tcp://127.0.0.1:0")
 // and publishes AllBlocksCleared, so that a router forgets what an earlier
 // process on this address advertised. topic is vLLM's "kv@<pod>@<model>".
-func Listen(endpoint, topic string, rank int, log *slog.Logger) (*Publisher, error) {
-	p, err := listen(endpoint, topic, rank, log)
+func Listen(endpoint, topic string, log *slog.Logger) (*Publisher, error) {
+	p, err := listen(endpoint, topic, log)
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +85,7 @@ func Listen(endpoint, topic string, rank int, log *slog.Logger) (*Publisher, err
 }
 
 // listen binds the socket and queues AllBlocksCleared; start sends.
-func listen(endpoint, topic string, rank int, log *slog.Logger) (*Publisher, error) {
+func listen(endpoint, topic string, log *slog.Logger) (*Publisher, error) {
 	addr, err := listenAddr(endpoint)
 	if err != nil {
 		return nil, err
@@ -101,7 +97,7 @@ func listen(endpoint, topic string, rank int, log *slog.Logger) (*Publisher, err
 	if log == nil {
 		log = slog.Default()
 	}
-	p := &Publisher{ln: ln, topic: []byte(topic), rank: rank, log: log,
+	p := &Publisher{ln: ln, topic: []byte(topic), log: log,
 		events: make(chan event, queueLen), stop: make(chan struct{}), subs: map[*subscriber]bool{}}
 	p.events <- event{cleared: true}
 	p.wg.Add(1)
@@ -228,7 +224,7 @@ func (p *Publisher) send() {
 				break drain
 			}
 		}
-		payload, err := encodeBatch(batch, p.rank)
+		payload, err := encodeBatch(batch)
 		if err != nil {
 			p.log.Error("KV events: encoding failed", "error", err)
 			continue
@@ -237,8 +233,8 @@ func (p *Publisher) send() {
 		seq := make([]byte, 8)
 		binary.BigEndian.PutUint64(seq, p.seq)
 		p.seq++
+		p.published.Add(uint64(len(batch))) // before a subscriber can see them
 		p.broadcast(zmq4.NewMsgFrom(p.topic, seq, payload), len(batch))
-		p.published.Add(uint64(len(batch)))
 	}
 }
 

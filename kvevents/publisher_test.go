@@ -18,7 +18,7 @@ const testTopic = "kv@127.0.0.1:8000@tiny"
 // the subscriber sees everything from AllBlocksCleared on.
 func listening(t *testing.T) (*Publisher, *kveventstest.Subscriber) {
 	t.Helper()
-	p, err := listen("tcp://127.0.0.1:0", testTopic, 0, nil)
+	p, err := listen("tcp://127.0.0.1:0", testTopic, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestPublishNeverBlocks(t *testing.T) {
 // TestSlowSubscriberDrops: a subscriber whose queue is full misses the
 // message, counted once per event, and the others still get it.
 func TestSlowSubscriberDrops(t *testing.T) {
-	p, err := listen("tcp://127.0.0.1:0", testTopic, 0, nil)
+	p, err := listen("tcp://127.0.0.1:0", testTopic, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

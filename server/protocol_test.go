@@ -232,7 +232,7 @@ func TestRender(t *testing.T) {
 // prefix, sent again with one more token, is served from the cache
 // (vllm:prefix_cache_hits_total rises by its length, within a page).
 func TestKVEventsAdvertiseResumablePrefixes(t *testing.T) {
-	pub, err := kvevents.Listen("tcp://127.0.0.1:0", "kv@127.0.0.1@"+testModel, 0, nil)
+	pub, err := kvevents.Listen("tcp://127.0.0.1:0", "kv@127.0.0.1@"+testModel, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -135,7 +135,7 @@ func serveTo(ctx context.Context, args []string, ready func(addr string), stderr
 		if c.kvTopic == "" {
 			c.kvTopic = "kv@" + c.addr + "@" + c.name
 		}
-		if kvEvents, err = kvevents.Listen(c.kvEventsEndpoint, c.kvTopic, 0, log); err != nil {
+		if kvEvents, err = kvevents.Listen(c.kvEventsEndpoint, c.kvTopic, log); err != nil {
 			return err
 		}
 		defer kvEvents.Close()
