@@ -97,7 +97,9 @@ type Engine struct {
 	prefix  *prefixCache // nil without prefix slots
 	// prefixOff stops looking up and storing prefixes (SetPrefixCache).
 	prefixOff bool
-	contexts  contextPool
+	// cacheEvents receives the prefix cache's changes (SetCacheEvents).
+	cacheEvents func(CacheEvent)
+	contexts    contextPool
 }
 
 // Load reads a checkpoint directory and allocates caches on b.

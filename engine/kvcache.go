@@ -24,6 +24,8 @@ type KVCache struct {
 	shards   []kvShard
 	free     []int32
 	refs     []int32 // holders per page
+	cached   []bool  // the prefix cache is one of the page's holders
+	idle     int     // cached pages no sequence holds (evictable on demand)
 }
 
 // KVShard is one rank's part of a KV cache: its backend, the width of one
@@ -46,7 +48,7 @@ func NewKVCache(shards []KVShard, layers, pageSize, numPages int) (*KVCache, err
 	if pageSize <= 0 || numPages <= 0 {
 		return nil, fmt.Errorf("engine: KV cache needs positive page size and page count, got %d and %d", pageSize, numPages)
 	}
-	c := &KVCache{pageSize: pageSize, numPages: numPages, refs: make([]int32, numPages)}
+	c := &KVCache{pageSize: pageSize, numPages: numPages, refs: make([]int32, numPages), cached: make([]bool, numPages)}
 	rows := pageSize * numPages
 	for r, sh := range shards {
 		if sh.DType != kernels.F32 && sh.DType != kernels.BF16 {
@@ -99,6 +101,11 @@ func (c *KVCache) PagesFor(n int) int { return (n + c.pageSize - 1) / c.pageSize
 
 // FreePages is the number of unused pages.
 func (c *KVCache) FreePages() int { return len(c.free) }
+
+// IdleCachedPages is the number of pages that only the prefix cache holds:
+// not free, but not in use by a request either (one that needs them
+// evicts the cache).
+func (c *KVCache) IdleCachedPages() int { return c.idle }
 
 // Layer returns rank's K and V buffers of layer l ([slots, kvDim]).
 func (c *KVCache) Layer(rank, l int) (k, v kernels.Buffer) {
@@ -160,6 +167,9 @@ func (c *KVCache) Retain(p int32) {
 	if c.refs[p] <= 0 {
 		panic(fmt.Sprintf("engine: retain of free KV page %d", p))
 	}
+	if c.cached[p] && c.refs[p] == 1 {
+		c.idle--
+	}
 	c.refs[p]++
 }
 
@@ -168,7 +178,32 @@ func (c *KVCache) Release(p int32) {
 	if c.refs[p] <= 0 {
 		panic(fmt.Sprintf("engine: release of free KV page %d", p))
 	}
-	if c.refs[p]--; c.refs[p] == 0 {
+	c.refs[p]--
+	switch {
+	case c.refs[p] == 0:
 		c.free = append(c.free, p)
+	case c.cached[p] && c.refs[p] == 1:
+		c.idle++
 	}
+}
+
+// Cache counts the prefix cache as one more holder of a page a sequence holds.
+func (c *KVCache) Cache(p int32) {
+	if c.cached[p] {
+		panic(fmt.Sprintf("engine: KV page %d is cached already", p))
+	}
+	c.Retain(p)
+	c.cached[p] = true
+}
+
+// Uncache drops the prefix cache's hold on a page.
+func (c *KVCache) Uncache(p int32) {
+	if !c.cached[p] {
+		panic(fmt.Sprintf("engine: KV page %d is not cached", p))
+	}
+	if c.refs[p] == 1 {
+		c.idle--
+	}
+	c.cached[p] = false
+	c.Release(p)
 }

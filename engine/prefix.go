@@ -67,6 +67,9 @@ func (e *Engine) activePrefix() *prefixCache {
 	return e.prefix
 }
 
+// PrefixCaching reports whether new requests use the prefix cache.
+func (e *Engine) PrefixCaching() bool { return e.activePrefix() != nil }
+
 // PrefixStats returns the prefix cache's counters; safe to call from any goroutine.
 func (e *Engine) PrefixStats() PrefixStats {
 	c := e.prefix
@@ -185,12 +188,15 @@ func (c *prefixCache) store(e *Engine, j *job) {
 	}
 	end, adopted, taken := c.tree.Insert(j.out.r.Prompt[:n], j.seq.kv.Pages[:n/e.Model.KV.PageSize()], features, slot)
 	for _, p := range adopted {
-		e.Model.KV.Retain(p)
+		e.Model.KV.Cache(p)
 	}
 	if taken {
 		e.Model.States.CopySlot(slot, j.seq.slot)
 	} else {
 		c.giveSlot(e, slot)
+	}
+	if len(adopted) > 0 { // new pages end at the new checkpoint: resumable now
+		e.cacheEvent(storedEvent(end, len(adopted), j.out.r.Prompt[:n], e.Model.KV.PageSize()))
 	}
 	c.tree.Lock(end)
 	c.unlock(j)
@@ -217,13 +223,13 @@ func (c *prefixCache) takeSlot(e *Engine) (int, bool) {
 		}
 	}
 	for {
-		pages, slot, ok := c.tree.Evict()
+		ev, ok := c.tree.Evict()
 		if !ok {
 			return -1, false
 		}
-		c.releasePages(e, pages)
-		if slot != prefixtree.NoSlot {
-			return slot, true
+		c.release(e, ev)
+		if ev.Slot != prefixtree.NoSlot {
+			return ev.Slot, true
 		}
 	}
 }
@@ -233,9 +239,12 @@ func (c *prefixCache) giveSlot(e *Engine, slot int) {
 	c.held--
 }
 
-func (c *prefixCache) releasePages(e *Engine, pages []int32) {
-	for _, p := range pages {
-		e.Model.KV.Release(p)
+// release lets go of an eviction's pages, once it has told the cache
+// events' subscriber that they are gone.
+func (c *prefixCache) release(e *Engine, ev prefixtree.Eviction) {
+	e.cacheEvent(CacheEvent{Kind: BlocksRemoved, Blocks: ev.IDs})
+	for _, p := range ev.Pages {
+		e.Model.KV.Uncache(p)
 	}
 }
 
@@ -243,13 +252,13 @@ func (c *prefixCache) releasePages(e *Engine, pages []int32) {
 // free or nothing is left to drop.
 func (c *prefixCache) evict(e *Engine, want int) {
 	for e.Model.KV.FreePages() < want {
-		pages, slot, ok := c.tree.Evict()
+		ev, ok := c.tree.Evict()
 		if !ok {
 			break
 		}
-		c.releasePages(e, pages)
-		if slot != prefixtree.NoSlot {
-			c.giveSlot(e, slot)
+		c.release(e, ev)
+		if ev.Slot != prefixtree.NoSlot {
+			c.giveSlot(e, ev.Slot)
 		}
 	}
 	c.publish()

@@ -284,6 +284,9 @@ func checkNoLeaks(t *testing.T, s *Scheduler, e *Engine) {
 		t.Fatalf("free pages %d + cached %d of %d; free slots %d + checkpoints %d of %d",
 			kv.FreePages(), st.Pages, kv.Pages(), pool.Free(), st.Checkpoints, pool.Slots())
 	}
+	if kv.IdleCachedPages() != int(st.Pages) {
+		t.Fatalf("%d idle cached pages with no request running, want all %d cached pages", kv.IdleCachedPages(), st.Pages)
+	}
 	e.prefix.evict(e, kv.Pages())
 	if kv.FreePages() != kv.Pages() || pool.Free() != pool.Slots() || e.prefix.held != 0 {
 		t.Fatalf("after evicting the cache: %d of %d pages and %d of %d slots free", kv.FreePages(), kv.Pages(), pool.Free(), pool.Slots())
@@ -390,6 +393,38 @@ func TestPrefixCheckpointInterval(t *testing.T) {
 	// 64, 128 and 192 from the first; the second has no whole chunk past 128.
 	if c := on.PrefixStats().Checkpoints; c != 3 {
 		t.Fatalf("%d checkpoints, want 3", c)
+	}
+}
+
+// TestIdleCachedPages: the cached pages that a running request shares are
+// in use, the others idle (what vllm:kv_cache_usage_perc leaves out), and
+// evicting the cache leaves none.
+func TestIdleCachedPages(t *testing.T) {
+	e := newTestEngine(t, "tiny", 9, Options{Context: 256, PageSize: 16, PrefixSlots: 2})
+	rng := rand.New(rand.NewPCG(3, 4))
+	first := randomTokens(rng, 140, 290)
+	if _, err := e.Generate(context.Background(), Request{Prompt: first, MaxTokens: 4}); err != nil {
+		t.Fatal(err)
+	}
+	kv, cached := e.Model.KV, int(e.PrefixStats().Pages)
+	if cached == 0 || kv.IdleCachedPages() != cached {
+		t.Fatalf("after a request: %d idle cached pages, want all %d cached pages", kv.IdleCachedPages(), cached)
+	}
+	j, err := e.newJob(Request{Prompt: concat(first[:130], randomTokens(rng, 20, 290)), MaxTokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := j.out.res.Stats.CachedTokens / kv.PageSize()
+	if shared == 0 || kv.IdleCachedPages() != cached-shared {
+		t.Fatalf("a request sharing %d cached pages: %d idle, want %d", shared, kv.IdleCachedPages(), cached-shared)
+	}
+	j.close()
+	if kv.IdleCachedPages() != cached {
+		t.Fatalf("after the request: %d idle cached pages, want %d", kv.IdleCachedPages(), cached)
+	}
+	e.SetPrefixCache(false)
+	if kv.IdleCachedPages() != 0 || kv.FreePages() != kv.Pages() {
+		t.Fatalf("cache off: %d idle cached pages, %d of %d free", kv.IdleCachedPages(), kv.FreePages(), kv.Pages())
 	}
 }
 

@@ -90,10 +90,12 @@ func (s *Stream) Wait() (*Result, error) {
 // SchedulerState is a snapshot of the scheduler's load and free resources.
 type SchedulerState struct {
 	Running, Queued       int
+	MaxRunning            int // SchedulerOptions.MaxRunning
 	FreePages, TotalPages int
 	FreeSlots, TotalSlots int
-	// PrefixPages and PrefixCheckpoints are what the prefix cache holds.
-	PrefixPages, PrefixCheckpoints int
+	// PrefixPages and PrefixCheckpoints are what the prefix cache holds;
+	// IdlePrefixPages are those of its pages that no request holds.
+	PrefixPages, PrefixCheckpoints, IdlePrefixPages int
 	// Checkpointing counts checkpoint prefills waiting or running (not in
 	// Running: they are no requests).
 	Checkpointing int
@@ -146,6 +148,7 @@ func NewScheduler(e *Engine, opts SchedulerOptions) *Scheduler {
 	s := &Scheduler{e: e, opts: opts, incoming: make(chan *pending, opts.MaxQueue)}
 	s.state.TotalPages, s.state.FreePages = e.Model.KV.Pages(), e.Model.KV.FreePages()
 	s.state.TotalSlots, s.state.FreeSlots = slots, e.freeSeqSlots()
+	s.state.MaxRunning = opts.MaxRunning
 	return s
 }
 
@@ -465,6 +468,7 @@ func (s *Scheduler) publish(running []*pending) {
 	s.state.Queued = s.queued
 	s.state.FreePages = s.e.Model.KV.FreePages()
 	s.state.FreeSlots = s.e.freeSeqSlots()
+	s.state.IdlePrefixPages = s.e.Model.KV.IdleCachedPages()
 	ps := s.e.PrefixStats()
 	s.state.PrefixPages, s.state.PrefixCheckpoints = int(ps.Pages), int(ps.Checkpoints)
 }

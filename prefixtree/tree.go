@@ -22,6 +22,7 @@ const NoSlot = -1
 // Node is one page of a cached prefix.
 type Node struct {
 	parent   *Node
+	id       uint64 // unique in the tree's lifetime; 0 is the root's
 	children map[string]*Node
 	key      string // the page's tokens, as the parent's map key
 	depth    int    // pages from the root: this page ends at depth·pageSize tokens
@@ -38,6 +39,13 @@ func (n *Node) Tokens(pageSize int) int { return n.depth * pageSize }
 // Slot is the node's checkpoint slot, NoSlot when it has none.
 func (n *Node) Slot() int { return n.slot }
 
+// ID names the node's page for as long as it is cached: the tree never
+// gives one ID to two nodes. The root's is 0, so a first page's parent is 0.
+func (n *Node) ID() uint64 { return n.id }
+
+// Parent is the node before this one (the root for a prefix's first page).
+func (n *Node) Parent() *Node { return n.parent }
+
 // Tree is the trie. It is not safe for concurrent use.
 type Tree struct {
 	pageSize    int
@@ -45,6 +53,7 @@ type Tree struct {
 	clock       uint64
 	pages       int
 	checkpoints int
+	lastID      uint64
 }
 
 // New makes an empty tree over pages of pageSize tokens.
@@ -141,7 +150,8 @@ func (t *Tree) Insert(tokens []int32, pages []int32, features []float32, slot in
 		key := pageKey(tokens[p*P : (p+1)*P])
 		child, ok := n.children[key]
 		if !ok {
-			child = &Node{parent: n, children: map[string]*Node{}, key: key, depth: n.depth + 1, page: page, slot: NoSlot}
+			t.lastID++
+			child = &Node{parent: n, id: t.lastID, children: map[string]*Node{}, key: key, depth: n.depth + 1, page: page, slot: NoSlot}
 			n.children[key] = child
 			t.pages++
 			adopted = append(adopted, page)
@@ -160,27 +170,35 @@ func (t *Tree) Insert(tokens []int32, pages []int32, features []float32, slot in
 	return n, adopted, slotTaken
 }
 
+// Eviction is what Evict removed.
+type Eviction struct {
+	Pages []int32  // the removed nodes' pages, the leaf's first
+	IDs   []uint64 // the removed nodes' IDs, in the same order
+	Slot  int      // the leaf's checkpoint slot
+}
+
 // Evict removes the least recently used leaf that no running request
 // locks, then its ancestors that are left as leaves without a checkpoint,
-// and returns their pages and the leaf's checkpoint slot. ok is false when
-// every leaf is locked (or the tree is empty).
-func (t *Tree) Evict() (pages []int32, slot int, ok bool) {
+// and returns their pages and IDs and the leaf's checkpoint slot. ok is
+// false when every leaf is locked (or the tree is empty).
+func (t *Tree) Evict() (ev Eviction, ok bool) {
 	victim := t.lruLeaf(t.root, nil)
 	if victim == nil {
-		return nil, NoSlot, false
+		return Eviction{Slot: NoSlot}, false
 	}
-	slot = victim.slot
-	if slot != NoSlot {
+	ev.Slot = victim.slot
+	if ev.Slot != NoSlot {
 		t.checkpoints--
 	}
 	for n := victim; n != t.root && len(n.children) == 0 && n.locks == 0 && (n == victim || n.slot == NoSlot); {
 		parent := n.parent
 		delete(parent.children, n.key)
-		pages = append(pages, n.page)
+		ev.Pages = append(ev.Pages, n.page)
+		ev.IDs = append(ev.IDs, n.id)
 		t.pages--
 		n = parent
 	}
-	return pages, slot, true
+	return ev, true
 }
 
 // lruLeaf is the least recently used unlocked leaf under n, or best.

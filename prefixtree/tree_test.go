@@ -114,9 +114,9 @@ func TestTree(t *testing.T) {
 				case "unlock":
 					tr.Unlock(inserted[o.ref])
 				case "evict":
-					got, slot, ok := tr.Evict()
-					if ok != o.evictOK || !slices.Equal(got, o.evicted) || (ok && slot != o.evictSlot) {
-						t.Fatalf("op %d evict: %v slot %d ok %v, want %v %d %v", i, got, slot, ok, o.evicted, o.evictSlot, o.evictOK)
+					ev, ok := tr.Evict()
+					if ok != o.evictOK || !slices.Equal(ev.Pages, o.evicted) || (ok && ev.Slot != o.evictSlot) {
+						t.Fatalf("op %d evict: %v slot %d ok %v, want %v %d %v", i, ev.Pages, ev.Slot, ok, o.evicted, o.evictSlot, o.evictOK)
 					}
 				}
 			}
@@ -168,6 +168,7 @@ func TestTreeRandom(t *testing.T) {
 	var checkpoints [][]int32 // token prefixes that got a checkpoint, alive or evicted
 	held := map[int32]bool{}
 	slotsHeld := map[int]bool{}
+	ids := map[uint64]int32{} // the live nodes' IDs and pages
 	var locked []*Node
 	nextPage, nextSlot := int32(0), 0
 	for step := 0; step < 2000; step++ {
@@ -189,6 +190,15 @@ func TestTreeRandom(t *testing.T) {
 			end, adopted, taken := tr.Insert(toks, pages, nil, nextSlot)
 			for _, p := range adopted {
 				held[p] = true
+			}
+			// The new nodes end the path, one per adopted page, with fresh IDs.
+			n := end
+			for i := len(adopted) - 1; i >= 0; i-- {
+				if _, live := ids[n.ID()]; live || n.ID() == 0 || n.page != adopted[i] {
+					t.Fatalf("step %d: new node with ID %d (live %v) and page %d, adopted %v", step, n.ID(), live, n.page, adopted)
+				}
+				ids[n.ID()] = n.page
+				n = n.Parent()
 			}
 			if taken {
 				slotsHeld[nextSlot] = true
@@ -217,7 +227,7 @@ func TestTreeRandom(t *testing.T) {
 			tr.Unlock(locked[i])
 			locked = slices.Delete(locked, i, i+1)
 		default:
-			evict(t, tr, held, slotsHeld)
+			evict(t, tr, held, slotsHeld, ids)
 		}
 		if tr.Pages() != len(held) || tr.Checkpoints() != len(slotsHeld) {
 			t.Fatalf("step %d: tree counts %d pages %d slots, held %d %d", step, tr.Pages(), tr.Checkpoints(), len(held), len(slotsHeld))
@@ -226,24 +236,30 @@ func TestTreeRandom(t *testing.T) {
 	for _, n := range locked {
 		tr.Unlock(n)
 	}
-	for evict(t, tr, held, slotsHeld) {
+	for evict(t, tr, held, slotsHeld, ids) {
 	}
-	if len(held) != 0 || len(slotsHeld) != 0 || tr.Pages() != 0 {
+	if len(held) != 0 || len(slotsHeld) != 0 || len(ids) != 0 || tr.Pages() != 0 {
 		t.Fatalf("after evicting everything %d pages and %d slots are left", len(held), len(slotsHeld))
 	}
 }
 
-func evict(t *testing.T, tr *Tree, held map[int32]bool, slots map[int]bool) bool {
+func evict(t *testing.T, tr *Tree, held map[int32]bool, slots map[int]bool, ids map[uint64]int32) bool {
 	t.Helper()
-	pages, slot, ok := tr.Evict()
+	ev, ok := tr.Evict()
 	if !ok {
 		return false
 	}
-	if !slots[slot] {
-		t.Fatalf("evicted slot %d the tree did not hold", slot)
+	if !slots[ev.Slot] {
+		t.Fatalf("evicted slot %d the tree did not hold", ev.Slot)
 	}
-	delete(slots, slot)
-	for _, p := range pages {
+	delete(slots, ev.Slot)
+	for i, id := range ev.IDs {
+		if p, live := ids[id]; !live || p != ev.Pages[i] {
+			t.Fatalf("evicted ID %d with page %d: live %v with page %d", id, ev.Pages[i], live, p)
+		}
+		delete(ids, id)
+	}
+	for _, p := range ev.Pages {
 		if !held[p] {
 			t.Fatalf("evicted page %d twice or never held", p)
 		}

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"ddflash/engine"
+	"ddflash/kernels"
 )
 
 // metrics are the server's Prometheus series. Names follow vLLM's so that
@@ -29,12 +30,20 @@ type metrics struct {
 	drafts, draftTokens, accepted prometheus.Counter
 	acceptedPerPos                *prometheus.CounterVec // position
 	acceptLength                  prometheus.Histogram
+
+	// cacheConfig is vLLM's info series (value 1, facts in labels), set
+	// once the model is loaded: the llm-d EPP's prefix scorer reads the
+	// block size and the number of blocks from it.
+	cacheConfig *prometheus.GaugeVec
 }
+
+// cacheConfigLabels are vllm:cache_config_info's labels.
+var cacheConfigLabels = []string{"block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching"}
 
 // latencyBuckets span 1 ms to about 17 minutes.
 var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 21)
 
-func newMetrics(modelName string, state func() (engine.SchedulerState, engine.SpecOptions, bool)) *metrics {
+func newMetrics(modelName string, state func() (engine.SchedulerState, engine.SpecOptions, bool), kvEvents EventCounts) *metrics {
 	reg := prometheus.NewRegistry()
 	r := prometheus.WrapRegistererWith(prometheus.Labels{"model_name": modelName}, reg)
 	f := factory{r}
@@ -58,7 +67,10 @@ func newMetrics(modelName string, state func() (engine.SchedulerState, engine.Sp
 		acceptLength: f.histogram("ddflash:spec_decode_acceptance_length",
 			"Tokens committed per verify step: accepted drafts plus the bonus token. _sum/_count over an interval is the mean acceptance length.",
 			prometheus.LinearBuckets(1, 1, 16)),
+		cacheConfig: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vllm:cache_config_info",
+			Help: "The KV cache's configuration, in labels (value 1): block_size is the tokens per KV page, num_gpu_blocks the pages."}, cacheConfigLabels),
 	}
+	r.MustRegister(m.cacheConfig)
 	gauge := func(name, help string, v func(engine.SchedulerState, engine.SpecOptions) float64) {
 		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
 			st, spec, ok := state()
@@ -74,8 +86,9 @@ func newMetrics(modelName string, state func() (engine.SchedulerState, engine.Sp
 	gauge("vllm:num_requests_waiting", "Requests queued for admission.", func(s engine.SchedulerState, _ engine.SpecOptions) float64 {
 		return float64(s.Queued)
 	})
-	gauge("vllm:kv_cache_usage_perc", "Share of KV cache pages in use (1 = all).", func(s engine.SchedulerState, _ engine.SpecOptions) float64 {
-		return usedShare(s.FreePages, s.TotalPages)
+	gauge("vllm:kv_cache_usage_perc", "Share of the binding cache pool in use by requests (0-1): KV pages or request state slots (of --max-running-requests), whichever is fuller. "+
+		"As in vLLM, prefix-cache pages no request holds are not in use: a request that needs them evicts them.", func(s engine.SchedulerState, _ engine.SpecOptions) float64 {
+		return cacheUsage(s)
 	})
 	gauge("ddflash:state_slot_usage_perc", "Share of GDN state slots in use (1 = all).", func(s engine.SchedulerState, _ engine.SpecOptions) float64 {
 		return usedShare(s.FreeSlots, s.TotalSlots)
@@ -90,7 +103,29 @@ func newMetrics(modelName string, state func() (engine.SchedulerState, engine.Sp
 		return float64(spec.Budget)
 	})
 	r.MustRegister(adaptiveCollector{state})
+	eventCounter := func(name, help string, count func(EventCounts) uint64) {
+		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 {
+			if kvEvents == nil {
+				return 0
+			}
+			return float64(count(kvEvents))
+		}))
+	}
+	eventCounter("ddflash:kv_events_published_total", "KV events (vLLM's format: blocks stored and removed) published on --kv-events-endpoint.",
+		EventCounts.Published)
+	eventCounter("ddflash:kv_events_dropped_total", "KV events dropped for want of room: the publisher's queue, or a slow subscriber's (once per subscriber).",
+		EventCounts.Dropped)
 	return m
+}
+
+// cacheUsage is the share of the fuller of the two pools a request needs,
+// KV pages and state slots (a hybrid model's GDN state: one per running
+// request), that requests hold. Pages only the prefix cache holds count as
+// free, as vLLM counts its cached blocks that no request references.
+func cacheUsage(s engine.SchedulerState) float64 {
+	pages := usedShare(s.FreePages+s.IdlePrefixPages, s.TotalPages)
+	slots := usedShare(s.MaxRunning-s.Running, s.MaxRunning)
+	return max(pages, slots)
 }
 
 func usedShare(free, total int) float64 {
@@ -119,6 +154,26 @@ func (f factory) histogram(name, help string, buckets []float64) prometheus.Hist
 	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets})
 	f.r.MustRegister(h)
 	return h
+}
+
+// setCacheConfig fills vllm:cache_config_info from the engine's caches.
+func (m *metrics) setCacheConfig(e *engine.Engine) {
+	kv := e.Model.KV
+	dtype := "float32"
+	if kv.Shard(0).DType == kernels.BF16 {
+		dtype = "bfloat16"
+	}
+	m.cacheConfig.Reset()
+	m.cacheConfig.WithLabelValues(strconv.Itoa(kv.PageSize()), strconv.Itoa(kv.Pages()), dtype,
+		pythonBool(e.PrefixCaching())).Set(1)
+}
+
+// pythonBool writes a boolean label as vLLM's (Python's) do.
+func pythonBool(b bool) string {
+	if b {
+		return "True"
+	}
+	return "False"
 }
 
 // specPositions makes every position series exist from the start, as vLLM

@@ -1,7 +1,7 @@
 // Package server is ddflash's OpenAI-compatible HTTP server: completions
 // and chat completions (with SSE streaming), models, tokenize/detokenize,
-// health and Prometheus metrics, over the engine's continuous-batching
-// scheduler.
+// render (vLLM's, for routers), health and Prometheus metrics, over the
+// engine's continuous-batching scheduler.
 package server
 
 import (
@@ -29,7 +29,7 @@ const DefaultMaxBodyBytes = 16 << 20
 // Options configure a server.
 type Options struct {
 	ModelName    string // the served model name; requests naming another get 404
-	APIKey       string // when set, every endpoint but /health needs "Authorization: Bearer KEY"
+	APIKey       string // when set, every endpoint but /health and /metrics needs "Authorization: Bearer KEY"
 	MaxBodyBytes int64  // 0 means DefaultMaxBodyBytes
 	Logger       *slog.Logger
 	Timeouts     Timeouts
@@ -41,6 +41,15 @@ type Options struct {
 	Addr           string
 	AllowedHosts   []string // extra Host names, e.g. a reverse proxy's public name; "*" allows any
 	AllowedOrigins []string // extra origins ("https://ui.example.com"), answered with CORS headers; "*" allows any
+	// KVEvents, when set, is the KV events publisher (package kvevents)
+	// whose counts /metrics shows.
+	KVEvents EventCounts
+}
+
+// EventCounts are a KV events publisher's counts.
+type EventCounts interface {
+	Published() uint64
+	Dropped() uint64
 }
 
 // Timeouts bound how long one connection may take; zero means no bound.
@@ -103,15 +112,17 @@ func New(opts Options) *Server {
 		opts.Logger = slog.Default()
 	}
 	s := &Server{opts: opts, log: opts.Logger, created: time.Now().Unix(), origin: newOriginPolicy(opts)}
-	s.metrics = newMetrics(opts.ModelName, s.schedulerState)
+	s.metrics = newMetrics(opts.ModelName, s.schedulerState, opts.KVEvents)
 	s.routes = map[string]route{
-		"/health":              {http.MethodGet, s.health},
-		"/metrics":             {http.MethodGet, promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}).ServeHTTP},
-		"/v1/models":           {http.MethodGet, s.needsModel(s.answer(s.listModels))},
-		"/v1/completions":      {http.MethodPost, s.needsModel(s.generator(s.completionRequest, newCompletionAPI))},
-		"/v1/chat/completions": {http.MethodPost, s.needsModel(s.generator(s.chatRequest, newChatAPI))},
-		"/tokenize":            {http.MethodPost, s.needsModel(s.answer(s.tokenize))},
-		"/detokenize":          {http.MethodPost, s.needsModel(s.answer(s.detokenize))},
+		"/health":                     {http.MethodGet, s.health},
+		"/metrics":                    {http.MethodGet, promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}).ServeHTTP},
+		"/v1/models":                  {http.MethodGet, s.needsModel(s.answer(s.listModels))},
+		"/v1/completions":             {http.MethodPost, s.needsModel(s.generator(s.completionRequest, newCompletionAPI))},
+		"/v1/chat/completions":        {http.MethodPost, s.needsModel(s.generator(s.chatRequest, newChatAPI))},
+		"/v1/completions/render":      {http.MethodPost, s.needsModel(s.answer(s.renderCompletion))},
+		"/v1/chat/completions/render": {http.MethodPost, s.needsModel(s.answer(s.renderChat))},
+		"/tokenize":                   {http.MethodPost, s.needsModel(s.answer(s.tokenize))},
+		"/detokenize":                 {http.MethodPost, s.needsModel(s.answer(s.detokenize))},
 	}
 	return s
 }
@@ -128,6 +139,7 @@ func (s *Server) Run(ctx context.Context, m *Model) {
 }
 
 func (s *Server) attach(m *Model) {
+	s.metrics.setCacheConfig(m.Engine)
 	if m.Engine.Drafter != nil && m.Engine.Spec.Mode != engine.SpecAuto {
 		s.metrics.specPositions(m.Engine.Drafter.BlockSize() - 1)
 	}
@@ -166,7 +178,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, err)
 			return
 		}
-		if !s.authorized(r) {
+		if !keyless(r.URL.Path) && !s.authorized(r) {
 			writeError(w, newError(http.StatusUnauthorized, invalidRequest, "invalid_api_key", "",
 				"missing or wrong API key: send the header \"Authorization: Bearer KEY\""))
 			return
@@ -188,6 +200,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rt.handler(w, r)
 	}
 }
+
+// keyless reports whether a path answers without the API key: the probes
+// and the metrics that a router or load balancer reads, which can send no
+// key (vLLM checks its key on /v1/* paths only). The API stays behind it,
+// and so do /tokenize and /detokenize.
+func keyless(path string) bool { return path == "/health" || path == "/metrics" }
 
 // isJSON reports whether a Content-Type header says JSON.
 func isJSON(contentType string) bool {

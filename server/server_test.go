@@ -622,9 +622,20 @@ func TestAPIKey(t *testing.T) {
 			t.Errorf("key %q: %v", wrong, err)
 		}
 	}
-	for path, want := range map[string]int{"/health": http.StatusOK, "/metrics": http.StatusUnauthorized, "/v1/models": http.StatusUnauthorized, "/nowhere": http.StatusUnauthorized} {
-		if rec := serve(h.srv, "GET", path, "", ""); rec.status != want {
-			t.Errorf("GET %s without a key: %d, want %d", path, rec.status, want)
+	// A router's metrics scraper and a load balancer's probe send no key
+	// (vLLM checks its key on /v1/* only); every API path needs it.
+	for _, c := range []struct {
+		method, path string
+		want         int
+	}{
+		{"GET", "/health", http.StatusOK}, {"GET", "/metrics", http.StatusOK},
+		{"GET", "/v1/models", http.StatusUnauthorized}, {"POST", "/v1/completions", http.StatusUnauthorized},
+		{"POST", "/v1/chat/completions", http.StatusUnauthorized}, {"POST", "/v1/completions/render", http.StatusUnauthorized},
+		{"POST", "/v1/chat/completions/render", http.StatusUnauthorized}, {"POST", "/tokenize", http.StatusUnauthorized},
+		{"POST", "/detokenize", http.StatusUnauthorized}, {"GET", "/v1/nowhere", http.StatusUnauthorized}, {"GET", "/nowhere", http.StatusUnauthorized},
+	} {
+		if rec := serve(h.srv, c.method, c.path, "{}", ""); rec.status != c.want {
+			t.Errorf("%s %s without a key: %d, want %d", c.method, c.path, rec.status, c.want)
 		}
 	}
 	if rec := serve(h.srv, "GET", "/metrics", "", key); rec.status != http.StatusOK {

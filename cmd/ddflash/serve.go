@@ -21,6 +21,7 @@ import (
 	"ddflash/engine"
 	"ddflash/engine/gpu"
 	"ddflash/engine/planner"
+	"ddflash/kvevents"
 	"ddflash/server"
 )
 
@@ -47,6 +48,7 @@ type serveConfig struct {
 	allowedHosts, allowedOrigins listFlag
 	parsers                      server.Parsers
 	generationConfig             string
+	kvEventsEndpoint, kvTopic    string
 }
 
 // listFlag is a comma-separated flag value.
@@ -66,7 +68,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	c.model.register(fs)
 	c.memory.registerMemory(fs)
 	fs.StringVar(&c.addr, "addr", "127.0.0.1:8000", "listen address (loopback by default; elsewhere, set --api-key)")
-	fs.StringVar(&c.apiKey, "api-key", os.Getenv("DDFLASH_API_KEY"), "require \"Authorization: Bearer KEY\" on every endpoint but /health (default: $DDFLASH_API_KEY)")
+	fs.StringVar(&c.apiKey, "api-key", os.Getenv("DDFLASH_API_KEY"), "require \"Authorization: Bearer KEY\" on every endpoint but /health and /metrics (default: $DDFLASH_API_KEY)")
 	fs.StringVar(&c.name, "served-model-name", "", "model name in the API (default: the --model directory's name)")
 	fs.IntVar(&c.maxRunning, "max-running-requests", 16, "requests decoding at once; the memory plan may lower it")
 	fs.IntVar(&c.maxQueue, "max-queue", 0, "requests waiting for admission before 429 answers (default: 4 × running)")
@@ -84,6 +86,8 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.parsers.Reasoning, "reasoning-parser", "", "split <think> blocks into reasoning_content: qwen3 or none (default: qwen3 when the chat template writes <think>)")
 	fs.StringVar(&c.parsers.ToolCalls, "tool-call-parser", "", "parse tool calls into tool_calls: qwen3_coder or none (default: qwen3_coder when the chat template writes <tool_call>)")
 	fs.StringVar(&c.generationConfig, "generation-config", "auto", "sampling defaults for requests that leave them out: auto (the model's generation_config.json) or none (OpenAI's)")
+	fs.StringVar(&c.kvEventsEndpoint, "kv-events-endpoint", "", "publish the prefix cache's blocks as vLLM KV events on this ZMQ PUB endpoint, e.g. tcp://*:5557, for a prefix-aware router such as llm-d's (needs --prefix-cache-slots)")
+	fs.StringVar(&c.kvTopic, "kv-events-topic", "", "the KV events' topic (default: kv@ADDR@SERVED-MODEL-NAME, as llm-d expects)")
 }
 
 // serve runs `ddflash serve` until ctx ends. ready, if set, is told the
@@ -124,6 +128,20 @@ func serveTo(ctx context.Context, args []string, ready func(addr string), stderr
 		return err
 	}
 
+	var kvEvents *kvevents.Publisher
+	opts := server.Options{ModelName: c.name, APIKey: c.apiKey, MaxBodyBytes: c.maxBody, Logger: log,
+		Timeouts: c.timeouts, Addr: c.addr, AllowedHosts: c.allowedHosts, AllowedOrigins: c.allowedOrigins}
+	if c.kvEventsEndpoint != "" {
+		if c.kvTopic == "" {
+			c.kvTopic = "kv@" + c.addr + "@" + c.name
+		}
+		if kvEvents, err = kvevents.Listen(c.kvEventsEndpoint, c.kvTopic, log); err != nil {
+			return err
+		}
+		defer kvEvents.Close()
+		opts.KVEvents = kvEvents
+		log.Info("publishing KV events", "endpoint", c.kvEventsEndpoint, "topic", c.kvTopic)
+	}
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {
 		return err
@@ -131,8 +149,7 @@ func serveTo(ctx context.Context, args []string, ready func(addr string), stderr
 	if host, _, _ := net.SplitHostPort(ln.Addr().String()); c.apiKey == "" && !net.ParseIP(host).IsLoopback() {
 		log.Warn("listening beyond loopback without --api-key: anyone who can reach this address can use the model", "addr", ln.Addr())
 	}
-	srv := server.New(server.Options{ModelName: c.name, APIKey: c.apiKey, MaxBodyBytes: c.maxBody, Logger: log,
-		Timeouts: c.timeouts, Addr: c.addr, AllowedHosts: c.allowedHosts, AllowedOrigins: c.allowedOrigins})
+	srv := server.New(opts)
 	httpSrv := srv.HTTPServer()
 	served := make(chan error, 1)
 	go func() { served <- httpSrv.Serve(ln) }()
@@ -146,12 +163,18 @@ func serveTo(ctx context.Context, args []string, ready func(addr string), stderr
 		_ = httpSrv.Close()
 		return err
 	}
+	if kvEvents != nil {
+		if !model.Engine.PrefixCaching() {
+			log.Warn("--kv-events-endpoint without the prefix cache (--prefix-cache-slots): no block will be published")
+		}
+		model.Engine.SetCacheEvents(kvEvents.Publish)
+	}
 	runCtx, stopEngine := context.WithCancel(context.Background())
 	engineDone := make(chan struct{})
 	go func() { srv.Run(runCtx, model); close(engineDone) }()
-	opts := model.Scheduler.Options()
-	log.Info("serving", "model", c.name, "spec", model.Engine.Spec.Mode, "max_running_requests", opts.MaxRunning,
-		"max_queue", opts.MaxQueue, "context", model.Engine.Context)
+	sched := model.Scheduler.Options()
+	log.Info("serving", "model", c.name, "spec", model.Engine.Spec.Mode, "max_running_requests", sched.MaxRunning,
+		"max_queue", sched.MaxQueue, "context", model.Engine.Context)
 
 	select {
 	case <-ctx.Done():
