@@ -1,18 +1,20 @@
-package cpu
+// Package rowmath holds the row kernels: the passes over a whole logit row
+// that the samplers, DDTree's draft top-k and the CPU backend's TopK make
+// (the maximum, the first entry past a bound, softmax weights and their
+// sum, the weight at or above a bound, the inverse cumulative weight), as
+// AVX-512 loops under GOEXPERIMENT=simd (simd_amd64.go, with the 16-lane
+// exp the CPU backend's softmax and activations share) and portable twins
+// here. At the real vocabulary (248,320 logits) each is one streaming pass.
+// It imports no backend, so that the pure packages (ddtree) can use it.
+//
+// NaN is treated as -Inf everywhere: never the maximum, never at or above
+// a bound, and weight 0.
+package rowmath
 
 import (
 	"fmt"
 	"math"
 )
-
-// Row kernels: the passes over a whole logit row that a sampler makes (the
-// maximum, the first entry past a bound, softmax weights and their sum, the
-// weight at or above a bound, the inverse cumulative weight), as AVX-512
-// loops under GOEXPERIMENT=simd (simd_sampling_amd64.go) with portable twins
-// here. At the real vocabulary (248,320 logits) each is one streaming pass.
-//
-// NaN is treated as -Inf everywhere: never the maximum, never at or above
-// a bound, and weight 0.
 
 // rowKernels are one implementation of the row kernels.
 type rowKernels struct {
@@ -83,7 +85,7 @@ func NextAtLeast(x []float32, bound float32) int {
 // in float64: a sampler's softmax weights (top the row's maximum, finite;
 // scale the inverse temperature). -Inf and NaN weigh 0, and so does any
 // weight below 2⁻¹²⁶ (see minWeightArg). Both kernels use Cephes' expf
-// (the attention softmax's exp16; its scalar twin expWeight), within a few
+// (Exp16, which the CPU backend's attention softmax uses too; its scalar twin expWeight), within a few
 // float32 ulps.
 func ExpWeights(w, x []float32, top, scale float32) float64 {
 	return hostRows.expWeights(w[:len(x)], x, top, scale)
@@ -114,7 +116,7 @@ const MassBounds = 4
 // reaches each bound.
 func MassAtLeast(mass []float64, count []int, w, x []float32, bounds []float32) {
 	if len(bounds) > MassBounds {
-		panic(fmt.Sprintf("cpu: MassAtLeast takes at most %d bounds, not %d", MassBounds, len(bounds)))
+		panic(fmt.Sprintf("rowmath: MassAtLeast takes at most %d bounds, not %d", MassBounds, len(bounds)))
 	}
 	hostRows.massAtLeast(mass[:len(bounds)], count[:len(bounds)], w[:len(x)], x, bounds)
 }
@@ -191,7 +193,7 @@ func expWeightsPortable(w, x []float32, top, scale float32) float64 {
 	return total
 }
 
-// expWeight is exp(d) for minWeightArg ≤ d ≤ 0 by exp16's method (Cephes'
+// expWeight is exp(d) for minWeightArg ≤ d ≤ 0 by Exp16's method (Cephes'
 // expf) in scalar float32: a few times cheaper than float64 math.Exp over
 // a whole vocabulary. ln2Hi has few enough bits that n·ln2Hi is exact.
 func expWeight(d float32) float32 {

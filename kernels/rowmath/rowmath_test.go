@@ -1,10 +1,12 @@
-package cpu
+package rowmath
 
 import (
 	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"ddflash/internal/testrand"
 )
 
 // rowVariants are the row kernels this build can run: portable always,
@@ -59,7 +61,7 @@ func refMaxIndex(x []float32) int {
 // first entry at or above a bound against scalar definitions, NaN being
 // neither, on rows with ties, ±Inf and NaN, and on all-NaN rows.
 func TestMaxAndNextAtLeast(t *testing.T) {
-	rng := seededRand(t, 21)
+	rng := testrand.Seeded(t, 21)
 	for _, rows := range rowVariants() {
 		for _, n := range rowLengths {
 			for _, x := range [][]float32{specialRow(rng, n, false), specialRow(rng, n, true), constRow(n, nan), constRow(n, negInf)} {
@@ -107,7 +109,7 @@ func constRow(n int, v float32) []float32 {
 // (relative) of the float64 sum of the same weights, with and without the
 // weights written.
 func TestExpWeights(t *testing.T) {
-	rng := seededRand(t, 10)
+	rng := testrand.Seeded(t, 10)
 	for _, rows := range rowVariants() {
 		for _, n := range rowLengths {
 			for _, temp := range []float32{0.05, 0.7, 1, 3} {
@@ -145,7 +147,7 @@ func TestExpWeights(t *testing.T) {
 // those in a window below the bound), and KeepAtLeast against the weights
 // it must keep.
 func TestMassAtLeast(t *testing.T) {
-	rng := seededRand(t, 11)
+	rng := testrand.Seeded(t, 11)
 	for _, rows := range rowVariants() {
 		for _, n := range rowLengths {
 			x := specialRow(rng, n, false)
@@ -204,7 +206,7 @@ func TestMassAtLeast(t *testing.T) {
 // before does not, up to the rounding of the block sums; past the total
 // it is len(w). Runs of zero weights are never picked.
 func TestSearchCumulative(t *testing.T) {
-	rng := seededRand(t, 12)
+	rng := testrand.Seeded(t, 12)
 	for _, rows := range rowVariants() {
 		saved := hostRows
 		hostRows = rows
