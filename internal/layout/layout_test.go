@@ -14,14 +14,14 @@ import (
 const module = "ddflash"
 
 // purePackages are pure functions over small structs (draft trees, the
-// adaptive policy, the prefix tree): they must work without an engine or
-// a backend, so that they can be tested and reused on their own.
-var purePackages = []string{"ddtree", "adaptive", "prefixtree"}
+// adaptive policy, the prefix tree) and the row kernels that ddtree shares
+// with the samplers and the CPU backend: they must work without an engine
+// or a backend, so that they can be tested and reused on their own.
+var purePackages = []string{"ddtree", "adaptive", "prefixtree", "kernels/rowmath"}
 
 // forbidden are the packages (with everything under them) that a pure
 // package may not depend on, directly or through another package: the
-// engine and the backends. The row kernels ddtree shares with the samplers
-// live in kernels/rowmath, which imports neither.
+// engine and the backends.
 var forbidden = []string{"engine", "kernels/cpu", "kernels/cuda", "kernels/device"}
 
 // TestPurePackagesImportNoEngineOrBackend follows every import of the pure
