@@ -7,7 +7,7 @@ import (
 	"container/heap"
 	"math"
 
-	"ddflash/kernels/cpu"
+	"ddflash/kernels/rowmath"
 )
 
 // Candidate is a token proposed at some depth with its draft log-probability.
@@ -55,12 +55,12 @@ func (t *Tree) add(token, parent, depth int32) int32 {
 // the row's maximum is infinite, the tokens at it get log-probability 0.
 //
 // A draft row has the whole vocabulary, so every pass over it is one of
-// kernels/cpu's vectorised row kernels: the log-sum-exp (float32
+// kernels/rowmath's vectorised row kernels: the log-sum-exp (float32
 // exponentials summed in float64: log-probs within about 1e-6), and the
 // selection, which looks only at entries above the k-th best so far.
 func TopK(logits []float32, valid, k int) []Candidate {
 	row := logits[:valid]
-	lse := cpu.LogSumExp(row)
+	lse := rowmath.LogSumExp(row)
 	out := make([]Candidate, 0, max(0, min(k, len(row))))
 	if cap(out) == 0 {
 		return out
@@ -72,7 +72,7 @@ func TopK(logits []float32, valid, k int) []Candidate {
 		if len(out) == cap(out) {
 			bound = math.Nextafter32(float32(out[len(out)-1].Logprob), float32(math.Inf(1)))
 		}
-		if i += cpu.NextAtLeast(row[i:], bound); i == len(row) {
+		if i += rowmath.NextAtLeast(row[i:], bound); i == len(row) {
 			break
 		}
 		v := float64(row[i])

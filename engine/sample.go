@@ -7,7 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 
-	"ddflash/kernels/cpu"
+	"ddflash/kernels/rowmath"
 )
 
 // SamplingParams controls how a token is chosen from logits.
@@ -80,14 +80,14 @@ var ErrNoToken = errors.New("no token can be chosen: every logit is -Inf or NaN"
 // give the same tokens.
 //
 // Cost per row of V logits, never a sort of the vocabulary; the passes over
-// the whole row are the vectorised row kernels of kernels/cpu. One pass for
+// the whole row are the vectorised row kernels of kernels/rowmath. One pass for
 // the maximum; then top-k by a k-heap fed only the entries that beat its
-// weakest (cpu.NextAtLeast skips the rest 16 at a time), or min-p by a
+// weakest (rowmath.NextAtLeast skips the rest 16 at a time), or min-p by a
 // threshold on the logits, and weights for the tokens kept; or else the
-// weights of the whole row in one pass (cpu.ExpWeights: float32
+// weights of the whole row in one pass (rowmath.ExpWeights: float32
 // exponentials summed in float64). Top-p is cut by quickselect among the
 // tokens kept, or, over the whole row, among the few between two logit
-// bounds that passes of cpu.MassAtLeast place around the cut (see topP).
+// bounds that a histogram of the weights places around the cut (see topP).
 //
 // NaN logits count as -Inf (never chosen). A +Inf logit is a certainty:
 // the first one is chosen, as greedy sampling would.
@@ -96,9 +96,10 @@ type Sampler struct {
 	valid  int // logits at or beyond this id are padding rows and never chosen
 	rng    *rand.Rand
 	// scratch reused by every call
-	kept    []candidate
-	ids     []int32
-	weights []float32 // the whole row's weights, or the kept tokens' logits then weights
+	kept      []candidate
+	ids       []int32
+	weights   []float32          // the whole row's weights, or the kept tokens' logits then weights
+	histogram *rowmath.Histogram // top-p's over the whole row, made on its first use
 }
 
 // NewSampler makes a sampler for a vocabulary whose first valid ids are real tokens.
@@ -144,7 +145,7 @@ type weighted struct {
 // The result lives in the sampler's scratch until the next call.
 func (s *Sampler) distribution(logits []float32) weighted {
 	row, p := logits[:s.valid], s.params
-	best := cpu.MaxIndex(row)
+	best := rowmath.MaxIndex(row)
 	if best < 0 || math.IsInf(float64(row[best]), -1) {
 		return weighted{}
 	}
@@ -163,9 +164,10 @@ func (s *Sampler) distribution(logits []float32) weighted {
 		return s.weigh(top)
 	}
 	w := s.scratchWeights(len(row))
-	total := cpu.ExpWeights(w, row, top, float32(1/p.Temperature))
+	scale := float32(1 / p.Temperature)
+	total := rowmath.ExpWeights(w, row, top, scale)
 	if p.TopP > 0 && p.TopP < 1 {
-		return s.topP(row, w, top, p.TopP*total)
+		return s.topP(row, w, top, scale, total, p.TopP*total)
 	}
 	return weighted{dense: w, denseTotal: total, total: total}
 }
@@ -195,7 +197,7 @@ func (s *Sampler) floor(top float32) float32 {
 // best logits and their ids, best first, ties by lower id (the backends'
 // TopK): the same candidates in the same order, so the same draws.
 func (s *Sampler) topDistribution(logits []float32, ids []int32) weighted {
-	best := cpu.MaxIndex(logits)
+	best := rowmath.MaxIndex(logits)
 	if best < 0 || math.IsInf(float64(logits[best]), -1) {
 		return weighted{}
 	}
@@ -215,7 +217,7 @@ func (s *Sampler) topDistribution(logits []float32, ids []int32) weighted {
 
 // appendBetween appends to dst the entries of row in [lo, hi).
 func (s *Sampler) appendBetween(dst []candidate, row []float32, lo, hi float32) []candidate {
-	s.ids = cpu.AppendBetween(s.ids[:0], row, lo, hi)
+	s.ids = rowmath.AppendBetween(s.ids[:0], row, lo, hi)
 	for _, id := range s.ids {
 		dst = append(dst, candidate{logit: row[id], id: id})
 	}
@@ -231,7 +233,7 @@ func (s *Sampler) weigh(top float32) weighted {
 	for i, c := range s.kept {
 		logits[i] = c.logit
 	}
-	total := cpu.ExpWeights(w, logits, top, float32(1/p.Temperature))
+	total := rowmath.ExpWeights(w, logits, top, float32(1/p.Temperature))
 	for i := range s.kept {
 		s.kept[i].weight = float64(w[i])
 	}
@@ -251,71 +253,47 @@ func (s *Sampler) cut(target float64) weighted {
 	return weighted{kept: s.kept, total: total}
 }
 
-// topPBoundary is how many tokens may lie between top-p's bounds before
-// quickselect cuts among them.
+// topPBoundary is the most tokens top-p quickselects among, and the
+// largest nucleus drawn from the kept list alone.
 const topPBoundary = 4096
 
 // topP keeps the best-first prefix of the whole row whose weight w first
-// reaches target (p of the total). A logit bound at or above which the
-// weight is still under target has every token above it in that prefix; a
-// bound where it reaches target has the cut at or above it. Passes of
-// cpu.MassAtLeast, four bounds each, narrow such a pair [lo, hi) until at
-// most topPBoundary tokens lie between (at most eight passes: a flat row
-// needs about five); quickselect then cuts among those. The tokens at or
-// above hi, however many, stay in w (the others' weights are zeroed) and
-// are drawn from it as a dense row.
-func (s *Sampler) topP(row, w []float32, top float32, target float64) weighted {
-	// weightBound is the logit of weight 2⁻ᵉ.
-	weightBound := func(e float64) float32 { return float32(float64(top) - s.params.Temperature*e*math.Ln2) }
-	hi, hiCount, hiMass := math.Nextafter32(top, float32(math.Inf(1))), 0, 0.0 // nothing reaches it
-	lo, loCount := float32(noFloor), len(row)                                  // everything with weight does
-	bounds := []float32{weightBound(3), weightBound(10), weightBound(20), noFloor}
-	for pass := 0; ; pass++ {
-		var mass [cpu.MassBounds]float64
-		var count [cpu.MassBounds]int
-		cpu.MassAtLeast(mass[:], count[:], w, row, bounds)
-		for j, b := range bounds { // highest bound first
-			if mass[j] >= target {
-				lo, loCount = b, count[j]
-				break
-			}
-			hi, hiCount, hiMass = b, count[j], mass[j]
-		}
-		if loCount-hiCount <= topPBoundary || pass == 7 {
-			break
-		}
-		low := float64(lo) // four bounds evenly between lo and hi, or between 2⁻¹²⁶ and hi
-		if lo == noFloor {
-			low = float64(weightBound(126))
-		}
-		bounds = bounds[:0]
-		for k := 4; k > 0; k-- {
-			if b := float32(low + (float64(hi)-low)*float64(k)/5); b > lo && b < hi {
-				bounds = append(bounds, b)
-			}
-		}
-		if len(bounds) == 0 { // float32 cannot split [lo, hi)
-			break
-		}
+// reaches target (p of the total; w are ExpWeights(w, row, top, scale),
+// summing to total). rowmath.FindNucleus brackets the cut between two
+// logits with a histogram of the weights over the logits (one pass over
+// the row for a language model's logits, a few for any row); quickselect
+// then cuts among the tokens between. A nucleus of at most topPBoundary
+// tokens is drawn from the kept list alone; in a larger one the tokens
+// above the bracket, however many, stay in w (the others' weights are
+// zeroed) and are drawn from it as a dense row.
+func (s *Sampler) topP(row, w []float32, top, scale float32, total, target float64) weighted {
+	if s.histogram == nil {
+		s.histogram = new(rowmath.Histogram)
 	}
+	n := rowmath.FindNucleus(s.histogram, w, row, top, scale, total, target, topPBoundary)
+	if n.Count+n.Between <= topPBoundary {
+		s.keepBetween(row, w, n.Lo, float32(math.Inf(1)))
+		return s.cut(target)
+	}
+	s.keepBetween(row, w, n.Lo, n.Hi)
+	s.kept = s.kept[:cutTopP(s.kept, target-n.Mass)] // n.Mass < target: the cut is among these
+	d := weighted{kept: s.kept, total: n.Mass}
+	for _, c := range s.kept {
+		d.total += c.weight
+	}
+	if n.Count > 0 {
+		rowmath.KeepAtLeast(w, row, n.Hi)
+		d.dense, d.denseTotal = w, n.Mass
+	}
+	return d
+}
+
+// keepBetween sets s.kept to the tokens of row in [lo, hi), with their weights w.
+func (s *Sampler) keepBetween(row, w []float32, lo, hi float32) {
 	s.kept = s.appendBetween(s.kept[:0], row, lo, hi)
 	for i, c := range s.kept {
 		s.kept[i].weight = float64(w[c.id])
 	}
-	if rest := target - hiMass; rest > 0 {
-		s.kept = s.kept[:cutTopP(s.kept, rest)]
-	} else {
-		s.kept = s.kept[:0]
-	}
-	d := weighted{kept: s.kept, total: hiMass}
-	for _, c := range s.kept {
-		d.total += c.weight
-	}
-	if hiCount > 0 {
-		cpu.KeepAtLeast(w, row, hi)
-		d.dense, d.denseTotal = w, hiMass
-	}
-	return d
 }
 
 // Distribution returns the probabilities the sampler draws from (after
@@ -363,7 +341,7 @@ func (s *Sampler) draw(d weighted) (int32, error) {
 	}
 	u := s.rng.Float64() * d.total
 	if u < d.denseTotal {
-		if i := cpu.SearchCumulative(d.dense, u); i < len(d.dense) {
+		if i := rowmath.SearchCumulative(d.dense, u); i < len(d.dense) {
 			return int32(i), nil
 		}
 		return lastWeighted(d.dense), nil
@@ -395,7 +373,7 @@ func lastWeighted(w []float32) int32 {
 // distribution (raw logits, padding masked) and the top n alternatives.
 func (s *Sampler) Logprobs(logits []float32, chosen int32, n int) StepLogprobs {
 	row := logits[:s.valid]
-	lse := cpu.LogSumExp(row)
+	lse := rowmath.LogSumExp(row)
 	logprob := func(v float32) float64 {
 		if float64(v) == lse { // an infinite maximum: the softmax's limit, not ∞ − ∞
 			return 0
@@ -414,7 +392,7 @@ func (s *Sampler) Logprobs(logits []float32, chosen int32, n int) StepLogprobs {
 // Argmax returns the index of the largest value, the lowest index on ties,
 // ignoring NaN (0 when every value is NaN).
 func Argmax(row []float32) int {
-	return max(0, cpu.MaxIndex(row))
+	return max(0, rowmath.MaxIndex(row))
 }
 
 // scratchWeights is the sampler's weight scratch, n long.
@@ -428,7 +406,7 @@ func (s *Sampler) scratchWeights(n int) []float32 {
 // selectTopK appends to dst the k best entries of row (by value, then lower
 // index) whose value is at least floor, in heap order: a k-heap whose root
 // is the weakest kept entry. Once the heap is full only entries above the
-// root can enter, and cpu.NextAtLeast skips the others 16 at a time.
+// root can enter, and rowmath.NextAtLeast skips the others 16 at a time.
 func selectTopK(dst []candidate, row []float32, k int, floor float32) []candidate {
 	h := dst[:0]
 	if k <= 0 {
@@ -439,7 +417,7 @@ func selectTopK(dst []candidate, row []float32, k int, floor float32) []candidat
 		if len(h) == k { // an equal logit comes later, so has a higher id: it does not beat the root
 			bound = max(floor, math.Nextafter32(h[0].logit, float32(math.Inf(1))))
 		}
-		if i += cpu.NextAtLeast(row[i:], bound); i == len(row) {
+		if i += rowmath.NextAtLeast(row[i:], bound); i == len(row) {
 			return h
 		}
 		c := candidate{logit: row[i], id: int32(i)}

@@ -149,6 +149,38 @@ func TestSamplerSelectionMatchesReference(t *testing.T) {
 	}
 }
 
+// TestSamplerLargeNucleusMatchesReference covers top-p over rows long
+// enough that the nucleus exceeds topPBoundary (the tokens above the
+// bracket drawn from the dense weights), in the short pass too: flat
+// (T = 2), peaked (T = 1) and a temperature so high that the first
+// histogram puts the whole row in one bucket. The distribution is checked
+// against the float64 reference, then 2,000 draws by chi-square.
+func TestSamplerLargeNucleusMatchesReference(t *testing.T) {
+	const V, samples = 30000, 2000
+	logits := lmLogits(rand.New(rand.NewPCG(7, 8)), V)
+	ref := make([]float64, V)
+	for i, l := range logits {
+		ref[i] = float64(l)
+	}
+	for _, p := range []SamplingParams{
+		{Temperature: 2, TopP: 0.9},
+		{Temperature: 1, TopP: 0.95},
+		{Temperature: 1000, TopP: 0.6},
+	} {
+		p.Seed = 9
+		want := referenceDistribution(ref, p.Temperature, p.TopK, p.TopP, p.MinP)
+		s := NewSampler(p, V)
+		expectDistribution(t, s.Distribution(logits), want, V)
+		counts := map[int]int{}
+		for range samples {
+			counts[int(mustSample(t, s, logits))]++
+		}
+		if chi, df, crit := chiSquare(want, counts, samples); chi > crit {
+			t.Errorf("%+v: chi-square %.1f with %d dof exceeds the 0.1%% critical value %.1f", p, chi, df, crit)
+		}
+	}
+}
+
 // lmLogits is a row shaped like a language model's: a normal bulk over the
 // whole vocabulary and about one token in 2,000 raised 8 to 14 above it,
 // so that top-p 0.95 keeps tens of tokens and the bulk still holds a few
@@ -171,9 +203,10 @@ func lmLogits(rng *rand.Rand, V int) []float32 {
 // probabilities themselves against the reference.
 func TestSamplerFullVocabularyChiSquare(t *testing.T) {
 	if testing.Short() {
-		// 21,000 draws over the whole vocabulary: about 12 s of CPU with the
-		// AVX-512 row kernels, ten times that with the portable ones, whose
-		// every kernel kernels/cpu tests against float64 in each build.
+		// 21,000 draws over the whole vocabulary: seconds of CPU with either
+		// kernel set, whose every kernel kernels/rowmath tests against
+		// float64 in each build; TestSamplerLargeNucleusMatchesReference
+		// covers the large-nucleus path in the short pass.
 		t.Skip("-short: 21,000 draws over the whole vocabulary run in the full pass")
 	}
 	const V, samples = 248320, 3000

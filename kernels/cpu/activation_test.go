@@ -2,8 +2,9 @@ package cpu
 
 import (
 	"math"
-	"math/rand/v2"
 	"testing"
+
+	"ddflash/internal/testrand"
 )
 
 // TestActivations checks every kernel set's silu, swiglu and mulSigmoid
@@ -15,7 +16,7 @@ func TestActivations(t *testing.T) {
 	if simd, ok := simdKernels(); ok {
 		sets = append(sets, simd)
 	}
-	rng := seededRand(t, 2)
+	rng := testrand.Seeded(t, 2)
 	x := []float32{0, float32(math.Copysign(0, -1)), 1e-30, -1e-30, 88.5, -88.5, 89.5, -89.5, 103.9, -103.9, 104.5, -104.5, 300, -300, float32(math.NaN())}
 	for len(x) < 1000 {
 		x = append(x, float32(rng.Float64()*220-110))
@@ -47,16 +48,4 @@ func TestActivations(t *testing.T) {
 		set.mulSigmoid(gated, x)
 		check("mulSigmoid", gated, func(i int) float64 { return float64(up[i]) * sigmoid64(x[i]) })
 	}
-}
-
-// seededRand draws from a fresh random seed and, if the test fails, logs the
-// seed so that the failing inputs can be replayed.
-func seededRand(t *testing.T, stream uint64) *rand.Rand {
-	seed := rand.Uint64()
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("random inputs from seed %d: rerun with rand.NewPCG(%d, %d)", seed, seed, stream)
-		}
-	})
-	return rand.New(rand.NewPCG(seed, stream))
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"ddflash/internal/half"
+	"ddflash/internal/testrand"
 	"ddflash/kernels"
 	"ddflash/kernels/kerneltest"
 )
@@ -46,7 +47,7 @@ func kernelVariants() []kernelSet {
 // partial tiles and vector tails; with k = 4112, m = 123 spans two of
 // MatMul's blocks of x rows (matmulXBlock).
 func TestMatMulBatchInvariant(t *testing.T) {
-	rng := seededRand(t, 3)
+	rng := testrand.Seeded(t, 3)
 	for _, nk := range [][2]int{{12, 53}, {13, 64}, {7, 16}, {36, 48}, {20, 192}, {12, 4112}} {
 		n, k := nk[0], nk[1]
 		raw := make([]byte, 0, 4*n*k)
@@ -116,7 +117,7 @@ func weightBytes(raw []byte, dt kernels.DType) []byte {
 // keys it sees (at other positions: the row alone reads them contiguously),
 // with every kernel set and cache dtype.
 func TestAttentionBatchInvariant(t *testing.T) {
-	rng := seededRand(t, 4)
+	rng := testrand.Seeded(t, 4)
 	for _, hd := range []int{144, 48, 10} { // 144: one 128-lane panel of mixRows and a tail
 		// 8 query heads per KV head: a block's 32 rows keep only their first
 		// block of scores between the passes and score the second twice,

@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	"ddflash/kernels"
+	"ddflash/kernels/rowmath"
 )
 
 func silu(x float32) float32 { return x / (1 + float32(math.Exp(float64(-x)))) }
@@ -196,7 +197,7 @@ func (be *Backend) TopK(vals, idx, x kernels.Buffer, rows, n, k int) {
 			row := xv[r*n : (r+1)*n]
 			for i := 0; i < len(row); i++ {
 				if k > 0 && len(best) == k { // skip to an entry above the weakest kept (an equal one has a higher index)
-					if i += NextAtLeast(row[i:], math.Nextafter32(best[0].val, float32(math.Inf(1)))); i == len(row) {
+					if i += rowmath.NextAtLeast(row[i:], math.Nextafter32(best[0].val, float32(math.Inf(1)))); i == len(row) {
 						break
 					}
 				}

@@ -2,59 +2,18 @@
 
 package cpu
 
-import "simd/archsimd"
+import (
+	"simd/archsimd"
 
-func splat(v float32) archsimd.Float32x16 { return archsimd.BroadcastFloat32x16(v) }
-
-// exp16 is Cephes' expf on 16 lanes: x = n·ln2 + r with |r| ≤ ln2/2, a
-// degree-5 polynomial for e^r, then VSCALEF by n. Inputs are clamped to
-// [-104, 89], outside which the float32 result is 0 or +Inf anyway; NaN
-// stays NaN (set back explicitly: which operand VMAXPS returns for NaN
-// depends on the operand order the compiler picks). The constants are
-// vectors in memory: loads keep exp16 small enough to inline (broadcasts
-// did not), so a loop calling it makes no call and spills nothing around one.
-func exp16(x archsimd.Float32x16) archsimd.Float32x16 {
-	c := func(i int) archsimd.Float32x16 { return archsimd.LoadFloat32x16(&expConsts[i]) }
-	in := x
-	x = c(expHi).Min(c(expLo).Max(x))
-	n := x.Mul(c(expLog2E)).RoundToEvenScaled(0)
-	r := n.MulAdd(c(expNegLn2Hi), x)
-	r = n.MulAdd(c(expNegLn2Lo), r)
-	p := c(expP0).MulAdd(r, c(expP0+1))
-	p = p.MulAdd(r, c(expP0+2))
-	p = p.MulAdd(r, c(expP0+3))
-	p = p.MulAdd(r, c(expP0+4))
-	p = p.MulAdd(r, c(expP0+5))
-	p = p.MulAdd(r.Mul(r), r.Add(c(expOne)))
-	return p.Scale(n).Merge(in, in.Equal(in))
-}
-
-// exp16's constants: indices into expConsts.
-const (
-	expHi = iota
-	expLo
-	expLog2E
-	expNegLn2Hi
-	expNegLn2Lo
-	expOne
-	expP0 // six polynomial coefficients, highest degree first
+	"ddflash/kernels/rowmath"
 )
 
-var expConsts = func() (c [expP0 + 6][16]float32) {
-	const ln2Hi, ln2Lo = 0.693359375, -2.12194440e-4 // ln2 = ln2Hi + ln2Lo, with ln2Hi exact in few bits
-	for i, v := range []float32{89, -104, 1.44269504088896341, -ln2Hi, -ln2Lo, 1,
-		1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1} {
-		for l := range c[i] {
-			c[i][l] = v
-		}
-	}
-	return c
-}()
+func splat(v float32) archsimd.Float32x16 { return archsimd.BroadcastFloat32x16(v) }
 
 // sigmoid16 is 1/(1+e^-x).
 func sigmoid16(x archsimd.Float32x16) archsimd.Float32x16 {
 	one := splat(1)
-	return one.Div(one.Add(exp16(x.Mul(splat(-1)))))
+	return one.Div(one.Add(rowmath.Exp16(x.Mul(splat(-1)))))
 }
 
 // map16 sets out[i] = f(a[i], b[i]) 16 lanes at a time, the tail through

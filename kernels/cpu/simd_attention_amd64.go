@@ -6,6 +6,8 @@ import (
 	"math"
 	"simd/archsimd"
 	"unsafe"
+
+	"ddflash/kernels/rowmath"
 )
 
 // scaledMaxAVX512 is scaledMaxPortable on 16-lane vectors (a max is exact,
@@ -34,14 +36,14 @@ func scaledMaxAVX512(x []float32, scale float32) float32 {
 	return top
 }
 
-// scaledExpAVX512 is scaledExpPortable on 16-lane vectors (exp16: each
+// scaledExpAVX512 is scaledExpPortable on 16-lane vectors (rowmath.Exp16: each
 // lane a fixed function of its input), with −Inf inputs set to 0.
 func scaledExpAVX512(x []float32, scale, top float32) {
 	s, t, none := splat(scale), splat(top), splat(float32(math.Inf(-1)))
 	for j := 0; j < len(x); j += 16 {
 		n := min(16, len(x)-j)
 		v := loadN(x[j:], n)
-		storeN(exp16(v.Mul(s).Sub(t)).Masked(v.Greater(none)), x[j:], n)
+		storeN(rowmath.Exp16(v.Mul(s).Sub(t)).Masked(v.Greater(none)), x[j:], n)
 	}
 	archsimd.ClearAVXUpperBits()
 }

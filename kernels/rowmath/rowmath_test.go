@@ -1,10 +1,12 @@
-package cpu
+package rowmath
 
 import (
 	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"ddflash/internal/testrand"
 )
 
 // rowVariants are the row kernels this build can run: portable always,
@@ -59,7 +61,7 @@ func refMaxIndex(x []float32) int {
 // first entry at or above a bound against scalar definitions, NaN being
 // neither, on rows with ties, ±Inf and NaN, and on all-NaN rows.
 func TestMaxAndNextAtLeast(t *testing.T) {
-	rng := seededRand(t, 21)
+	rng := testrand.Seeded(t, 21)
 	for _, rows := range rowVariants() {
 		for _, n := range rowLengths {
 			for _, x := range [][]float32{specialRow(rng, n, false), specialRow(rng, n, true), constRow(n, nan), constRow(n, negInf)} {
@@ -103,11 +105,12 @@ func constRow(n int, v float32) []float32 {
 
 // TestExpWeights checks every variant's softmax weights against float64
 // exp: within 8 float32 ulps (relative) for arguments from minWeightArg
-// up, exactly 0 below it and for -Inf and NaN; the sum within 1e-6
+// up, the portable ones within one ulp (expWeight's promise), exactly 0
+// below it and for -Inf and NaN; the sum within 1e-6
 // (relative) of the float64 sum of the same weights, with and without the
 // weights written.
 func TestExpWeights(t *testing.T) {
-	rng := seededRand(t, 10)
+	rng := testrand.Seeded(t, 10)
 	for _, rows := range rowVariants() {
 		for _, n := range rowLengths {
 			for _, temp := range []float32{0.05, 0.7, 1, 3} {
@@ -126,6 +129,9 @@ func TestExpWeights(t *testing.T) {
 					if !(math.Abs(float64(w[i])-e) <= 8*e/(1<<24)) {
 						t.Fatalf("%s n=%d: w[%d] = exp((%g−%g)·%g) = %g, want %g", rows.name, n, i, v, top, scale, w[i], e)
 					}
+					if ulp := float64(math.Nextafter32(w[i], posInf) - w[i]); rows.name == portableRows.name && !(math.Abs(float64(w[i])-e) <= ulp) {
+						t.Fatalf("portable n=%d: w[%d] = exp((%g−%g)·%g) = %g, want %g within one ulp", n, i, v, top, scale, w[i], e)
+					}
 					want += e
 				}
 				if !(math.Abs(got-want) <= 1e-6*want) {
@@ -139,59 +145,61 @@ func TestExpWeights(t *testing.T) {
 	}
 }
 
-// TestMassAtLeast checks the weight and count at or above each of up to
-// four bounds against a float64 sum over the entries that reach it (NaN
-// never does), AppendBetween against the list of those entries (and of
-// those in a window below the bound), and KeepAtLeast against the weights
-// it must keep.
-func TestMassAtLeast(t *testing.T) {
-	rng := seededRand(t, 11)
+// TestAppendBetweenAndKeepAtLeast checks AppendBetween against the list of
+// the entries at or above a bound (and of those in a window below it, or
+// above it), NaN never among them and −0 equal to 0, and KeepAtLeast
+// against the weights it must keep.
+func TestAppendBetweenAndKeepAtLeast(t *testing.T) {
+	rng := testrand.Seeded(t, 11)
+	negZero := float32(math.Copysign(0, -1))
 	for _, rows := range rowVariants() {
 		for _, n := range rowLengths {
-			x := specialRow(rng, n, false)
+			x := specialRow(rng, n, true)
+			for i := 0; i < n; i += 5 {
+				x[i] = []float32{0, negZero}[rng.IntN(2)]
+			}
 			w := make([]float32, n)
 			for i := range w {
 				w[i] = float32(rng.Float64())
 			}
-			for _, bounds := range [][]float32{{negInf, -4, 0, 7}, {20, posInf}, {3}, nil} {
-				got, count := make([]float64, len(bounds)), make([]int, len(bounds))
-				rows.massAtLeast(got, count, w, x, bounds)
-				for j, bound := range bounds {
-					want, wantCount := 0.0, 0
-					var ids []int32
-					for i, v := range x {
-						if v >= bound {
-							want += float64(w[i])
-							wantCount++
-							ids = append(ids, int32(i))
-						}
+			for _, bound := range []float32{negInf, -4, negZero, 0, 7, 20, posInf} {
+				var ids []int32
+				for i, v := range x {
+					if v >= bound && v != posInf { // a +Inf bound excludes +Inf
+						ids = append(ids, int32(i))
 					}
-					if !(math.Abs(got[j]-want) <= 1e-6*want) || count[j] != wantCount {
-						t.Fatalf("%s n=%d: at or above %g: mass %g over %d, want %g over %d", rows.name, n, bound, got[j], count[j], want, wantCount)
+				}
+				prefix := []int32{-1, -2, -3}[:rng.IntN(4)] // appending keeps what dst holds
+				if got := rows.appendBetween(slices.Clone(prefix), x, bound, posInf); !slices.Equal(got, append(prefix, ids...)) {
+					t.Fatalf("%s n=%d: indices at or above %g: %v, want %v", rows.name, n, bound, got, append(prefix, ids...))
+				}
+				var between []int32
+				for i, v := range x {
+					if v >= bound-3 && v < bound {
+						between = append(between, int32(i))
 					}
-					prefix := []int32{-1, -2, -3}[:rng.IntN(4)] // appending keeps what dst holds
-					if got := rows.appendBetween(slices.Clone(prefix), x, bound, posInf); !slices.Equal(got, append(prefix, ids...)) {
-						t.Fatalf("%s n=%d: indices at or above %g: %v, want %v", rows.name, n, bound, got, append(prefix, ids...))
+				}
+				if got := rows.appendBetween(nil, x, bound-3, bound); !slices.Equal(got, between) {
+					t.Fatalf("%s n=%d: indices in [%g, %g): %v, want %v", rows.name, n, bound-3, bound, got, between)
+				}
+				between = between[:0]
+				for i, v := range x {
+					if v >= bound && v < bound+2 {
+						between = append(between, int32(i))
 					}
-					var between []int32
-					for i, v := range x {
-						if v >= bound-3 && v < bound {
-							between = append(between, int32(i))
-						}
+				}
+				if got := rows.appendBetween(nil, x, bound, bound+2); !slices.Equal(got, between) {
+					t.Fatalf("%s n=%d: indices in [%g, %g): %v, want %v", rows.name, n, bound, bound+2, got, between)
+				}
+				kept := slices.Clone(w)
+				rows.keepAtLeast(kept, x, bound)
+				for i, v := range x {
+					want := w[i]
+					if !(v >= bound) {
+						want = 0
 					}
-					if got := rows.appendBetween(nil, x, bound-3, bound); !slices.Equal(got, between) {
-						t.Fatalf("%s n=%d: indices in [%g, %g): %v, want %v", rows.name, n, bound-3, bound, got, between)
-					}
-					kept := slices.Clone(w)
-					rows.keepAtLeast(kept, x, bound)
-					for i, v := range x {
-						want := w[i]
-						if !(v >= bound) {
-							want = 0
-						}
-						if kept[i] != want {
-							t.Fatalf("%s n=%d: weight %d (logit %g) kept at or above %g: %g of %g", rows.name, n, i, v, bound, kept[i], w[i])
-						}
+					if kept[i] != want {
+						t.Fatalf("%s n=%d: weight %d (logit %g) kept at or above %g: %g of %g", rows.name, n, i, v, bound, kept[i], w[i])
 					}
 				}
 			}
@@ -204,7 +212,7 @@ func TestMassAtLeast(t *testing.T) {
 // before does not, up to the rounding of the block sums; past the total
 // it is len(w). Runs of zero weights are never picked.
 func TestSearchCumulative(t *testing.T) {
-	rng := seededRand(t, 12)
+	rng := testrand.Seeded(t, 12)
 	for _, rows := range rowVariants() {
 		saved := hostRows
 		hostRows = rows
@@ -250,6 +258,7 @@ func BenchmarkRowKernels(b *testing.B) {
 	}
 	top := maxValuePortable(x)
 	ids := make([]int32, 0, V)
+	var hist Histogram
 	for _, rows := range rowVariants() {
 		for _, k := range []struct {
 			name string
@@ -258,11 +267,7 @@ func BenchmarkRowKernels(b *testing.B) {
 			{"max", func() { rows.maxValue(x) }},
 			{"nextAtLeast", func() { rows.nextAtLeast(x, top) }},
 			{"expWeights", func() { rows.expWeights(w, x, top, 1) }},
-			{"massAtLeast4", func() {
-				var mass [MassBounds]float64
-				var count [MassBounds]int
-				rows.massAtLeast(mass[:], count[:], w, x, []float32{top - 2, top - 4, top - 6, top - 8})
-			}},
+			{"massHistogram", func() { rows.massHistogram(&hist, w, x, NewBuckets(top-88, top+1)) }},
 			{"appendBetween", func() { rows.appendBetween(ids[:0], x, top-5, posInf) }},
 			{"blockSums", func() {
 				var sums [64]float64

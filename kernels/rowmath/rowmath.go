@@ -1,18 +1,18 @@
-package cpu
-
-import (
-	"fmt"
-	"math"
-)
-
-// Row kernels: the passes over a whole logit row that a sampler makes (the
-// maximum, the first entry past a bound, softmax weights and their sum, the
-// weight at or above a bound, the inverse cumulative weight), as AVX-512
-// loops under GOEXPERIMENT=simd (simd_sampling_amd64.go) with portable twins
-// here. At the real vocabulary (248,320 logits) each is one streaming pass.
+// Package rowmath holds the row kernels: the passes over a whole logit row
+// that the samplers, DDTree's draft top-k and the CPU backend's TopK make
+// (the maximum, the first entry past a bound, softmax weights and their
+// sum, the weight histogram that places top-p's cut, the inverse
+// cumulative weight), as AVX-512 loops under GOEXPERIMENT=simd
+// (simd_amd64.go, with the 16-lane exp the CPU backend's softmax and
+// activations share) and portable twins here. At the real vocabulary
+// (248,320 logits) each is one streaming pass. It imports no backend, so
+// that the pure packages (ddtree) can use it.
 //
 // NaN is treated as -Inf everywhere: never the maximum, never at or above
 // a bound, and weight 0.
+package rowmath
+
+import "math"
 
 // rowKernels are one implementation of the row kernels.
 type rowKernels struct {
@@ -23,8 +23,9 @@ type rowKernels struct {
 	nextAtLeast func(x []float32, bound float32) int
 	// expWeights is ExpWeights; w may be nil (the sum only).
 	expWeights func(w, x []float32, top, scale float32) float64
-	// massAtLeast is MassAtLeast.
-	massAtLeast func(mass []float64, count []int, w, x []float32, bounds []float32)
+	// massHistogram sets h to the weight and count of x's entries in each
+	// of b's buckets.
+	massHistogram func(h *Histogram, w, x []float32, b Buckets)
 	// appendBetween is AppendBetween.
 	appendBetween func(dst []int32, x []float32, lo, hi float32) []int32
 	// keepAtLeast is KeepAtLeast.
@@ -39,7 +40,7 @@ var portableRows = rowKernels{
 	maxValue:      maxValuePortable,
 	nextAtLeast:   nextAtLeastPortable,
 	expWeights:    expWeightsPortable,
-	massAtLeast:   massAtLeastPortable,
+	massHistogram: massHistogramPortable,
 	appendBetween: appendBetweenPortable,
 	keepAtLeast:   keepAtLeastPortable,
 	blockSums:     blockSumsPortable,
@@ -82,9 +83,9 @@ func NextAtLeast(x []float32, bound float32) int {
 // ExpWeights sets w[i] = exp((x[i] − top)·scale) and returns Σ w[i] summed
 // in float64: a sampler's softmax weights (top the row's maximum, finite;
 // scale the inverse temperature). -Inf and NaN weigh 0, and so does any
-// weight below 2⁻¹²⁶ (see minWeightArg). Both kernels use Cephes' expf
-// (the attention softmax's exp16; its scalar twin expWeight), within a few
-// float32 ulps.
+// weight below 2⁻¹²⁶ (see minWeightArg). The AVX-512 kernel uses Exp16
+// (Cephes' expf, within a few float32 ulps), the portable one expWeight
+// (within one ulp).
 func ExpWeights(w, x []float32, top, scale float32) float64 {
 	return hostRows.expWeights(w[:len(x)], x, top, scale)
 }
@@ -103,20 +104,6 @@ func LogSumExp(x []float32) float64 {
 		return float64(top)
 	}
 	return float64(top) + math.Log(ExpSum(x, top, 1))
-}
-
-// MassBounds is how many bounds one MassAtLeast pass takes.
-const MassBounds = 4
-
-// MassAtLeast sets mass[j] = Σ w[i] over the i with x[i] ≥ bounds[j],
-// summed in float64, and count[j] to how many such i there are, for up to
-// MassBounds bounds in one pass: the weight of the tokens whose logit
-// reaches each bound.
-func MassAtLeast(mass []float64, count []int, w, x []float32, bounds []float32) {
-	if len(bounds) > MassBounds {
-		panic(fmt.Sprintf("cpu: MassAtLeast takes at most %d bounds, not %d", MassBounds, len(bounds)))
-	}
-	hostRows.massAtLeast(mass[:len(bounds)], count[:len(bounds)], w[:len(x)], x, bounds)
 }
 
 // AppendBetween appends to dst the indices i with lo ≤ x[i] < hi, in order
@@ -191,59 +178,93 @@ func expWeightsPortable(w, x []float32, top, scale float32) float64 {
 	return total
 }
 
-// expWeight is exp(d) for minWeightArg ≤ d ≤ 0 by exp16's method (Cephes'
-// expf) in scalar float32: a few times cheaper than float64 math.Exp over
-// a whole vocabulary. ln2Hi has few enough bits that n·ln2Hi is exact.
+// expWeight is exp(d) for minWeightArg ≤ d ≤ 0, within one float32 ulp, by
+// the method of glibc's expf, in float64: d·32/ln 2 rounded to the nearest
+// integer k (by adding 1.5·2⁵², which leaves k in the low bits), 2^(k/32)
+// as expTable's 2^((k mod 32)/32) with k's high bits added to its
+// exponent, times a cubic for the remainder: half the time of Cephes'
+// float32 polynomial without FMA, and small enough to inline (a call per
+// weight spills the loop's registers).
 func expWeight(d float32) float32 {
-	const log2e, ln2Hi, ln2Lo = 1.44269504088896341, 0.693359375, -2.12194440e-4
-	n := float32(int32(d*log2e - 0.5)) // d·log2 e rounded to nearest: it is at most 0
-	r := d - n*ln2Hi
-	r -= n * ln2Lo
-	p := float32(1.9875691500e-4)*r + 1.3981999507e-3
-	p = p*r + 8.3334519073e-3
-	p = p*r + 4.1665795894e-2
-	p = p*r + 1.6666665459e-1
-	p = p*r + 5.0000001201e-1
-	p = p*r*r + r + 1
-	return p * math.Float32frombits(uint32(int32(n)+127)<<23) // 2ⁿ, n ≥ -126
+	const perLn2 = expTableSize / math.Ln2
+	const round = 0x1.8p52
+	z := float64(d) * perLn2
+	kd := z + round
+	k := math.Float64bits(kd)
+	r := z - (kd - round) // |r| ≤ 1/2: exp(d) = 2^(k/32)·e^(r·ln2/32)
+	scale := math.Float64frombits(expTable[k%expTableSize] + k<<(52-expTableBits))
+	const c1 = math.Ln2 / expTableSize // e^(c1·r) by its Taylor terms to r³: within 2⁻³⁰ (relative)
+	const c2, c3 = c1 * c1 / 2, c1 * c1 * c1 / 6
+	return float32(scale * ((c3*r+c2)*(r*r) + (c1*r + 1)))
 }
 
-func massAtLeastPortable(mass []float64, count []int, w, x []float32, bounds []float32) {
-	clear(mass)
-	clear(count)
-	for i, v := range x {
-		for j, bound := range bounds {
-			if v >= bound {
-				mass[j] += float64(w[i])
-				count[j]++
-			}
-		}
+const expTableBits = 5
+const expTableSize = 1 << expTableBits
+
+// expTable holds the bits of 2^(j/32) less j·2⁴⁷, so that adding k·2⁴⁷ (k
+// ≡ j mod 32) yields the bits of 2^(k/32).
+var expTable = func() (t [expTableSize]uint64) {
+	for j := range t {
+		t[j] = math.Float64bits(math.Exp2(float64(j)/expTableSize)) - uint64(j)<<(52-expTableBits)
 	}
-}
+	return t
+}()
 
+// appendBetweenPortable tests lo ≤ x[i] < hi as one unsigned compare of
+// orderKeys, key(x[i]) − key(lo) < key(hi) − key(lo): two float compares
+// would mispredict on a flat row, where about half the entries reach lo.
+// NaN's keys lie beyond the infinities', outside every range.
 func appendBetweenPortable(dst []int32, x []float32, lo, hi float32) []int32 {
+	if !(lo < hi) {
+		return dst
+	}
+	first := boundKey(lo)
+	width := boundKey(hi) - first
 	for i, v := range x {
-		if v >= lo && v < hi {
+		if orderKey(v)-first < width {
 			dst = append(dst, int32(i))
 		}
 	}
 	return dst
 }
 
+// boundKey is a bound's orderKey, that of −0 for either zero: −0 equals 0,
+// so a range from 0 starts below −0's key and one up to 0 ends there.
+func boundKey(b float32) uint32 {
+	if b == 0 {
+		return orderKey(float32(math.Copysign(0, -1)))
+	}
+	return orderKey(b)
+}
+
+// keepAtLeastPortable masks the weights' bits: a branch would mispredict on
+// a flat row.
 func keepAtLeastPortable(w, x []float32, bound float32) {
 	for i, v := range x {
-		if !(v >= bound) {
-			w[i] = 0
+		keep := uint32(0)
+		if v >= bound {
+			keep = math.MaxUint32
 		}
+		w[i] = math.Float32frombits(math.Float32bits(w[i]) & keep)
 	}
 }
 
+// blockSumsPortable adds each block in four interleaved chains: one chain
+// would wait out an add's latency per weight.
 func blockSumsPortable(sums []float64, w []float32) {
 	for b := range sums {
-		s := 0.0
-		for _, x := range w[b*sumBlock : min((b+1)*sumBlock, len(w))] {
-			s += float64(x)
+		block := w[b*sumBlock : min((b+1)*sumBlock, len(w))]
+		var s0, s1, s2, s3 float64
+		i := 0
+		for ; i+4 <= len(block); i += 4 {
+			s0 += float64(block[i])
+			s1 += float64(block[i+1])
+			s2 += float64(block[i+2])
+			s3 += float64(block[i+3])
 		}
-		sums[b] = s
+		for ; i < len(block); i++ {
+			s0 += float64(block[i])
+		}
+		sums[b] = (s0 + s1) + (s2 + s3)
 	}
 }

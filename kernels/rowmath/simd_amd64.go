@@ -1,6 +1,6 @@
 //go:build goexperiment.simd && amd64
 
-package cpu
+package rowmath
 
 import (
 	"math"
@@ -13,9 +13,9 @@ import (
 //
 // Each loop holds only vector values (bounds and sums are splatted before
 // it, tails go through padded partial vectors): a scalar float reloaded
-// inside a loop that calls exp16 compiles to a legacy-SSE instruction,
+// inside a loop that calls Exp16 compiles to a legacy-SSE instruction,
 // which right after 512-bit code costs many times the whole iteration (see
-// the notes in simd_amd64.go).
+// the notes in kernels/cpu/simd_amd64.go).
 func simdRows() (rowKernels, bool) {
 	if !archsimd.X86.AVX512() {
 		return rowKernels{}, false
@@ -25,12 +25,61 @@ func simdRows() (rowKernels, bool) {
 		maxValue:      maxValueAVX512,
 		nextAtLeast:   nextAtLeastAVX512,
 		expWeights:    expWeightsAVX512,
-		massAtLeast:   massAtLeastAVX512,
+		massHistogram: massHistogramAVX512,
 		appendBetween: appendBetweenAVX512,
 		keepAtLeast:   keepAtLeastAVX512,
 		blockSums:     blockSumsAVX512,
 	}, true
 }
+
+// Exp16 is Cephes' expf on 16 lanes: x = n·ln2 + r with |r| ≤ ln2/2, a
+// degree-5 polynomial for e^r, then VSCALEF by n. Inputs are clamped to
+// [-104, 89], outside which the float32 result is 0 or +Inf anyway; NaN
+// stays NaN (set back explicitly: which operand VMAXPS returns for NaN
+// depends on the operand order the compiler picks). The constants are
+// vectors in memory: loads keep Exp16 small enough to inline (broadcasts
+// did not), so a loop calling it (in this package or another) makes no call and
+// spills nothing around one.
+func Exp16(x archsimd.Float32x16) archsimd.Float32x16 {
+	c := func(i int) archsimd.Float32x16 { return archsimd.LoadFloat32x16(&expConsts[i]) }
+	in := x
+	x = c(expHi).Min(c(expLo).Max(x))
+	n := x.Mul(c(expLog2E)).RoundToEvenScaled(0)
+	r := n.MulAdd(c(expNegLn2Hi), x)
+	r = n.MulAdd(c(expNegLn2Lo), r)
+	p := c(expP0).MulAdd(r, c(expP0+1))
+	p = p.MulAdd(r, c(expP0+2))
+	p = p.MulAdd(r, c(expP0+3))
+	p = p.MulAdd(r, c(expP0+4))
+	p = p.MulAdd(r, c(expP0+5))
+	p = p.MulAdd(r.Mul(r), r.Add(c(expOne)))
+	return p.Scale(n).Merge(in, in.Equal(in))
+}
+
+// Exp16's constants: indices into expConsts.
+const (
+	expHi = iota
+	expLo
+	expLog2E
+	expNegLn2Hi
+	expNegLn2Lo
+	expOne
+	expP0 // six polynomial coefficients, highest degree first
+)
+
+var expConsts = func() (c [expP0 + 6][16]float32) {
+	const ln2Hi, ln2Lo = 0.693359375, -2.12194440e-4 // ln2 = ln2Hi + ln2Lo, with ln2Hi exact in few bits
+	for i, v := range []float32{89, -104, 1.44269504088896341, -ln2Hi, -ln2Lo, 1,
+		1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1} {
+		for l := range c[i] {
+			c[i][l] = v
+		}
+	}
+	return c
+}()
+
+// splat is v in every lane.
+func splat(v float32) archsimd.Float32x16 { return archsimd.BroadcastFloat32x16(v) }
 
 // loadFill loads len(s) < 16 floats, filling the other lanes with fill.
 func loadFill(s []float32, fill float32) archsimd.Float32x16 {
@@ -82,11 +131,11 @@ func nextAtLeastAVX512(x []float32, bound float32) int {
 	return l
 }
 
-// expWeightsAVX512 is expWeightsPortable with exp16, 16 lanes at a time:
+// expWeightsAVX512 is expWeightsPortable with Exp16, 16 lanes at a time:
 // float32 lane sums over blocks of sumBlock elements (each weight is at
 // most 1), each block's added into float64 lanes. Lanes whose argument is
 // below minWeightArg, or NaN (the compare is ordered), weigh 0. One loop
-// body serves the tail too (through a NaN-padded vector), so that exp16 is
+// body serves the tail too (through a NaN-padded vector), so that Exp16 is
 // inlined once.
 func expWeightsAVX512(w, x []float32, top, scale float32) float64 {
 	t, s, lowest := splat(top), splat(scale), splat(minWeightArg)
@@ -101,13 +150,13 @@ func expWeightsAVX512(w, x []float32, top, scale float32) float64 {
 			v = loadFill(x[l:], float32(math.NaN()))
 		}
 		d := v.Sub(t).Mul(s)
-		e := exp16(d).Masked(d.GreaterEqual(lowest))
+		e := Exp16(d).Masked(d.GreaterEqual(lowest))
 		switch {
 		case w == nil:
 		case whole:
 			e.StoreSlice(w[l:])
 		default:
-			storePart(e, w[l:])
+			e.StoreSlicePart(w[l:])
 		}
 		part = part.Add(e)
 		if (l+16)%sumBlock == 0 || !whole || l+16 == len(x) {
@@ -117,49 +166,36 @@ func expWeightsAVX512(w, x []float32, top, scale float32) float64 {
 	return sum8(acc)
 }
 
-// massAtLeastAVX512 adds the weights whose logit reaches each bound, with
-// expWeightsAVX512's float32 blocks and float64 lanes, and counts them by
-// the population count of each compare's mask, all bounds in one pass (a
-// missing bound is NaN, which nothing reaches).
-func massAtLeastAVX512(mass []float64, count []int, w, x []float32, bounds []float32) {
-	var bv [MassBounds]float32
-	for j := range bv {
-		bv[j] = float32(math.NaN())
-	}
-	copy(bv[:], bounds)
-	b0, b1, b2, b3 := splat(bv[0]), splat(bv[1]), splat(bv[2]), splat(bv[3])
-	var acc0, acc1, acc2, acc3 archsimd.Float64x8
-	var n0, n1, n2, n3 int
-	for l := 0; l < len(x); l += sumBlock {
-		var p0, p1, p2, p3 archsimd.Float32x16
-		add := func(wv, xv archsimd.Float32x16) {
-			m0, m1, m2, m3 := xv.GreaterEqual(b0), xv.GreaterEqual(b1), xv.GreaterEqual(b2), xv.GreaterEqual(b3)
-			p0, n0 = p0.Add(wv.Masked(m0)), n0+bits.OnesCount16(m0.ToBits())
-			p1, n1 = p1.Add(wv.Masked(m1)), n1+bits.OnesCount16(m1.ToBits())
-			p2, n2 = p2.Add(wv.Masked(m2)), n2+bits.OnesCount16(m2.ToBits())
-			p3, n3 = p3.Add(wv.Masked(m3)), n3+bits.OnesCount16(m3.ToBits())
+// massHistogramAVX512 finds the buckets 8 lanes at a time, each by
+// Buckets.of's float64 steps, so exactly as it does, and compresses the
+// buckets and positions of the entries in [lo, hi) into a list, a chunk
+// at a time (a branch per entry would mispredict where a tenth of them are
+// in range). The adds, which scatter over the buckets, stay scalar, after
+// a VZEROUPPER (scalar code runs about a third slower while the upper
+// vector state is dirty).
+func massHistogramAVX512(h *Histogram, w, x []float32, b Buckets) {
+	*h = Histogram{}
+	lo, hi, scale := archsimd.BroadcastFloat64x8(float64(b.lo)), archsimd.BroadcastFloat64x8(float64(b.hi)), archsimd.BroadcastFloat64x8(b.scale)
+	last, step := archsimd.BroadcastInt32x8(HistogramBuckets-1), archsimd.BroadcastInt32x8(8)
+	const chunk = 512
+	var buckets, at [chunk + 8]int32 // room for a whole vector stored past the last entry
+	for base := 0; base < len(x); base += chunk {
+		end := min(base+chunk, len(x))
+		pos := archsimd.LoadInt32x8((*[8]int32)(lanes16[:8])).Add(archsimd.BroadcastInt32x8(int32(base)))
+		n := 0
+		for l := base; l < end; l += 8 {
+			v := archsimd.LoadFloat32x8SlicePart(x[l:end]).ConvertToFloat64()
+			in := v.GreaterEqual(lo).And(v.Less(hi)).ToBits() & (0xff >> max(0, l+8-end)) // not the lanes past end
+			mask := archsimd.Mask32x8FromBits(in)
+			hi.Sub(v).Mul(scale).ConvertToInt32().Min(last).Compress(mask).StoreSlice(buckets[n:])
+			pos.Compress(mask).StoreSlice(at[n:])
+			n += bits.OnesCount8(in)
+			pos = pos.Add(step)
 		}
-		end := min(l+sumBlock, len(x))
-		j := l
-		for ; j+16 <= end; j += 16 {
-			add(archsimd.LoadFloat32x16Slice(w[j:]), archsimd.LoadFloat32x16Slice(x[j:]))
-		}
-		if j < end {
-			add(loadPart(w[j:end]), loadFill(x[j:end], float32(math.NaN())))
-		}
-		acc0, acc1, acc2, acc3 = widenAdd(acc0, p0), widenAdd(acc1, p1), widenAdd(acc2, p2), widenAdd(acc3, p3)
-	}
-	var lanes [MassBounds][8]float64
-	acc0.Store(&lanes[0])
-	acc1.Store(&lanes[1])
-	acc2.Store(&lanes[2])
-	acc3.Store(&lanes[3])
-	archsimd.ClearAVXUpperBits()
-	counts := [MassBounds]int{n0, n1, n2, n3}
-	for j := range mass {
-		mass[j], count[j] = 0, counts[j]
-		for _, v := range lanes[j] {
-			mass[j] += v
+		archsimd.ClearAVXUpperBits()
+		for j, k := range buckets[:n] {
+			h.Mass[k] += float64(w[at[j]])
+			h.Count[k]++
 		}
 	}
 }
@@ -200,7 +236,7 @@ func keepAtLeastAVX512(w, x []float32, bound float32) {
 		archsimd.LoadFloat32x16Slice(w[l:]).Masked(archsimd.LoadFloat32x16Slice(x[l:]).GreaterEqual(b)).StoreSlice(w[l:])
 	}
 	if l < len(x) {
-		storePart(loadPart(w[l:len(x)]).Masked(loadFill(x[l:], float32(math.NaN())).GreaterEqual(b)), w[l:len(x)])
+		archsimd.LoadFloat32x16SlicePart(w[l:len(x)]).Masked(loadFill(x[l:], float32(math.NaN())).GreaterEqual(b)).StoreSlicePart(w[l:len(x)])
 	}
 	archsimd.ClearAVXUpperBits()
 }
@@ -225,7 +261,7 @@ func blockSumsAVX512(sums []float64, w []float32) {
 			part = part.Add(archsimd.LoadFloat32x16Slice(w[j:]))
 		}
 		if j < end {
-			part = part.Add(loadPart(w[j:end]))
+			part = part.Add(archsimd.LoadFloat32x16SlicePart(w[j:end]))
 		}
 		widenAdd(archsimd.Float64x8{}, part).Store(&lanes[b])
 	}

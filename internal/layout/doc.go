@@ -1,0 +1,3 @@
+// Package layout holds no code: its test pins the import rules of the
+// project's layout, so that a change that breaks one fails `go test`.
+package layout
