@@ -7,26 +7,13 @@
 #   models/default/               the trained tiny target + DFlash drafter, and eval.json (about
 #                                 an hour of CPU: target ~30 min, drafter ~35 min, evaluation)
 # Usage: scripts/fixtures.sh [golden|all]   (default all)
-# Intermediate files go to $DDFLASH_TRAIN_CACHE (default /tmp/ddflash-train). Set
+# Intermediate files go to $DDFLASH_TRAIN_CACHE/tiny (default /var/tmp/ddflash-train). Set
 # DDFLASH_TORCH_THREADS=2 on an otherwise idle 2-core machine; the default, 1, is faster on
 # cores shared with other jobs. Other thread counts can change the trained weights slightly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian's torch and numpy; OpenBLAS (it replaces the reference libblas.so.3, 10-25x faster
-# matmuls); the regex module (the tokenizer's \p{...} classes); the King James Bible text.
-packages=(python3-torch python3-numpy python3-regex libopenblas0-pthread bible-kjv)
-missing=()
-for package in "${packages[@]}"; do
-	dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
-done
-if ((${#missing[@]})); then
-	sudo=""
-	[ "$(id -u)" -eq 0 ] || sudo=sudo
-	$sudo apt-get update
-	$sudo apt-get install -y --no-install-recommends "${missing[@]}"
-fi
-echo "BLAS: $(update-alternatives --query libblas.so.3-x86_64-linux-gnu | sed -n 's/^Value: //p')"
+source scripts/train-deps.sh
 
 # Debian's python: another python3 earlier on PATH cannot import Debian's torch.
 python=/usr/bin/python3

@@ -232,9 +232,11 @@ def config_json(cfg, max_position_embeddings, eos_token_id):
     }
 
 
-def save_checkpoint(directory, config, weights, float32_names=()):
+def save_checkpoint(directory, config, weights, float32_names=(), shard_bytes=None):
     """Writes config.json and model.safetensors with HF names: BF16, except the short names in
-    float32_names, which are stored as F32."""
+    float32_names, which are stored as F32. With shard_bytes, tensors (in name order) go into
+    model-0000i-of-0000n.safetensors files of at most that size (or one tensor) and
+    model.safetensors.index.json maps each name to its file."""
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
@@ -244,7 +246,25 @@ def save_checkpoint(directory, config, weights, float32_names=()):
 
     stored = {stored_name(name): tensor for name, tensor in weights.items()}
     dtypes = {stored_name(name): "F32" if name in float32_names else "BF16" for name in weights}
-    write_safetensors(os.path.join(directory, "model.safetensors"), stored, dtypes)
+    sizes = {name: tensor.numel() * (4 if dtypes[name] == "F32" else 2) for name, tensor in stored.items()}
+    if shard_bytes is None or sum(sizes.values()) <= shard_bytes:
+        write_safetensors(os.path.join(directory, "model.safetensors"), stored, dtypes)
+        return
+    shards = [[]]
+    for name in sorted(stored):
+        if shards[-1] and sum(sizes[n] for n in shards[-1]) + sizes[name] > shard_bytes:
+            shards.append([])
+        shards[-1].append(name)
+    weight_map = {}
+    for i, names in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        write_safetensors(os.path.join(directory, file), {n: stored[n] for n in names}, dtypes)
+        weight_map.update({n: file for n in names})
+    index = os.path.join(directory, "model.safetensors.index.json")
+    with open(index + ".partial", "w") as f:  # last, and whole: it marks a complete export
+        json.dump({"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}, f, indent=2)
+        f.write("\n")
+    os.replace(index + ".partial", index)
 
 
 def text_model_name(stored):

@@ -116,8 +116,10 @@ def write_safetensors(path, tensors, dtypes):
         offset += len(blob)
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # keep the data 8-byte aligned, as the reference writer does
-    with open(path, "wb") as f:
+    # Written under another name and renamed, so a stopped run never leaves a partial file.
+    with open(path + ".partial", "wb") as f:
         f.write(struct.pack("<Q", len(encoded)))
         f.write(encoded)
         for blob in blobs:
             f.write(blob)
+    os.replace(path + ".partial", path)

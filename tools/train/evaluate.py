@@ -1,16 +1,19 @@
 #!/usr/bin/python3
-"""Measures the exported pair (models/default/) on held-out prompts: linear DFlash acceptance
-length τ at temperature 0 (the docs/dflash-ddtree.md §2 loop) and the share of distinct
-4-grams in the target's greedy outputs. Writes the prompts, their greedy continuations and
-per-prompt τ to models/default/eval.json so the Go engine can compare against them.
+"""Measures the preset's exported pair (tiny: models/default/, demo: models/demo/) on held-out
+prompts: linear DFlash acceptance length τ at temperature 0 (the docs/dflash-ddtree.md §2
+loop) and the share of distinct 4-grams in the target's greedy outputs. Writes the prompts,
+their greedy continuations and per-prompt τ to eval.json beside the pair, so the Go engine
+can compare against them, and the prompt texts to heldout.jsonl, a `ddflash bench --raw`
+workload (one single-turn conversation each).
 
 At temperature 0 the committed tokens are exactly the target's greedy continuation, so the
 loop is simulated on that continuation: each round drafts from the features of every
 position before the anchor, accepts the leading drafts that match, and moves on by a+1.
 
-Usage: evaluate.py
+Usage: evaluate.py [--preset tiny|demo]
 """
 
+import argparse
 import json
 import os
 
@@ -18,6 +21,7 @@ import torch
 
 import shared  # first: it puts tools/reference on the import path
 import dflash
+import presets
 import qwen36
 import train_draft
 
@@ -74,11 +78,14 @@ def check_training_matches_inference(draft_cfg, draft, target, sequence, feature
 
 
 def main():
-    shared.setup_torch(SEED)
-    tokenizer = shared.load_tokenizer()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    presets.add_argument(parser)
+    preset = presets.PRESETS[parser.parse_args().preset]
+    shared.setup_torch(SEED, preset.cache_dir)
+    tokenizer = shared.load_tokenizer(preset.target_dir)
     _, held_out_ids, _ = shared.token_streams(tokenizer)
-    target_cfg, target = qwen36.load_checkpoint(shared.TARGET_DIR, torch.float32)
-    draft_cfg, draft = dflash.load_draft(shared.DRAFT_DIR, torch.float32)
+    target_cfg, target = qwen36.load_checkpoint(preset.target_dir, torch.float32)
+    draft_cfg, draft = dflash.load_draft(preset.draft_dir, torch.float32)
 
     prompts = shared.random_windows(held_out_ids, PROMPTS, PROMPT_TOKENS, SEED)
     sequences = shared.greedy_continuations(target_cfg, target, prompts, NEW_TOKENS)
@@ -115,9 +122,12 @@ def main():
         "summary": summary,
         "prompts": records,
     }
-    with open(os.path.join(os.path.dirname(shared.TARGET_DIR), "eval.json"), "w") as f:
+    model_dir = os.path.dirname(preset.target_dir)
+    with open(os.path.join(model_dir, "eval.json"), "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
+    with open(os.path.join(model_dir, "heldout.jsonl"), "w") as f:
+        f.writelines(json.dumps({"turns": [r["prompt_text"]]}) + "\n" for r in records)
     print(json.dumps(summary))
     print("sample:", repr(records[0]["prompt_text"]), "->", repr(records[0]["greedy_text"]))
 

@@ -1,20 +1,16 @@
-"""Paths, the tokenizer's special tokens and the corpus token streams shared by the training
-and evaluation scripts."""
+"""The tokenizer's special tokens, the corpus token streams, resumable checkpoints and the
+training helpers shared by the training and evaluation scripts."""
 
 import json
 import math
 import os
 import sys
+import time
 
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tools", "reference"))
-
-TARGET_DIR = os.path.join(REPO, "models", "default", "target")
-DRAFT_DIR = os.path.join(REPO, "models", "default", "draft")
-# Intermediate files (greedy continuations, float32 checkpoints, logs) stay out of the tree.
-CACHE_DIR = os.environ.get("DDFLASH_TRAIN_CACHE", "/tmp/ddflash-train")
 
 ENDOFTEXT, IM_START, IM_END, MASK = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END, MASK]  # they take the last ids of the vocabulary
@@ -25,18 +21,18 @@ import corpus  # noqa: E402
 import qwen36  # noqa: E402
 
 
-def setup_torch(seed):
+def setup_torch(seed, cache_dir):
     # One thread by default: on cores shared with other jobs, two OpenBLAS threads spin-wait
     # on each other and a training step took 5-10x longer than with one.
     torch.set_num_threads(int(os.environ.get("DDFLASH_TORCH_THREADS", "1")))
     # Strong GDN decays underflow into denormals, which make CPU float math several times slower.
     torch.set_flush_denormal(True)
     torch.manual_seed(seed)
-    os.makedirs(CACHE_DIR, exist_ok=True)
+    os.makedirs(cache_dir, exist_ok=True)
 
 
-def load_tokenizer():
-    with open(os.path.join(TARGET_DIR, "tokenizer.json")) as f:
+def load_tokenizer(directory):
+    with open(os.path.join(directory, "tokenizer.json")) as f:
         merges = json.load(f)["model"]["merges"]
     return bpe.Tokenizer(merges, SPECIAL_TOKENS)
 
@@ -104,8 +100,67 @@ def cosine_learning_rate(step, steps, peak, warmup):
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def save_metrics(name, metrics):
-    """Writes a training run's metrics to CACHE_DIR/<name>_metrics.json and prints them."""
-    with open(os.path.join(CACHE_DIR, f"{name}_metrics.json"), "w") as f:
+def bf16_matmuls(enabled):
+    """Autocasts the projections to BF16 when enabled (the element-wise work stays float32
+    where its inputs are, as the residual stream)."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled)
+
+
+def float32_delta_rule(q, k, v, g, beta, state):
+    """The chunked delta rule in float32 whatever autocast made of its inputs: its decays
+    and triangular solve need the precision."""
+    with torch.autocast("cpu", enabled=False):
+        return qwen36.delta_rule_chunked(q.float(), k.float(), v.float(), g.float(), beta.float(), state.float())
+
+
+class Checkpoint:
+    """A training run's resumable state (parameters, optimizer, sampling RNG, step, seconds
+    spent, last loss) in one file, rewritten atomically when due (every `every_seconds`), so a
+    stopped run loses only minutes and resumes with the batches it would have drawn."""
+
+    def __init__(self, path, every_seconds=300):
+        self.path, self.every_seconds = path, every_seconds
+        self.saved = time.time()
+
+    def restore(self, params, optimizer, generator):
+        """Loads the saved state into params, optimizer and generator; returns (next step,
+        seconds spent, last loss), or (0, 0.0, None) when there is no checkpoint."""
+        if not os.path.exists(self.path):
+            return 0, 0.0, None
+        state = torch.load(self.path)
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(state["params"][name])
+        optimizer.load_state_dict(state["optimizer"])
+        generator.set_state(state["generator"])
+        print(f"resumed from {self.path} at step {state['step']}", flush=True)
+        return state["step"], state["seconds"], state["loss"]
+
+    def due(self):
+        return time.time() - self.saved >= self.every_seconds
+
+    def save(self, params, optimizer, generator, step, seconds, loss):
+        """Saves the state before step `step`."""
+        state = {
+            "params": {name: p.detach() for name, p in params.items()},
+            "optimizer": optimizer.state_dict(),
+            "generator": generator.get_state(),
+            "step": step,
+            "seconds": seconds,
+            "loss": loss,
+        }
+        partial = self.path + ".partial"
+        torch.save(state, partial)
+        os.replace(partial, self.path)
+        self.saved = time.time()
+
+    def remove(self):
+        if os.path.exists(self.path):
+            os.remove(self.path)
+
+
+def save_metrics(cache_dir, name, metrics):
+    """Writes a training run's metrics to cache_dir/<name>_metrics.json and prints them."""
+    with open(os.path.join(cache_dir, f"{name}_metrics.json"), "w") as f:
         json.dump(metrics, f, indent=2)
     print(json.dumps(metrics), flush=True)

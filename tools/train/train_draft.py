@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Distils a DFlash drafter from the exported target (models/default/target/) and exports it,
-in BF16 with z-lab tensor names, to models/default/draft/.
+"""Distils a DFlash drafter from the preset's exported target (tiny: models/default/target/,
+demo: models/demo/target/) and exports it, in BF16 with z-lab tensor names, beside it.
 
 Training data are the target's own greedy continuations of training-text prompts and its
 hidden states on them. One step takes several random anchors a per sequence; each block is
@@ -9,10 +9,16 @@ hidden states on them. One step takes several random anchors a per sequence; eac
 block positions weigh more (exp(−(k−1)/γ)), since a draft is accepted only up to its first
 miss. The target's embedding and lm_head are reused frozen.
 
-Usage: train_draft.py [--steps N]
+Both stages resume: the continuations are kept per batch of prompts in
+<cache>/<preset>/draft-data/, and training checkpoints to <cache>/<preset>/draft.ckpt every
+few minutes; --resume continues from them (without it both start afresh).
+
+Usage: train_draft.py [--preset tiny|demo] [--steps N] [--resume]
 """
 
 import argparse
+import os
+import shutil
 import time
 
 import torch
@@ -20,48 +26,51 @@ import torch.nn.functional as F
 
 import shared  # first: it puts tools/reference on the import path
 import dflash
+import presets
 import qwen36
-from train_target import MAX_POSITIONS
 
 SEED = 2
 PROMPT_TOKENS = 32
 SEQUENCE_TOKENS = 128
-SEQUENCES = 5120
-TAPS = (1, 3, 5, 7)  # every other target layer, ending with the last one
-BATCH = 16
-ANCHORS_PER_SEQUENCE = 8
-LEARNING_RATE = 3e-3
-WARMUP_STEPS = 100
-WEIGHT_DECAY = 0.01
-POSITION_DECAY = 7.0  # γ in the weight exp(−(k−1)/γ) of block position k
+GENERATION_BATCH = 128
 
 
-def draft_config(mask_token_id):
+def draft_config(preset, mask_token_id):
+    d = preset.draft
     return dflash.DraftConfig(
-        hidden_size=192,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=48,
-        intermediate_size=512,
+        hidden_size=preset.target.hidden_size,
+        num_layers=d.num_layers,
+        num_heads=d.num_heads,
+        num_kv_heads=d.num_kv_heads,
+        head_dim=d.head_dim,
+        intermediate_size=d.intermediate_size,
         rms_norm_eps=1e-6,
         rope_theta=10_000_000.0,
         block_size=16,
         mask_token_id=mask_token_id,
-        target_layer_ids=TAPS,
+        target_layer_ids=d.taps,
     )
 
 
-def training_data(target_cfg, target, train_ids):
-    """(sequences [N, SEQUENCE_TOKENS], target features [N, SEQUENCE_TOKENS, taps·hidden] in BF16)."""
-    prompts = shared.random_windows(train_ids, SEQUENCES, PROMPT_TOKENS, SEED)
+def training_data(preset, target_cfg, target, train_ids, data_dir):
+    """(sequences [N, SEQUENCE_TOKENS], target features [N, SEQUENCE_TOKENS, taps·hidden] in
+    BF16), each batch of prompts generated once and kept in data_dir."""
+    prompts = shared.random_windows(train_ids, preset.draft.sequences, PROMPT_TOKENS, SEED)
+    os.makedirs(data_dir, exist_ok=True)
     sequences, features = [], []
-    with torch.no_grad():
-        for batch in prompts.split(128):
-            sequence = shared.greedy_continuations(target_cfg, target, batch, SEQUENCE_TOKENS - PROMPT_TOKENS)
-            _, hidden = qwen36.forward(target_cfg, target, sequence)
-            sequences.append(sequence)
-            features.append(dflash.target_features(hidden, TAPS).to(torch.bfloat16))
+    for i, batch in enumerate(prompts.split(GENERATION_BATCH)):
+        path = os.path.join(data_dir, f"batch-{i:04d}.pt")
+        if not os.path.exists(path):
+            with torch.no_grad():
+                sequence = shared.greedy_continuations(target_cfg, target, batch, SEQUENCE_TOKENS - PROMPT_TOKENS)
+                _, hidden = qwen36.forward(target_cfg, target, sequence)
+            feature = dflash.target_features(hidden, preset.draft.taps).to(torch.bfloat16)
+            torch.save({"sequences": sequence, "features": feature}, path + ".partial")
+            os.replace(path + ".partial", path)
+            print(f"generated batch {i + 1} of {-(-len(prompts) // GENERATION_BATCH)}", flush=True)
+        data = torch.load(path)
+        sequences.append(data["sequences"])
+        features.append(data["features"])
     return torch.cat(sequences), torch.cat(features)
 
 
@@ -94,52 +103,69 @@ def draft_loss(cfg, params, embed, lm_head, sequences, features, anchors, positi
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=8000)
+    presets.add_argument(parser)
+    parser.add_argument("--steps", type=int, help="training steps (default: the preset's)")
+    parser.add_argument("--resume", action="store_true", help="reuse generated data and continue from the checkpoint, if any")
     args = parser.parse_args()
-    shared.setup_torch(SEED)
+    preset = presets.PRESETS[args.preset]
+    settings = preset.draft
+    steps = args.steps or settings.steps
+    shared.setup_torch(SEED, preset.cache_dir)
+    data_dir = os.path.join(preset.cache_dir, "draft-data")
+    checkpoint = shared.Checkpoint(os.path.join(preset.cache_dir, "draft.ckpt"))
+    if not args.resume:  # a fresh run: neither stage may pick up an earlier run's files later
+        shutil.rmtree(data_dir, ignore_errors=True)
+        checkpoint.remove()
 
-    tokenizer = shared.load_tokenizer()
+    tokenizer = shared.load_tokenizer(preset.target_dir)
     train_ids, _, _ = shared.token_streams(tokenizer)
-    target_cfg, target = qwen36.load_checkpoint(shared.TARGET_DIR, torch.float32)
+    target_cfg, target = qwen36.load_checkpoint(preset.target_dir, torch.float32)
     started = time.time()
-    sequences, features = training_data(target_cfg, target, train_ids)
+    sequences, features = training_data(preset, target_cfg, target, train_ids, data_dir)
     generation_seconds = time.time() - started
     print(f"generated {len(sequences)} sequences in {generation_seconds:.0f}s", flush=True)
 
-    cfg = draft_config(tokenizer.special_ids[shared.MASK])
+    cfg = draft_config(preset, tokenizer.special_ids[shared.MASK])
     generator = torch.Generator().manual_seed(SEED)
     params = shared.trainable(dflash.init_draft_weights(cfg, generator), cfg.num_layers)
-    optimizer = shared.adamw(params, LEARNING_RATE, WEIGHT_DECAY)
+    optimizer = shared.adamw(params, settings.learning_rate, settings.weight_decay)
+    first_step, earlier_seconds, last_loss = checkpoint.restore(params, optimizer, generator)
     embed, lm_head = target["embed_tokens.weight"], target["lm_head.weight"]
-    position_weights = torch.exp(-torch.arange(cfg.block_size - 1) / POSITION_DECAY)
+    position_weights = torch.exp(-torch.arange(cfg.block_size - 1) / settings.position_decay)
     anchor_range = torch.arange(PROMPT_TOKENS, SEQUENCE_TOKENS - cfg.block_size + 1)  # labels are all target tokens
     started = time.time()
-    for step in range(args.steps):
+    for step in range(first_step, steps):
         for group in optimizer.param_groups:
-            group["lr"] = shared.cosine_learning_rate(step, args.steps, LEARNING_RATE, WARMUP_STEPS)
-        rows = torch.randint(0, len(sequences), (BATCH,), generator=generator)
-        anchors = anchor_range[torch.randperm(len(anchor_range), generator=generator)[:ANCHORS_PER_SEQUENCE]].sort().values
+            group["lr"] = shared.cosine_learning_rate(step, steps, settings.learning_rate, settings.warmup_steps)
+        rows = torch.randint(0, len(sequences), (settings.batch,), generator=generator)
+        anchors = anchor_range[torch.randperm(len(anchor_range), generator=generator)[:settings.anchors_per_sequence]].sort().values
         loss, accepted = draft_loss(cfg, params, embed, lm_head, sequences[rows], features[rows], anchors, position_weights)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
         optimizer.step()
-        if step % 50 == 0 or step == args.steps - 1:
-            print(f"step {step} loss {loss.item():.3f} accepted {accepted.item():.2f} {time.time() - started:.0f}s", flush=True)
+        last_loss = loss.item()
+        seconds = earlier_seconds + time.time() - started
+        if step % 50 == 0 or step == steps - 1:
+            print(f"step {step} loss {loss.item():.3f} accepted {accepted.item():.2f} {seconds:.0f}s", flush=True)
+        if checkpoint.due() or step == steps - 1:
+            checkpoint.save(params, optimizer, generator, step + 1, seconds, last_loss)
 
     weights = {name: p.detach() for name, p in params.items()}
-    dflash.save_draft(shared.DRAFT_DIR, dflash.draft_config_json(cfg, len(target_cfg.layer_types), target_cfg.vocab_size, MAX_POSITIONS), weights)
+    config = dflash.draft_config_json(cfg, len(target_cfg.layer_types), target_cfg.vocab_size, preset.max_positions)
+    dflash.save_draft(preset.draft_dir, config, weights)
     metrics = {
-        "steps": args.steps,
-        "batch": BATCH,
-        "anchors_per_sequence": ANCHORS_PER_SEQUENCE,
-        "sequences": SEQUENCES,
+        "preset": preset.name,
+        "steps": steps,
+        "batch": settings.batch,
+        "anchors_per_sequence": settings.anchors_per_sequence,
+        "sequences": settings.sequences,
         "generation_seconds": round(generation_seconds),
-        "train_seconds": round(time.time() - started),
-        "final_loss": round(loss.item(), 4),
+        "train_seconds": round(earlier_seconds + time.time() - started),
+        "final_loss": round(last_loss, 4),
         "parameters": sum(t.numel() for t in weights.values()),
     }
-    shared.save_metrics("draft", metrics)
+    shared.save_metrics(preset.cache_dir, "draft", metrics)
 
 
 if __name__ == "__main__":
