@@ -4,6 +4,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // TestPoolCoversRangeOnce checks that every item is visited exactly once
@@ -48,5 +49,30 @@ func TestPoolRepanicsOnCaller(t *testing.T) {
 	p.parallelFor(100, 1, func(lo, hi int) { sum.Add(int64(hi - lo)) })
 	if sum.Load() != 100 {
 		t.Errorf("after a panic the pool covered %d of 100 items", sum.Load())
+	}
+}
+
+// TestPoolStats checks that PoolStats counts loops, the split ones and a
+// barrier wait while a worker runs a slow range, and nothing before
+// StartPoolStats.
+func TestPoolStats(t *testing.T) {
+	be := newBackend(2, portableKernels, 1)
+	be.pool.parallelFor(2, 1, func(lo, hi int) {})
+	if s := be.PoolStats(); s != (PoolStats{}) {
+		t.Errorf("stats before StartPoolStats: %+v", s)
+	}
+	be.StartPoolStats()
+	be.pool.parallelFor(1, 1, func(lo, hi int) {}) // too small to split
+	be.pool.parallelFor(2, 1, func(lo, hi int) {
+		if lo == 1 { // the worker's range
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+	s := be.PoolStats()
+	if s.Calls != 2 || s.Split != 1 {
+		t.Errorf("stats %+v: want 2 loops, 1 split", s)
+	}
+	if s.Wait < 4*time.Millisecond {
+		t.Errorf("barrier wait %v, want the worker's 5ms range", s.Wait)
 	}
 }
