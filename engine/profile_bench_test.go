@@ -11,16 +11,13 @@ import (
 )
 
 // BenchmarkMidStep loads the mid preset (0.63B parameters, 1.27 GB of bf16
-// weights) on two threads and
+// weights) on two threads and runs two parts. profile times b.N decode
+// steps op by op and prints the table (docs/cpu-profile.md): each op's time
+// and bytes, the time between ops (the engine's own code), and what the
+// worker pool's hand-offs cost. verify16 times decode steps and 16-row
+// verify steps interleaved and reports verify time / decode time. Run:
 //
-//   - profile: times b.N decode steps op by op (docs/cpu-profile.md) and
-//     logs the table: each op's time and bytes, the time between ops (the
-//     engine's own code), and what the worker pool's hand-offs cost;
-//
-//   - verify16: times decode steps and 16-row verify steps interleaved and
-//     reports verify time / decode time.
-//
-//     GOEXPERIMENT=simd go test ./engine/ -run '^$' -bench MidStep -benchtime 20x
+//	GOEXPERIMENT=simd go test ./engine/ -run '^$' -bench MidStep -benchtime 20x
 func BenchmarkMidStep(b *testing.B) {
 	be := cpu.New(2).(*cpu.Backend)
 	prof := opprofile.New(be)
