@@ -2,9 +2,9 @@ package cpu
 
 import (
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 )
 
 // TestPoolCoversRangeOnce checks that every item is visited exactly once
@@ -52,9 +52,8 @@ func TestPoolRepanicsOnCaller(t *testing.T) {
 	}
 }
 
-// TestPoolStats checks that PoolStats counts loops, the split ones and a
-// barrier wait while a worker runs a slow range, and nothing before
-// StartPoolStats.
+// TestPoolStats checks that PoolStats counts loops, the split ones and
+// the hand-off of a chunk to the worker, and nothing before StartPoolStats.
 func TestPoolStats(t *testing.T) {
 	be := newBackend(2, portableKernels, 1)
 	be.pool.parallelFor(2, 1, func(lo, hi int) {})
@@ -63,16 +62,15 @@ func TestPoolStats(t *testing.T) {
 	}
 	be.StartPoolStats()
 	be.pool.parallelFor(1, 1, func(lo, hi int) {}) // too small to split
+	// Two chunks that wait for each other run on both goroutines.
+	var started sync.WaitGroup
+	started.Add(2)
 	be.pool.parallelFor(2, 1, func(lo, hi int) {
-		if lo == 1 { // the worker's range
-			time.Sleep(5 * time.Millisecond)
-		}
+		started.Done()
+		started.Wait()
 	})
 	s := be.PoolStats()
-	if s.Calls != 2 || s.Split != 1 {
-		t.Errorf("stats %+v: want 2 loops, 1 split", s)
-	}
-	if s.Wait < 4*time.Millisecond {
-		t.Errorf("barrier wait %v, want the worker's 5ms range", s.Wait)
+	if s.Calls != 2 || s.Split != 1 || s.Handoff <= 0 {
+		t.Errorf("stats %+v: want 2 loops, 1 split, a hand-off", s)
 	}
 }
