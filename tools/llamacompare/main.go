@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -124,8 +125,7 @@ func run() error {
 }
 
 // stream is one decode measurement as bandwidth: the weights a decode step
-// reads (every tensor but the embedding table, of which it reads one row)
-// times tokens per second, in GB/s. Caches and recurrent state are left
+// reads (decodeBytes) times tokens per second, in GB/s. Caches and recurrent state are left
 // out, so this is a lower bound on the bytes moved.
 type stream struct {
 	preset         string
@@ -165,17 +165,20 @@ func prepare(name, workdir string) (dir, ggufPath string, err error) {
 	return dir, ggufPath, gguf.ConvertQwen35(dir, ggufPath)
 }
 
-// decodeBytes is the bytes of weights one decode step reads (see stream).
+// decodeBytes is the bytes of weights one decode step reads (see stream):
+// the whole checkpoint but an untied embedding table, of which it reads a
+// row (a tied one is the LM head, read whole).
 func decodeBytes(dir string) (float64, error) {
 	c, err := safetensors.Open(dir)
 	if err != nil {
 		return 0, err
 	}
 	defer c.Close()
+	names := c.Names()
+	untied := slices.ContainsFunc(names, func(n string) bool { return strings.HasSuffix(n, "lm_head.weight") })
 	var total float64
-	for _, name := range c.Names() {
-		t, _ := c.Tensor(name)
-		if !strings.HasSuffix(name, "embed_tokens.weight") {
+	for _, name := range names {
+		if t, _ := c.Tensor(name); !untied || !strings.HasSuffix(name, "embed_tokens.weight") {
 			total += float64(len(t.Data))
 		}
 	}
