@@ -77,11 +77,17 @@ func run() error {
 		llamas = append(llamas, w)
 	}
 	fmt.Printf("load average at start: %s", loadavg())
+	// The probe runs on one thread too, whatever the thread counts compared:
+	// how far one core's stream is from the machine's says how much a
+	// second thread can add.
 	probe := map[int]float64{}
-	for _, ts := range o.threads {
+	for _, ts := range append([]string{"1"}, o.threads...) {
 		n, err := strconv.Atoi(ts)
 		if err != nil {
 			return fmt.Errorf("-threads %q: %w", ts, err)
+		}
+		if _, done := probe[n]; done {
+			continue
 		}
 		if probe[n], err = c.bandwidth(o.probeMiB, n); err != nil {
 			return err
