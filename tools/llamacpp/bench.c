@@ -181,6 +181,18 @@ static int cmd_bandwidth(char *args) {
 	return 0;
 }
 
+// print_cpu_features names, on stderr, the features of the CPU backend
+// variant ggml chose (the libggml-cpu-*.so that scored best on this CPU).
+static void print_cpu_features(void) {
+	ggml_backend_reg_t reg = ggml_backend_reg_by_name("CPU");
+	if (!reg) return;
+	ggml_backend_get_features_t get = (ggml_backend_get_features_t)ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features");
+	if (!get) return;
+	fputs("llama.cpp CPU backend:", stderr);
+	for (struct ggml_backend_feature *f = get(reg); f && f->name; f++) fprintf(stderr, " %s=%s", f->name, f->value);
+	fputs("\n", stderr);
+}
+
 int main(void) {
 	llama_log_set(quiet_log, NULL);
 	ggml_log_set(quiet_log, NULL);
@@ -188,6 +200,7 @@ int main(void) {
 	if (dir) ggml_backend_load_all_from_path(dir);
 	else ggml_backend_load_all();
 	llama_backend_init();
+	print_cpu_features();
 	enum { max_tokens = 1 << 16 };
 	llama_token *tokens = malloc(max_tokens * sizeof *tokens);
 	size_t cap = 1 << 20;
