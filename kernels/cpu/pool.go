@@ -1,15 +1,45 @@
 package cpu
 
-import "sync"
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
 
 // pool is a fixed set of worker goroutines. Decode steps issue hundreds of
-// small ops, so workers are started once and fed ranges over a channel.
+// small ops, so workers are started once and fed loops over a channel.
+// A loop is cut into chunks that the calling goroutine and the workers
+// claim one at a time: a worker that starts late (a parked goroutine's
+// wake-up takes microseconds, and far longer on a busy machine) takes
+// fewer chunks instead of holding the caller at the barrier. A worker
+// that has finished a loop polls for the next one for a while before it
+// parks, as a decode step's next loop follows within microseconds.
 type pool struct {
 	threads int
 	// minWork is the least work (in multiply-adds or elements) worth handing
 	// to another worker; smaller loops stay on the calling goroutine.
 	minWork int
-	tasks   chan poolTask
+	calls   chan *poolCall
+	// stats, when set, counts what the hand-offs cost (see PoolStats).
+	stats atomic.Pointer[poolCounters]
+}
+
+// PoolStats is what a backend's worker pool spent on meeting its workers
+// since StartPoolStats (a profile's "between the threads" share).
+type PoolStats struct {
+	Calls int // parallel loops
+	Split int // of them, offered to other workers
+	// Handoff sums, over the loops a worker took part in, the time from
+	// offering it to the worker claiming its first chunk.
+	Handoff time.Duration
+	// Wait sums the time the calling goroutine waited, after the last
+	// chunk was claimed, for the workers to finish theirs (the barrier).
+	Wait time.Duration
+}
+
+type poolCounters struct {
+	calls, split, handoffNs, waitNs atomic.Int64
 }
 
 // defaultMinWork is tens of microseconds of one core's work: handing a
@@ -18,22 +48,46 @@ type pool struct {
 // split at 1<<17, where futex calls took a tenth of its time.
 const defaultMinWork = 1 << 20
 
-type poolTask struct {
-	lo, hi int
-	fn     func(lo, hi int)
-	call   *poolCall
-}
+// chunksPerThread is how many chunks a split loop has per goroutine taking
+// part: enough that a late worker costs the caller at most a fraction of
+// its share at the barrier, few enough that chunks stay large (a decode
+// step's smallest split matmul gets chunks of over 100 KB of weights).
+const chunksPerThread = 4
 
-// poolCall tracks one parallelFor: its outstanding ranges and the first
-// panic of a worker, which is re-raised on the calling goroutine.
+// spinFor is how long a worker, and a caller at the barrier, poll before
+// parking: longer than the gaps between a step's loops (the unsplit ops
+// between them), shorter than anything a scheduler would notice.
+const spinFor = 50 * time.Microsecond
+
+// poolCall is one split parallelFor: its chunks, how many are claimed and
+// finished, and the first panic of a chunk, re-raised on the calling goroutine.
 type poolCall struct {
-	done     sync.WaitGroup
-	mu       sync.Mutex
-	panicked any
+	fn        func(lo, hi int)
+	n, chunks int
+	claimed   atomic.Int64
+	finished  atomic.Int64
+	done      chan struct{} // closed when the last chunk finishes
+	sent      time.Time     // set while stats are counted
+	mu        sync.Mutex
+	panicked  any
 }
 
-func (c *poolCall) run(t poolTask) {
-	defer c.done.Done()
+// claim returns the next unclaimed chunk, or -1 when none is left.
+func (c *poolCall) claim() int {
+	if i := int(c.claimed.Add(1) - 1); i < c.chunks {
+		return i
+	}
+	return -1
+}
+
+// work runs chunks until none is left unclaimed.
+func (c *poolCall) work() {
+	for i := c.claim(); i >= 0; i = c.claim() {
+		c.run(i)
+	}
+}
+
+func (c *poolCall) run(i int) {
 	defer func() {
 		if r := recover(); r != nil {
 			c.mu.Lock()
@@ -42,32 +96,67 @@ func (c *poolCall) run(t poolTask) {
 			}
 			c.mu.Unlock()
 		}
+		if int(c.finished.Add(1)) == c.chunks {
+			close(c.done)
+		}
 	}()
-	t.fn(t.lo, t.hi)
+	c.fn(i*c.n/c.chunks, (i+1)*c.n/c.chunks)
 }
 
 func newPool(threads, minWork int) *pool {
-	p := &pool{threads: threads, minWork: minWork, tasks: make(chan poolTask, threads)}
+	p := &pool{threads: threads, minWork: minWork, calls: make(chan *poolCall, threads)}
 	for range threads - 1 { // the calling goroutine is the last worker
 		go func() {
-			for t := range p.tasks {
-				t.call.run(t)
+			for {
+				c, ok := spinReceive(p.calls)
+				if !ok {
+					return
+				}
+				i := c.claim()
+				if i < 0 {
+					continue // the caller ran every chunk before this worker came
+				}
+				if s := p.stats.Load(); s != nil && !c.sent.IsZero() {
+					s.handoffNs.Add(int64(time.Since(c.sent)))
+				}
+				c.run(i)
+				c.work()
 			}
 		}()
 	}
 	return p
 }
 
-func (p *pool) close() { close(p.tasks) }
+// spinReceive receives from ch, polling for spinFor before it blocks.
+func spinReceive[T any](ch <-chan T) (T, bool) {
+	start := time.Now()
+	for time.Since(start) < spinFor {
+		select {
+		case v, ok := <-ch:
+			return v, ok
+		default:
+			runtime.Gosched()
+		}
+	}
+	v, ok := <-ch
+	return v, ok
+}
+
+func (p *pool) close() { close(p.calls) }
 
 // parallelFor calls fn on disjoint ranges covering [0, n) and returns when
-// all are done. itemCost is the work of one item: ranges carry at least
-// minWork of it. fn must not call parallelFor itself.
+// all are done. itemCost is the work of one item: a loop is offered to as
+// many workers as can each get minWork of it. fn must not call parallelFor
+// itself.
 func (p *pool) parallelFor(n, itemCost int, fn func(lo, hi int)) {
 	parts := p.threads
 	minItems := max(1, p.minWork/max(1, itemCost))
 	if most := n / minItems; most < parts {
 		parts = most
+	}
+	stats := p.stats.Load()
+	if stats != nil {
+		stats.calls.Add(1)
 	}
 	if parts <= 1 {
 		if n > 0 {
@@ -75,14 +164,40 @@ func (p *pool) parallelFor(n, itemCost int, fn func(lo, hi int)) {
 		}
 		return
 	}
-	call := &poolCall{}
-	call.done.Add(parts)
-	for i := 1; i < parts; i++ {
-		p.tasks <- poolTask{lo: i * n / parts, hi: (i + 1) * n / parts, fn: fn, call: call}
+	c := &poolCall{fn: fn, n: n, chunks: min(n, parts*chunksPerThread), done: make(chan struct{})}
+	if stats != nil {
+		stats.split.Add(1)
+		c.sent = time.Now()
 	}
-	call.run(poolTask{lo: 0, hi: n / parts, fn: fn})
-	call.done.Wait()
-	if call.panicked != nil {
-		panic(call.panicked)
+	for range parts - 1 {
+		select {
+		case p.calls <- c:
+		default: // the workers have loops queued already: the caller does the rest
+		}
 	}
+	c.work()
+	var t0 time.Time
+	if stats != nil {
+		t0 = time.Now()
+	}
+	spinReceive(c.done)
+	if stats != nil {
+		stats.waitNs.Add(int64(time.Since(t0)))
+	}
+	if c.panicked != nil {
+		panic(c.panicked)
+	}
+}
+
+// StartPoolStats starts counting PoolStats afresh.
+func (be *Backend) StartPoolStats() { be.pool.stats.Store(new(poolCounters)) }
+
+// PoolStats returns the counts since StartPoolStats (zero without it).
+func (be *Backend) PoolStats() PoolStats {
+	c := be.pool.stats.Load()
+	if c == nil {
+		return PoolStats{}
+	}
+	return PoolStats{Calls: int(c.calls.Load()), Split: int(c.split.Load()),
+		Handoff: time.Duration(c.handoffNs.Load()), Wait: time.Duration(c.waitNs.Load())}
 }

@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 )
@@ -48,5 +49,28 @@ func TestPoolRepanicsOnCaller(t *testing.T) {
 	p.parallelFor(100, 1, func(lo, hi int) { sum.Add(int64(hi - lo)) })
 	if sum.Load() != 100 {
 		t.Errorf("after a panic the pool covered %d of 100 items", sum.Load())
+	}
+}
+
+// TestPoolStats checks that PoolStats counts loops, the split ones and
+// the hand-off of a chunk to the worker, and nothing before StartPoolStats.
+func TestPoolStats(t *testing.T) {
+	be := newBackend(2, portableKernels, 1)
+	be.pool.parallelFor(2, 1, func(lo, hi int) {})
+	if s := be.PoolStats(); s != (PoolStats{}) {
+		t.Errorf("stats before StartPoolStats: %+v", s)
+	}
+	be.StartPoolStats()
+	be.pool.parallelFor(1, 1, func(lo, hi int) {}) // too small to split
+	// Two chunks that wait for each other run on both goroutines.
+	var started sync.WaitGroup
+	started.Add(2)
+	be.pool.parallelFor(2, 1, func(lo, hi int) {
+		started.Done()
+		started.Wait()
+	})
+	s := be.PoolStats()
+	if s.Calls != 2 || s.Split != 1 || s.Handoff <= 0 {
+		t.Errorf("stats %+v: want 2 loops, 1 split, a hand-off", s)
 	}
 }
