@@ -38,7 +38,7 @@ func (be *Backend) Connect(ranks []kernels.Backend) (kernels.Comm, error) {
 		if !ok {
 			return nil, fmt.Errorf("cuda: rank %d runs on %s: NCCL connects CUDA ranks only", i, r.Name())
 		}
-		gpus[i], devices[i] = g, C.int(g.dev)
+		gpus[i], devices[i] = g, C.int(g.ordinal)
 	}
 	if err := openNCCL(); err != nil {
 		return nil, err
