@@ -108,7 +108,8 @@ func Load(b kernels.Backend, dir string, opts Options) (*Engine, error) {
 }
 
 // LoadParallel reads a checkpoint directory split over tensor-parallel ranks,
-// one per backend (see tp.go), connected by an in-process communicator.
+// one per backend (see tp.go), connected by the backends' own communicator
+// (NCCL between GPUs) or else through host memory (LocalComm).
 func LoadParallel(backends []kernels.Backend, dir string, opts Options) (*Engine, error) {
 	cfg, err := config.Load(dir)
 	if err != nil {
@@ -137,9 +138,9 @@ func LoadParallel(backends []kernels.Backend, dir string, opts Options) (*Engine
 			eos = append(eos, id)
 		}
 	}
-	var comm Comm
-	if len(backends) > 1 {
-		comm = NewLocalComm(backends)
+	comm, err := connect(backends)
+	if err != nil {
+		return nil, err
 	}
 	e, err := New(cfg, shards, comm, valid, eos, opts)
 	if err != nil {

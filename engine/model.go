@@ -167,6 +167,9 @@ func (m *Model) Close() {
 	}
 	m.KV.Close()
 	m.States.Close()
+	if c, ok := m.comm.(interface{ Close() }); ok { // NCCL communicators
+		c.Close()
+	}
 }
 
 // Backend is rank 0's backend, where the drafter runs and outputs are read.

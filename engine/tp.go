@@ -27,25 +27,30 @@ import (
 //   - The DFlash drafter runs on rank 0 (it is small) and scores its
 //     proposals through the target's vocabulary-parallel LM head.
 
-// Comm moves activations between tensor-parallel ranks. Every rank calls each
-// collective once, in the same order, with buffers on its own backend; a call
-// returns when the collective is complete on that rank. An implementation
-// that can fail must fail every rank of a collective, so no rank waits for a
-// peer that gave up.
-type Comm interface {
-	Size() int
-	// AllReduceSum replaces buf[:n] on every rank by the element-wise sum
-	// over ranks, added in rank order.
-	AllReduceSum(rank int, buf kernels.Buffer, n int) error
-	// AllGather writes each rank r's src[:n] to dst[r*n:(r+1)*n] on every rank.
-	AllGather(rank int, dst, src kernels.Buffer, n int) error
-	// Broadcast copies root's buf[:n] to buf on every rank.
-	Broadcast(rank, root int, buf kernels.Buffer, n int) error
+// Comm moves activations between tensor-parallel ranks (kernels.Comm).
+type Comm = kernels.Comm
+
+// connect links tensor-parallel ranks (nil for one rank): backends that bring
+// their own communicator (kernels.Connector: NCCL between GPUs) must use it,
+// since host copies would stall every collective; others meet in a LocalComm.
+func connect(backends []kernels.Backend) (Comm, error) {
+	if len(backends) < 2 {
+		return nil, nil
+	}
+	if c, ok := backends[0].(kernels.Connector); ok {
+		comm, err := c.Connect(backends)
+		if err != nil {
+			return nil, fmt.Errorf("tensor parallelism over %d ranks: %w", len(backends), err)
+		}
+		return comm, nil
+	}
+	return NewLocalComm(backends), nil
 }
 
 // LocalComm is the in-process communicator for ranks that are goroutines of
 // one process (CPU ranks, or GPUs without NCCL): data passes through host
 // memory, and a barrier separates each collective's writes from its reads.
+// Each call completes the collective before it returns.
 type LocalComm struct {
 	backends []kernels.Backend
 

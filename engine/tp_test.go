@@ -2,11 +2,13 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"ddflash/engine/config"
@@ -294,5 +296,59 @@ func TestLocalComm(t *testing.T) {
 		if !slices.Equal(res[2], inputs[2]) {
 			t.Errorf("rank %d: broadcast from rank 2 differs", r)
 		}
+	}
+}
+
+// connectingBackend is a CPU backend that connects its ranks itself, as GPUs
+// do through NCCL: with a LocalComm that counts the all-reduces, or not at all.
+type connectingBackend struct {
+	kernels.Backend
+	refuse     error
+	allReduces *atomic.Int64
+}
+
+func (b connectingBackend) Connect(ranks []kernels.Backend) (kernels.Comm, error) {
+	if b.refuse != nil {
+		return nil, b.refuse
+	}
+	return countingComm{NewLocalComm(ranks), b.allReduces}, nil
+}
+
+type countingComm struct {
+	*LocalComm
+	allReduces *atomic.Int64
+}
+
+func (c countingComm) AllReduceSum(rank int, buf kernels.Buffer, n int) error {
+	c.allReduces.Add(1)
+	return c.LocalComm.AllReduceSum(rank, buf, n)
+}
+
+// TestTensorParallelConnector: ranks whose backend brings its own
+// communicator meet in it, and when it cannot connect them, loading fails
+// with its reason instead of falling back to copies through host memory.
+func TestTensorParallelConnector(t *testing.T) {
+	dir := writeTestModel(t, "tiny", 3, "f32")
+	ranks := func(refuse error, allReduces *atomic.Int64) []kernels.Backend {
+		r := make([]kernels.Backend, 2)
+		for i := range r {
+			r[i] = connectingBackend{cpu.New(1), refuse, allReduces}
+		}
+		return r
+	}
+	var count atomic.Int64
+	e, err := LoadParallel(ranks(nil, &count), dir, Options{Context: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Generate(context.Background(), Request{Prompt: []int32{1, 2, 3}, MaxTokens: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if count.Load() == 0 {
+		t.Error("the backends' communicator did no all-reduce: the ranks met elsewhere")
+	}
+	refusal := errors.New("libnccl.so.2 not found")
+	if _, err := LoadParallel(ranks(refusal, nil), dir, Options{Context: 32}); !errors.Is(err, refusal) || !strings.Contains(err.Error(), "tensor parallelism over 2 ranks") {
+		t.Errorf("loading over ranks that cannot connect: error %v, want the refusal %q", err, refusal)
 	}
 }

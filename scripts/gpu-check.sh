@@ -5,7 +5,9 @@
 # kernels.Backend conformance suite (kernels/kerneltest) and MatMul at model
 # widths against the CPU backend, CUDA graph replay, whole-model logits of
 # the tiny and small presets against the CPU backend, greedy speculative
-# decoding (DFlash linear, DDTree 8 and 16) against the CPU backend, and the
+# decoding (DFlash linear, DDTree 8 and 16) against the CPU backend, NCCL
+# collectives and tensor parallelism over the GPUs there (when libnccl.so.2
+# is found; TP 2/4/8 as the GPU count allows), and the
 # step-time benchmark (decode and verify at budgets 8/16/32/64 through one
 # attention and one GDN layer with their MLPs at Qwen3.6-27B shapes, against
 # the HBM bandwidth floor). It prints a short table last.
@@ -52,12 +54,37 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libcublasLt\.so'; then
 	done
 fi
 echo "libcublasLt: $cublas"
+
+# NCCL (tensor parallelism): TestTensorParallel runs when libnccl.so.2 is
+# found; on one GPU it checks the binding with a one-rank communicator.
+nccl=""
+if ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; then
+	nccl="found by the loader"
+else
+	for d in /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+		/opt/*/.venv/lib/python3*/site-packages/nvidia/nccl/lib \
+		/usr/local/lib/python3*/dist-packages/nvidia/nccl/lib \
+		/usr/lib/python3/dist-packages/nvidia/nccl/lib; do
+		if [ -e "$d/libnccl.so.2" ]; then
+			export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+			nccl=$d
+			break
+		fi
+	done
+fi
+tests='TestConformance|TestMatMulAgainstCPU|TestGraphReplay|TestModelLogits|TestSpecGeneration'
+if [ -n "$nccl" ]; then
+	tests="$tests|TestTensorParallel"
+	echo "libnccl.so.2: $nccl"
+else
+	echo "libnccl.so.2: not found: tensor parallelism not checked"
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.memory --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
 
 cd kernels/cuda # the tests' package folder, as go test runs them
 start=$(date +%s)
 timeout 180 "$bin" -test.v -test.timeout 170s \
-	-test.run 'TestConformance|TestMatMulAgainstCPU|TestGraphReplay|TestModelLogits|TestSpecGeneration' \
+	-test.run "$tests" \
 	>"$out/conformance.log" 2>&1
 conformance=$?
 DDFLASH_STEP_TABLE="$out/steptime.txt" timeout 100 "$bin" -test.v -test.timeout 90s -test.run 'TestStepTime' \

@@ -28,13 +28,14 @@ const (
 // Backend runs ops on one GPU. Its methods may be called from any
 // goroutine; a mutex serialises them, and they run in call order.
 type Backend struct {
-	mu     sync.Mutex
-	dev    C.CUdevice
-	ctx    C.CUcontext
-	stream C.CUstream
-	name   string
-	cc     int // compute capability, e.g. 90
-	sms    int // multiprocessors
+	mu      sync.Mutex
+	ordinal int // the device's index, as New was given it (and NCCL takes it)
+	dev     C.CUdevice
+	ctx     C.CUcontext
+	stream  C.CUstream
+	name    string
+	cc      int // compute capability, e.g. 90
+	sms     int // multiprocessors
 
 	modules []C.CUmodule
 	funcs   map[string]C.CUfunction
@@ -78,7 +79,7 @@ func open(device int) (*Backend, error) {
 	if err := check("cuInit", C.dd_init()); err != nil {
 		return nil, err
 	}
-	be := &Backend{funcs: map[string]C.CUfunction{}}
+	be := &Backend{ordinal: device, funcs: map[string]C.CUfunction{}}
 	if err := check(fmt.Sprintf("device %d", device), C.dd_device(C.int(device), &be.dev)); err != nil {
 		return nil, err
 	}

@@ -32,4 +32,8 @@
 // that traps on an out-of-range index (the CPU backend panics there), is
 // reported by the next Sync or Download. BeginCapture, EndCapture and
 // Launch record a sequence of ops as a CUDA graph and replay it.
+//
+// Tensor-parallel ranks on several GPUs meet in NCCL (nccl.go, libnccl.so.2
+// loaded with dlopen like the rest): Connect makes one communicator per
+// engine, and the collectives are queued on each rank's stream like any op.
 package cuda

@@ -76,4 +76,20 @@ cublasStatus_t dd_lt_matmul(CUcontext ctx, cublasLtHandle_t h, ddLtPlan plan, CU
                             CUdeviceptr d, CUdeviceptr workspace, size_t workspace_bytes, CUstream s);
 void dd_lt_plan_free(ddLtPlan plan);
 
+// NCCL (nccl.c). dd_nccl_open loads path (libnccl.so.2 unless
+// $DDFLASH_LIBNCCL names another) and its symbols; on failure it writes the
+// reason to err and returns -1. Types and enum values are those of NCCL 2's
+// nccl.h; the collectives take F32 buffers and sum.
+typedef int ncclResult_t;
+typedef struct ncclComm *ncclComm_t;
+
+int dd_nccl_open(const char *path, char *err, size_t errlen);
+const char *dd_nccl_error_string(ncclResult_t r);
+ncclResult_t dd_nccl_version(int *version);
+ncclResult_t dd_nccl_init_all(CUcontext ctx, ncclComm_t *comms, int ndev, const int *devices);
+ncclResult_t dd_nccl_destroy(ncclComm_t comm);
+ncclResult_t dd_nccl_all_reduce_sum(CUcontext ctx, ncclComm_t comm, CUdeviceptr buf, size_t n, CUstream s);
+ncclResult_t dd_nccl_all_gather(CUcontext ctx, ncclComm_t comm, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
+ncclResult_t dd_nccl_broadcast(CUcontext ctx, ncclComm_t comm, CUdeviceptr buf, size_t n, int root, CUstream s);
+
 #endif

@@ -20,8 +20,9 @@ import (
 // kernels, compiled as C++, on the CPU. A child test process loads it
 // through DDFLASH_LIBCUDA and runs the TestEmulated* tests: the
 // kernels.Backend conformance suite, MatMul on both paths, split-key
-// attention, graph capture and replay, the benchmark's layer step and whole
-// tiny models against the CPU backend. This checks the kernels' logic
+// attention, graph capture and replay, the benchmark's layer step, whole
+// tiny models against the CPU backend, and tensor parallelism over emulated
+// GPUs connected by the emulation's NCCL. This checks the kernels' logic
 // (indexing, masks, recurrences, top-k, the math) and the host code in CI;
 // the PTX itself, races between threads and timing need the GPU run
 // (scripts/gpu-check.sh).
@@ -31,12 +32,12 @@ func TestEmulator(t *testing.T) {
 	}
 	lib := buildEmulator(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestEmulated", "-test.v")
-	cmd.Env = append(os.Environ(), "DDFLASH_LIBCUDA="+lib, "DDFLASH_LIBCUBLASLT="+lib)
+	cmd.Env = append(os.Environ(), "DDFLASH_LIBCUDA="+lib, "DDFLASH_LIBCUBLASLT="+lib, "DDFLASH_LIBNCCL="+lib)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("emulated tests: %v\n%s", err, out)
 	}
-	for _, name := range []string{"TestEmulatedConformance", "TestEmulatedMatMul", "TestEmulatedMatMulFP8", "TestEmulatedAttentionSplit", "TestEmulatedGDNChunked", "TestEmulatedGraph", "TestEmulatedLayerStep", "TestEmulatedModel"} {
+	for _, name := range []string{"TestEmulatedConformance", "TestEmulatedMatMul", "TestEmulatedMatMulFP8", "TestEmulatedAttentionSplit", "TestEmulatedGDNChunked", "TestEmulatedGraph", "TestEmulatedLayerStep", "TestEmulatedModel", "TestEmulatedTensorParallel"} {
 		if !strings.Contains(string(out), "--- PASS: "+name) {
 			t.Errorf("the child process did not pass %s:\n%s", name, out)
 		}

@@ -3,6 +3,7 @@
 package cuda_test
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 
@@ -47,3 +48,28 @@ func TestDraftLogits(t *testing.T) { checkDraftLogits(t, gpu(t)) }
 // TestSpecLosslessBF16State: with a BF16 recurrent state, greedy DFlash and
 // DDTree decoding equal autoregressive decoding on the GPU.
 func TestSpecLosslessBF16State(t *testing.T) { checkSpecLosslessBF16State(t, gpu(t)) }
+
+// TestTensorParallel connects the GPUs here (up to 8) through NCCL and runs
+// the collectives on all of them (on one GPU a one-rank communicator, which
+// still checks the binding against the real libnccl.so.2), then tensor
+// parallelism at each degree of 2, 4 and 8 the GPUs allow against the CPU
+// backend.
+func TestTensorParallel(t *testing.T) {
+	gpus := []kernels.Backend{gpu(t)}
+	for i := len(gpus); i < 8; i++ {
+		be, err := cuda.New(i)
+		if err != nil {
+			t.Logf("GPU %d: %v", i, err)
+			break
+		}
+		gpus = append(gpus, be)
+	}
+	t.Run("Comm", func(t *testing.T) { checkNCCLComm(t, gpus) })
+	for _, tp := range []int{2, 4, 8} {
+		if tp > len(gpus) {
+			t.Logf("TP %d needs %d GPUs, %d here: not checked", tp, tp, len(gpus))
+			continue
+		}
+		t.Run(fmt.Sprintf("tp%d", tp), func(t *testing.T) { checkTensorParallel(t, gpus[:tp]) })
+	}
+}

@@ -137,8 +137,8 @@ func checkModelLogits(t *testing.T, be kernels.Backend, preset, dtype string) {
 		prompt[i] = int32(rng.IntN(250))
 	}
 	steps := []int32{5, 17, 101, 3}
-	want := modelLogits(t, cpu.New(0), dir, prompt, steps)
-	got := modelLogits(t, be, dir, prompt, steps)
+	want := modelLogits(t, []kernels.Backend{cpu.New(0)}, dir, prompt, steps)
+	got := modelLogits(t, []kernels.Backend{be}, dir, prompt, steps)
 	for i := range want {
 		// F32 activations and exactly widened (FP8: exactly dequantised)
 		// weights on both: the difference is accumulation order.
@@ -148,13 +148,15 @@ func checkModelLogits(t *testing.T, be kernels.Backend, preset, dtype string) {
 	}
 }
 
-// modelLogits prefills prompt in one forward (all rows' logits), then feeds
-// steps one token at a time; it returns each forward's logits of the real
-// token ids, having checked that the padding ids' are -Inf.
-func modelLogits(t *testing.T, be kernels.Backend, dir string, prompt, steps []int32) [][]float32 {
+// modelLogits loads dir split over ranks (one for no tensor parallelism),
+// prefills prompt in one forward (all rows' logits), then feeds steps one
+// token at a time; it returns each forward's logits of the real token ids,
+// having checked that the padding ids' are -Inf.
+func modelLogits(t *testing.T, ranks []kernels.Backend, dir string, prompt, steps []int32) [][]float32 {
 	t.Helper()
-	e, err := engine.Load(be, dir, engine.Options{PageSize: 16, Context: len(prompt) + len(steps) + 1})
+	e, err := engine.LoadParallel(ranks, dir, engine.Options{PageSize: 16, Context: len(prompt) + len(steps) + 1})
 	must(t, err)
+	defer e.Close()
 	slot, err := e.Model.States.Acquire()
 	must(t, err)
 	var kv engine.SeqKV
@@ -168,7 +170,7 @@ func modelLogits(t *testing.T, be kernels.Backend, dir string, prompt, steps []i
 		for r := 0; r < len(res[0].Logits); r += V {
 			row := res[0].Logits[r : r+V]
 			if i := slices.IndexFunc(row[valid:], func(x float32) bool { return !math.IsInf(float64(x), -1) }); i >= 0 {
-				t.Fatalf("%s: padding id %d has logit %g, want -Inf", be.Name(), valid+i, row[valid+i])
+				t.Fatalf("%s: padding id %d has logit %g, want -Inf", ranks[0].Name(), valid+i, row[valid+i])
 			}
 			real = append(real, row[:valid]...)
 		}

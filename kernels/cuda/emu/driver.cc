@@ -8,6 +8,10 @@
 // barriers and warp shuffles (a hand-written x86-64 context switch: ucontext
 // makes a system call per switch, which made the tests slow). Stream
 // capture records launches, with copies of their arguments, for graph replay.
+// There are emu_devices devices, each backend's its own stream; launches
+// from several threads (tensor-parallel ranks) take turns, as the fibers
+// and the kernels' `static` shared memory are global. The NCCL calls the
+// backend makes run over those devices' ranks (the end of this file).
 #if !defined(__x86_64__)
 #error "the CPU emulation's fibers switch with x86-64 code"
 #endif
@@ -18,7 +22,9 @@
 #include <string.h>
 #include <time.h>
 
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -243,7 +249,12 @@ struct Launch {
   unsigned smem;
 };
 typedef std::vector<Launch> Graph;
-static Graph *capture;  // non-null while the stream is being captured
+static Graph *capture;         // non-null while capture_stream is being captured
+static void *capture_stream;
+// emu_mu serialises launches (the fibers and the kernels' shared memory are
+// global) and guards capture.
+static std::mutex emu_mu;
+static bool captured(void *stream) { return capture && stream == capture_stream; }
 
 static CUresult run(const Launch &l) {
   n_threads = (int)(l.block.x * l.block.y * l.block.z);
@@ -286,9 +297,10 @@ API cuGetErrorString(CUresult r, const char **s) {
   *s = r == ERR_CAPTURE ? "not allowed while the stream is captured" : "invalid value";
   return OK;
 }
+static const int emu_devices = 8;  // enough for tensor parallelism 2, 4 and 8
 API cuDeviceGet(int *dev, int ordinal) {
   *dev = ordinal;
-  return ordinal == 0 ? OK : ERR_INVALID_VALUE;
+  return ordinal >= 0 && ordinal < emu_devices ? OK : ERR_INVALID_VALUE;
 }
 API cuDeviceGetAttribute(int *v, int attr, int) {
   switch (attr) {
@@ -320,28 +332,37 @@ API cuMemFree_v2(CUdeviceptr p) {
   free((void *)p);
   return OK;
 }
-API cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, void *) {
-  if (capture) return ERR_CAPTURE;  // only kernels are captured here
+API cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, void *s) {
+  std::lock_guard<std::mutex> lock(emu_mu);
+  if (captured(s)) return ERR_CAPTURE;  // only kernels are captured here
   memset((void *)p, v, n);
   return OK;
 }
-API cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *) {
-  if (capture) return ERR_CAPTURE;  // only kernels are captured here
+API cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *stream) {
+  std::lock_guard<std::mutex> lock(emu_mu);
+  if (captured(stream)) return ERR_CAPTURE;  // only kernels are captured here
   memcpy((void *)d, s, n);
   return OK;
 }
-API cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *) {
-  if (capture) return ERR_CAPTURE;  // only kernels are captured here
+API cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *stream) {
+  std::lock_guard<std::mutex> lock(emu_mu);
+  if (captured(stream)) return ERR_CAPTURE;  // only kernels are captured here
   memcpy(d, (const void *)s, n);
   return OK;
 }
-static int stream_token;
-API cuStreamCreate(void **s, unsigned) {
-  *s = &stream_token;
+struct Stream {};
+API cuStreamCreate(Stream **s, unsigned) {
+  *s = new Stream;
   return OK;
 }
-API cuStreamDestroy_v2(void *) { return OK; }
-API cuStreamSynchronize(void *) { return capture ? ERR_CAPTURE : OK; }
+API cuStreamDestroy_v2(Stream *s) {
+  delete s;
+  return OK;
+}
+API cuStreamSynchronize(void *s) {
+  std::lock_guard<std::mutex> lock(emu_mu);
+  return captured(s) ? ERR_CAPTURE : OK;
+}
 static int module_token;
 API cuModuleLoadDataEx(void **m, const void *, unsigned, int *, void **) {
   *m = &module_token;
@@ -356,9 +377,10 @@ API cuModuleGetFunction(const EmuKernel **f, void *, const char *name) {
   return ERR_NOT_FOUND;
 }
 API cuLaunchKernel(const EmuKernel *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                   unsigned smem, void *, void **args, void **) {
+                   unsigned smem, void *stream, void **args, void **) {
   Launch l{f->name, f->bind(args), {gx, gy, gz}, {bx, by, bz}, smem};
-  if (capture) {
+  std::lock_guard<std::mutex> lock(emu_mu);
+  if (captured(stream)) {
     capture->push_back(std::move(l));
     return OK;
   }
@@ -384,13 +406,16 @@ API cuEventElapsedTime(float *ms, Event *a, Event *b) {
   *ms = (float)((b->t.tv_sec - a->t.tv_sec) * 1e3 + (b->t.tv_nsec - a->t.tv_nsec) / 1e6);
   return OK;
 }
-API cuStreamBeginCapture_v2(void *, int) {
-  if (capture) return ERR_CAPTURE;
+API cuStreamBeginCapture_v2(void *stream, int) {
+  std::lock_guard<std::mutex> lock(emu_mu);
+  if (capture) return ERR_CAPTURE;  // one capture at a time here
   capture = new Graph;
+  capture_stream = stream;
   return OK;
 }
-API cuStreamEndCapture(void *, Graph **g) {
-  if (!capture) return ERR_CAPTURE;
+API cuStreamEndCapture(void *stream, Graph **g) {
+  std::lock_guard<std::mutex> lock(emu_mu);
+  if (!captured(stream)) return ERR_CAPTURE;
   *g = capture;
   capture = nullptr;
   return OK;
@@ -400,6 +425,7 @@ API cuGraphInstantiateWithFlags(Graph **exec, Graph *g, unsigned long long) {
   return OK;
 }
 API cuGraphLaunch(Graph *exec, void *) {
+  std::lock_guard<std::mutex> lock(emu_mu);
   for (const Launch &l : *exec)
     if (CUresult r = run(l)) return r;
   return OK;
@@ -523,4 +549,137 @@ LT cublasLtMatmul(void *, LtDesc *d, const float *alpha, const void *A, LtLayout
     }
   }
   return 0;
+}
+
+// ---- NCCL: the collectives ncclComm (nccl.go) makes, over ranks of this process ----
+//
+// Enum values and signatures follow NCCL 2's nccl.h. Every call is
+// synchronous, like the rest of the emulation: a rank's collective waits
+// for its peers' at a barrier, reads their buffers (host memory), waits
+// until every peer has read its own, then writes its result. All-reduce
+// adds in rank order, ((r0 + r1) + r2) + ..., as engine.LocalComm does, so
+// tensor-parallel results match the CPU backend's bit for bit.
+
+enum { NCCL_OK = 0, NCCL_INVALID_ARGUMENT = 4, NCCL_INVALID_USAGE = 5 };
+enum { NCCL_FLOAT32 = 7, NCCL_SUM = 0 };
+
+// Clique is the ranks ncclCommInitAll connected, with what each rank
+// brings to the collective in flight.
+struct Clique {
+  int ranks, live;
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  unsigned gen = 0;
+  struct Part {
+    const float *send;
+    size_t count;
+    int root;
+  };
+  std::vector<Part> parts;
+};
+struct Comm {
+  Clique *clique;
+  int rank;
+};
+
+static void clique_barrier(Clique &c) {
+  std::unique_lock<std::mutex> lock(c.mu);
+  unsigned gen = c.gen;
+  if (++c.arrived == c.ranks) {
+    c.arrived = 0;
+    c.gen++;
+    c.cv.notify_all();
+    return;
+  }
+  c.cv.wait(lock, [&] { return c.gen != gen; });
+}
+
+#define NCCL_API extern "C" __attribute__((visibility("default"))) int
+extern "C" __attribute__((visibility("default"))) const char *ncclGetErrorString(int r) {
+  switch (r) {
+    case NCCL_OK: return "no error";
+    case NCCL_INVALID_ARGUMENT: return "invalid argument (emulated NCCL)";
+    case NCCL_INVALID_USAGE: return "invalid usage (emulated NCCL)";
+  }
+  return "unknown result (emulated NCCL)";
+}
+NCCL_API ncclGetVersion(int *v) {
+  *v = 22700;  // 2.27.0 in the 2.9+ encoding, major*10000 + minor*100 + patch
+  return NCCL_OK;
+}
+NCCL_API ncclCommInitAll(Comm **comms, int ndev, const int *devices) {
+  if (ndev < 1) return NCCL_INVALID_ARGUMENT;
+  std::vector<bool> seen(emu_devices);
+  for (int i = 0; i < ndev; i++) {
+    int d = devices ? devices[i] : i;
+    if (d < 0 || d >= emu_devices || seen[d]) return NCCL_INVALID_ARGUMENT;  // NCCL refuses a device twice
+    seen[d] = true;
+  }
+  Clique *c = new Clique;
+  c->ranks = c->live = ndev;
+  c->parts.resize(ndev);
+  for (int i = 0; i < ndev; i++) comms[i] = new Comm{c, i};
+  return NCCL_OK;
+}
+NCCL_API ncclCommDestroy(Comm *comm) {
+  Clique *c = comm->clique;
+  bool last;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    last = --c->live == 0;
+  }
+  if (last) delete c;
+  delete comm;
+  return NCCL_OK;
+}
+
+// collective runs one rank's part: it posts send, count and root, and once
+// every rank has, fills result from the parts (the same on every rank, as
+// are the arguments it checks), waits until every rank has read the parts,
+// and writes result to recv.
+template <typename Fill>
+static int collective(Comm *comm, const void *send, void *recv, size_t count, size_t recv_count, int type, int root,
+                      void *stream, Fill fill) {
+  {
+    std::lock_guard<std::mutex> lock(emu_mu);
+    if (captured(stream)) return NCCL_INVALID_USAGE;  // only kernels are captured here
+  }
+  Clique &c = *comm->clique;
+  c.parts[comm->rank] = {(const float *)send, count, root};
+  clique_barrier(c);
+  bool agree = type == NCCL_FLOAT32;
+  for (const Clique::Part &p : c.parts) agree = agree && p.count == count && p.root == root;
+  std::vector<float> result;
+  if (agree) {
+    result.resize(recv_count);
+    fill(c.parts, result.data());
+  }
+  clique_barrier(c);  // every rank has read the parts (an in-place send is a recv)
+  if (!agree) return NCCL_INVALID_USAGE;
+  memcpy(recv, result.data(), recv_count * sizeof(float));
+  return NCCL_OK;
+}
+
+NCCL_API ncclAllReduce(const void *send, void *recv, size_t count, int type, int op, Comm *comm, void *stream) {
+  if (op != NCCL_SUM) return NCCL_INVALID_ARGUMENT;
+  return collective(comm, send, recv, count, count, type, 0, stream,
+                    [count](const std::vector<Clique::Part> &parts, float *sum) {
+                      memcpy(sum, parts[0].send, count * sizeof(float));
+                      for (size_t r = 1; r < parts.size(); r++)
+                        for (size_t i = 0; i < count; i++) sum[i] += parts[r].send[i];
+                    });
+}
+NCCL_API ncclAllGather(const void *send, void *recv, size_t count, int type, Comm *comm, void *stream) {
+  return collective(comm, send, recv, count, count * comm->clique->ranks, type, 0, stream,
+                    [count](const std::vector<Clique::Part> &parts, float *all) {
+                      for (size_t r = 0; r < parts.size(); r++) memcpy(all + r * count, parts[r].send, count * sizeof(float));
+                    });
+}
+NCCL_API ncclBroadcast(const void *send, void *recv, size_t count, int type, int root, Comm *comm, void *stream) {
+  if (root < 0 || root >= comm->clique->ranks) return NCCL_INVALID_ARGUMENT;
+  return collective(comm, send, recv, count, count, type, root, stream,
+                    [count, root](const std::vector<Clique::Part> &parts, float *out) {
+                      memcpy(out, parts[root].send, count * sizeof(float));
+                    });
 }
