@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"ddflash/engine/testmodel"
@@ -27,6 +28,8 @@ func runTestModel(args []string) error {
 	draftLayers := fs.Int("draft-layers", 0, "drafter layers (default: as many as --draft-layer-types lists, or 2)")
 	draftLayerTypes := fs.String("draft-layer-types", "", "drafter layer_types in order, comma-separated: sliding|full (default: the last layer full, the others sliding; z-lab's Qwen3.6-27B drafter is sliding,sliding,sliding,sliding,full)")
 	draftWindow := fs.Int("draft-window", 0, "sliding window of the drafter's sliding layers (default: 3/4 of the target's context)")
+	draftIntermediate := fs.Int("draft-intermediate", 0, "the drafter's SwiGLU width (default: the target's)")
+	draftTaps := fs.String("draft-taps", "", "target layers the drafter takes in, comma-separated (default: one per drafter layer, spread over the target, the last included)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -59,7 +62,18 @@ func runTestModel(args []string) error {
 	if *draftLayerTypes != "" {
 		layerTypes = strings.Split(*draftLayerTypes, ",")
 	}
-	draft := testmodel.DraftOptions{Target: p, Seed: *seed, DType: draftDType, Layers: *draftLayers, LayerTypes: layerTypes, Window: *draftWindow}
+	var taps []int
+	if *draftTaps != "" {
+		for _, field := range strings.Split(*draftTaps, ",") {
+			layer, err := strconv.Atoi(strings.TrimSpace(field))
+			if err != nil {
+				return fmt.Errorf("--draft-taps %q: %w", *draftTaps, err)
+			}
+			taps = append(taps, layer)
+		}
+	}
+	draft := testmodel.DraftOptions{Target: p, Seed: *seed, DType: draftDType, Layers: *draftLayers, LayerTypes: layerTypes, Window: *draftWindow,
+		Intermediate: *draftIntermediate, Taps: taps}
 	if err := testmodel.WriteDrafter(*draftOut, draft); err != nil {
 		return err
 	}

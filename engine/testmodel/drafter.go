@@ -22,6 +22,12 @@ type DraftOptions struct {
 	BlockSize  int     // query block; 0 means 16 as in the real drafters
 	Window     int     // sliding window of the sliding layers; 0 means 3/4 of the target context
 	YaRN       float64 // > 1 adds YaRN rope_scaling with this factor over a quarter of the context
+	// Intermediate is the SwiGLU width; 0 means the target's.
+	Intermediate int
+	// Taps are the target layers whose outputs the drafter takes in; nil
+	// means one per drafter layer, spread over the target, the last layer
+	// included.
+	Taps []int
 }
 
 // draftLayerTypes returns the z-lab layer_types of opt's drafter.
@@ -85,12 +91,14 @@ func WriteDrafter(dir string, opt DraftOptions) error {
 	if window == 0 {
 		window = p.MaxPositions * 3 / 4
 	}
-	// Taps spread over the target, always including its last layer.
-	taps := make([]int, layers)
-	for i := range taps {
-		taps[i] = 1 + i*(p.Layers-2)/max(layers-1, 1)
+	taps, err := draftTaps(opt, layers)
+	if err != nil {
+		return err
 	}
-	taps[layers-1] = p.Layers - 1
+	intermediate := opt.Intermediate
+	if intermediate == 0 {
+		intermediate = p.Intermediate
+	}
 	cfg := map[string]any{
 		"architectures":           []string{"DFlashDraftModel"},
 		"model_type":              "qwen3",
@@ -99,7 +107,7 @@ func WriteDrafter(dir string, opt DraftOptions) error {
 		"num_attention_heads":     p.Heads,
 		"num_key_value_heads":     p.KVHeads,
 		"head_dim":                p.HeadDim,
-		"intermediate_size":       p.Intermediate,
+		"intermediate_size":       intermediate,
 		"hidden_act":              "silu",
 		"vocab_size":              p.VocabSize,
 		"rms_norm_eps":            1e-6,
@@ -132,7 +140,7 @@ func WriteDrafter(dir string, opt DraftOptions) error {
 	}
 	rng := rand.New(rand.NewPCG(opt.Seed, 0xd4af7))
 	var tensors []safetensors.Tensor
-	for _, tp := range draftPlan(p, layers, len(taps)) {
+	for _, tp := range draftPlan(p, layers, len(taps), intermediate) {
 		data, err := encodeTensor(rng, tp, p.VocabSize, dt.tensor)
 		if err != nil {
 			return fmt.Errorf("test drafter: tensor %s: %w", tp.name, err)
@@ -142,8 +150,28 @@ func WriteDrafter(dir string, opt DraftOptions) error {
 	return safetensors.WriteCheckpoint(dir, tensors, 1, map[string]string{"format": "pt", "generator": "ddflash testmodel drafter"})
 }
 
+// draftTaps are opt's tap layers: as given, or one per drafter layer
+// spread over the target, always including its last layer.
+func draftTaps(opt DraftOptions, layers int) ([]int, error) {
+	p := opt.Target
+	if opt.Taps != nil {
+		for _, l := range opt.Taps {
+			if l < 0 || l >= p.Layers {
+				return nil, fmt.Errorf("test drafter: tap layer %d outside the target's %d layers", l, p.Layers)
+			}
+		}
+		return opt.Taps, nil
+	}
+	taps := make([]int, layers)
+	for i := range taps {
+		taps[i] = 1 + i*(p.Layers-2)/max(layers-1, 1)
+	}
+	taps[layers-1] = p.Layers - 1
+	return taps, nil
+}
+
 // draftPlan lists the drafter's tensors; its norms are Qwen3's plain-weight norms.
-func draftPlan(p Preset, layers, taps int) []tensorPlan {
+func draftPlan(p Preset, layers, taps, intermediate int) []tensorPlan {
 	h, q, kv := p.Hidden, p.Heads*p.HeadDim, p.KVHeads*p.HeadDim
 	out := []tensorPlan{
 		{name: "fc.weight", shape: []int{h, taps * h}, init: initMatrix},
@@ -161,9 +189,9 @@ func draftPlan(p Preset, layers, taps int) []tensorPlan {
 			{name: "self_attn.o_proj.weight", shape: []int{h, q}, init: initMatrix},
 			{name: "self_attn.q_norm.weight", shape: []int{p.HeadDim}, init: initPlainNorm},
 			{name: "self_attn.k_norm.weight", shape: []int{p.HeadDim}, init: initPlainNorm},
-			{name: "mlp.gate_proj.weight", shape: []int{p.Intermediate, h}, init: initMatrix},
-			{name: "mlp.up_proj.weight", shape: []int{p.Intermediate, h}, init: initMatrix},
-			{name: "mlp.down_proj.weight", shape: []int{h, p.Intermediate}, init: initMatrix},
+			{name: "mlp.gate_proj.weight", shape: []int{intermediate, h}, init: initMatrix},
+			{name: "mlp.up_proj.weight", shape: []int{intermediate, h}, init: initMatrix},
+			{name: "mlp.down_proj.weight", shape: []int{h, intermediate}, init: initMatrix},
 		} {
 			t.name = l + t.name
 			out = append(out, t)

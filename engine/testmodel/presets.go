@@ -43,6 +43,9 @@ type Preset struct {
 // shapes and vocabulary (docs/qwen36-model.md §1) with one GDN and one
 // attention layer: 3.3G parameters (6.6 GB in bf16), 77% of them the
 // embedding and LM head, for its own package-level test (engine/realshape).
+// demo-shapes has the demo pair's target shapes (docs/demo-pair.md: 3 GDN
+// and 1 attention layer of 1024, 64M parameters), random, for measuring
+// a memory-bound pair whose drafts never pay.
 var Presets = []Preset{
 	{
 		Name: "tiny", Hidden: 64, Layers: 4, FullEvery: 4, Intermediate: 128,
@@ -97,6 +100,12 @@ var Presets = []Preset{
 		Heads: 24, KVHeads: 4, HeadDim: 256, PartialRotary: 0.25,
 		LinearKeyHeads: 16, LinearValueHeads: 48, LinearHeadDim: 128, ConvKernel: 4,
 		MaxPositions: 262144, MaxMerges: 100, VocabSize: 248320,
+	},
+	{
+		Name: "demo-shapes", Hidden: 1024, Layers: 4, FullEvery: 4, Intermediate: 4096,
+		Heads: 4, KVHeads: 1, HeadDim: 256, PartialRotary: 0.25,
+		LinearKeyHeads: 2, LinearValueHeads: 6, LinearHeadDim: 128, ConvKernel: 4,
+		MaxPositions: 512, MaxMerges: 100, VocabSize: 512,
 	},
 }
 

@@ -322,6 +322,47 @@ func TestDrafterLayerTypes(t *testing.T) {
 	}
 }
 
+// TestDrafterWidthAndTaps writes a drafter narrower than its target with
+// its own tap layers, as the demo pair's (one layer, SwiGLU half the
+// target's, taps on target layers 1 and 3): the config says so and the
+// tensors have the shapes it implies.
+func TestDrafterWidthAndTaps(t *testing.T) {
+	p := tiny(t)
+	dir := t.TempDir()
+	opt := DraftOptions{Target: p, Seed: 1, LayerTypes: []string{"full"}, Intermediate: p.Intermediate / 2, Taps: []int{1, 3}}
+	if err := WriteDrafter(dir, opt); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := dflash.LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.IntermediateSize != p.Intermediate/2 || !slices.Equal(cfg.TargetLayerIDs, []int{1, 3}) {
+		t.Errorf("config: intermediate %d, taps %v; want %d, [1 3]", cfg.IntermediateSize, cfg.TargetLayerIDs, p.Intermediate/2)
+	}
+	f, err := safetensors.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for name, want := range map[string][]int{
+		"fc.weight":                     {p.Hidden, 2 * p.Hidden},
+		"layers.0.mlp.gate_proj.weight": {p.Intermediate / 2, p.Hidden},
+		"layers.0.mlp.down_proj.weight": {p.Hidden, p.Intermediate / 2},
+	} {
+		if tensor, ok := f.Tensor(name); !ok || !slices.Equal(tensor.Shape, want) {
+			t.Errorf("%s: shape %v (present %v), want %v", name, tensor.Shape, ok, want)
+		}
+	}
+	for _, taps := range [][]int{{-1}, {p.Layers}} {
+		bad := opt
+		bad.Taps = taps
+		if err := WriteDrafter(t.TempDir(), bad); err == nil {
+			t.Errorf("taps %v of a %d-layer target: accepted", taps, p.Layers)
+		}
+	}
+}
+
 // BenchmarkWriteAndLoadSmall measures generating the small preset and
 // loading it onto the CPU backend (about 115M parameters in bf16).
 func BenchmarkWriteAndLoadSmall(b *testing.B) {
