@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"ddflash/engine/safetensors"
+	"ddflash/internal/testrand"
 	"ddflash/kernels/cpu"
 	"ddflash/mamba"
 )
@@ -130,11 +131,11 @@ func BenchmarkSmallBatching(b *testing.B) {
 }
 
 // BenchmarkSampler chooses one token from a row of the real vocabulary
-// (248,320 logits shaped like a language model's, see lmLogits), as the
+// (248,320 logits shaped like a language model's, see testrand.LanguageModelRow), as the
 // scheduler does for every request at every step.
 func BenchmarkSampler(b *testing.B) {
 	const V = 248320
-	logits := lmLogits(rand.New(rand.NewPCG(1, 2)), V)
+	logits := testrand.LanguageModelRow(rand.New(rand.NewPCG(1, 2)), V)
 	for _, c := range []struct {
 		name string
 		p    SamplingParams

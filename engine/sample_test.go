@@ -2,6 +2,7 @@ package engine
 
 import (
 	"ddflash/internal/closeness"
+	"ddflash/internal/testrand"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -156,44 +157,38 @@ func TestSamplerSelectionMatchesReference(t *testing.T) {
 // histogram puts the whole row in one bucket. The distribution is checked
 // against the float64 reference, then 2,000 draws by chi-square.
 func TestSamplerLargeNucleusMatchesReference(t *testing.T) {
-	const V, samples = 30000, 2000
-	logits := lmLogits(rand.New(rand.NewPCG(7, 8)), V)
-	ref := make([]float64, V)
-	for i, l := range logits {
-		ref[i] = float64(l)
-	}
+	logits := testrand.LanguageModelRow(rand.New(rand.NewPCG(7, 8)), 30000)
 	for _, p := range []SamplingParams{
 		{Temperature: 2, TopP: 0.9},
 		{Temperature: 1, TopP: 0.95},
 		{Temperature: 1000, TopP: 0.6},
 	} {
 		p.Seed = 9
-		want := referenceDistribution(ref, p.Temperature, p.TopK, p.TopP, p.MinP)
-		s := NewSampler(p, V)
-		expectDistribution(t, s.Distribution(logits), want, V)
-		counts := map[int]int{}
-		for range samples {
-			counts[int(mustSample(t, s, logits))]++
-		}
-		if chi, df, crit := chiSquare(want, counts, samples); chi > crit {
-			t.Errorf("%+v: chi-square %.1f with %d dof exceeds the 0.1%% critical value %.1f", p, chi, df, crit)
-		}
+		expectSamplerMatchesReference(t, p, logits, 2000)
 	}
 }
 
-// lmLogits is a row shaped like a language model's: a normal bulk over the
-// whole vocabulary and about one token in 2,000 raised 8 to 14 above it,
-// so that top-p 0.95 keeps tens of tokens and the bulk still holds a few
-// percent of the mass.
-func lmLogits(rng *rand.Rand, V int) []float32 {
-	logits := make([]float32, V)
-	for i := range logits {
-		logits[i] = float32(1.5 * rng.NormFloat64())
-		if rng.IntN(2000) == 0 {
-			logits[i] += float32(8 + 6*rng.Float64())
-		}
+// expectSamplerMatchesReference checks a sampler's distribution over
+// logits against the float64 reference, then draws samples from it and
+// tests the counts by chi-square at the 0.1% level.
+func expectSamplerMatchesReference(t *testing.T, p SamplingParams, logits []float32, samples int) {
+	t.Helper()
+	ref := make([]float64, len(logits))
+	for i, l := range logits {
+		ref[i] = float64(l)
 	}
-	return logits
+	want := referenceDistribution(ref, p.Temperature, p.TopK, p.TopP, p.MinP)
+	s := NewSampler(p, len(logits))
+	expectDistribution(t, s.Distribution(logits), want, len(logits))
+	counts := map[int]int{}
+	for range samples {
+		counts[int(mustSample(t, s, logits))]++
+	}
+	chi, df, crit := chiSquare(want, counts, samples)
+	if chi > crit {
+		t.Errorf("%+v: chi-square %.1f with %d dof exceeds the 0.1%% critical value %.1f", p, chi, df, crit)
+	}
+	t.Logf("%+v: %d kept, chi-square %.1f with %d dof (critical %.1f)", p, len(want), chi, df, crit)
 }
 
 // TestSamplerFullVocabularyChiSquare draws from a 248,320-token row (the
@@ -209,12 +204,7 @@ func TestSamplerFullVocabularyChiSquare(t *testing.T) {
 		// covers the large-nucleus path in the short pass.
 		t.Skip("-short: 21,000 draws over the whole vocabulary run in the full pass")
 	}
-	const V, samples = 248320, 3000
-	logits := lmLogits(rand.New(rand.NewPCG(11, 12)), V)
-	ref := make([]float64, V)
-	for i, l := range logits {
-		ref[i] = float64(l)
-	}
+	logits := testrand.LanguageModelRow(rand.New(rand.NewPCG(11, 12)), 248320)
 	for _, p := range []SamplingParams{
 		{Temperature: 1},
 		{Temperature: 1, TopP: 0.95},
@@ -224,18 +214,7 @@ func TestSamplerFullVocabularyChiSquare(t *testing.T) {
 		{Temperature: 1.3, MinP: 0.001},
 	} {
 		p.Seed = 3
-		want := referenceDistribution(ref, p.Temperature, p.TopK, p.TopP, p.MinP)
-		s := NewSampler(p, V)
-		expectDistribution(t, s.Distribution(logits), want, V)
-		counts := map[int]int{}
-		for range samples {
-			counts[int(mustSample(t, s, logits))]++
-		}
-		chi, df, crit := chiSquare(want, counts, samples)
-		if chi > crit {
-			t.Errorf("%+v: chi-square %.1f with %d dof exceeds the 0.1%% critical value %.1f", p, chi, df, crit)
-		}
-		t.Logf("%+v: %d kept, chi-square %.1f with %d dof (critical %.1f)", p, len(want), chi, df, crit)
+		expectSamplerMatchesReference(t, p, logits, 3000)
 	}
 }
 

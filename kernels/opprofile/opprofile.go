@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"time"
 
 	"ddflash/kernels"
@@ -66,19 +67,9 @@ func (p *Backend) Ops() []Op {
 		if a.Time != b.Time {
 			return int(b.Time - a.Time)
 		}
-		return cmpString(a.Key, b.Key)
+		return strings.Compare(a.Key, b.Key)
 	})
 	return ops
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Total sums the profile's time and bytes.

@@ -1,6 +1,7 @@
 package rowmath
 
 import (
+	"cmp"
 	"math"
 	"math/big"
 	"math/rand/v2"
@@ -136,19 +137,6 @@ func countHistograms(t *testing.T) *histogramCounts {
 	return counts
 }
 
-// lmRow is a row shaped like a language model's (the engine's lmLogits): a
-// normal bulk and about one token in 2,000 raised 8 to 14 above it.
-func lmRow(rng *rand.Rand, n int) []float32 {
-	x := make([]float32, n)
-	for i := range x {
-		x[i] = float32(1.5 * rng.NormFloat64())
-		if rng.IntN(2000) == 0 {
-			x[i] += float32(8 + 6*rng.Float64())
-		}
-	}
-	return x
-}
-
 // TestFindNucleus checks the bracket against the definition of top-p's cut
 // (the entries sorted best first, ties by lower index, their weights added
 // in float64 until they reach target): the cut entry lies in [Lo, Hi), and
@@ -177,10 +165,10 @@ func TestFindNucleus(t *testing.T) {
 		maxPasses int
 		maxBinned float64 // of the row
 	}{
-		{"lm T2 p0.9", lmRow(rng, 248320), 2, 0.9, 1, 1},
-		{"lm T1 p0.95", lmRow(rng, 248320), 1, 0.95, 1, 0.5},
-		{"lm T0.7 p0.5", lmRow(rng, 248320), 0.7, 0.5, 1, 0.2},
-		{"lm T1000 p0.6", lmRow(rng, 248320), 1000, 0.6, nucleusPasses, nucleusPasses},
+		{"lm T2 p0.9", testrand.LanguageModelRow(rng, 248320), 2, 0.9, 1, 1},
+		{"lm T1 p0.95", testrand.LanguageModelRow(rng, 248320), 1, 0.95, 1, 0.5},
+		{"lm T0.7 p0.5", testrand.LanguageModelRow(rng, 248320), 0.7, 0.5, 1, 0.2},
+		{"lm T1000 p0.6", testrand.LanguageModelRow(rng, 248320), 1000, 0.6, nucleusPasses, nucleusPasses},
 		{"special T1 p0.7", specialRow(rng, 50000, false), 1, 0.7, nucleusPasses, nucleusPasses},
 		{"tied T1 p0.5", tied, 1, 0.5, nucleusPasses, nucleusPasses},
 	}
@@ -201,7 +189,7 @@ func TestFindNucleus(t *testing.T) {
 		}
 		slices.SortFunc(order, func(a, b int) int {
 			if c.x[a] != c.x[b] {
-				return -cmpFloat(c.x[a], c.x[b])
+				return -cmp.Compare(c.x[a], c.x[b])
 			}
 			return a - b
 		})
@@ -250,14 +238,4 @@ func TestFindNucleus(t *testing.T) {
 		}
 		t.Logf("%s: %d passes binning %d entries, %d above the bracket, %d in it", c.name, counts.passes, counts.binned, n.Count, n.Between)
 	}
-}
-
-func cmpFloat(a, b float32) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
