@@ -7,7 +7,11 @@
 # runs):
 #   conformance      the kernels.Backend conformance suite (kernels/kerneltest),
 #                    MatMul at model widths against the CPU backend, CUDA
-#                    graph replay
+#                    graph replay; then every kernel's registers, local
+#                    memory (spills), shared memory and occupancy at the
+#                    block size its last launch used, the cuBLASLt version
+#                    and the GEMM shapes its heuristic had no algorithm for
+#                    (each miss is also logged where it happens)
 #   model-logits     whole-model logits of the tiny and small presets (and
 #                    their head-dim-256 siblings), bf16 and FP8, against the
 #                    CPU backend
@@ -22,7 +26,7 @@
 #                    replayed as a CUDA graph, against the HBM bandwidth floor
 #   tensor-parallel  NCCL collectives and TP 2/4/8 as the GPU count allows
 #                    (only when libnccl.so.2 is found)
-# It prints a table of the parts last, then the step-time table.
+# It prints a table of the parts last, then the kernel and step-time tables.
 #
 # Not here yet (issue 34 item 8): a real-shape layer step against the CPU at
 # 1/9/17 rows in bf16 and FP8 with a 4K KV cache, split attention + merge at
@@ -121,7 +125,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.memory --form
 # process of its own under its own limit, so a part that hangs costs its
 # limit and no more, and the parts after it still run.
 parts=(
-	"conformance 75 TestConformance|TestMatMulAgainstCPU|TestGraphReplay"
+	"conformance 75 TestConformance|TestMatMulAgainstCPU|TestGraphReplay|TestKernelResources"
 	"model-logits 45 TestModelLogits"
 	"spec 60 TestSpecGeneration|TestSpecLosslessBF16State|TestDraftLogits"
 	"step-time 90 TestStepTime"
@@ -143,7 +147,7 @@ for part in "${parts[@]}"; do
 	t0=$(date +%s)
 	# -test.timeout a little under the limit: Go then prints the stuck
 	# test's goroutines before timeout kills the process.
-	DDFLASH_STEP_TABLE="$out/steptime.txt" timeout -k 5 "$limit" "$bin" -test.v \
+	DDFLASH_STEP_TABLE="$out/steptime.txt" DDFLASH_KERNEL_TABLE="$out/kernels.txt" timeout -k 5 "$limit" "$bin" -test.v \
 		-test.timeout "$((limit - 5))s" -test.run "^($run)\$" >"$log" 2>&1
 	rc=$?
 	took=$(($(date +%s) - t0))
@@ -176,5 +180,8 @@ echo
 echo "== gpu-check: $(($(date +%s) - start)) s in all; logs in $out =="
 printf '%-16s %6s %6s  %s\n' part "s" "limit" result
 printf '%s' "$summary"
+echo
+cat "$out/kernels.txt" 2>/dev/null || echo "no kernel table"
+echo
 cat "$out/steptime.txt" 2>/dev/null || echo "no step-time table"
 exit $status

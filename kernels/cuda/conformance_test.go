@@ -43,3 +43,9 @@ func TestMatMulAgainstCPU(t *testing.T) { checkMatMul(t, gpu(t), 1000, 5120) }
 
 // TestGraphReplay captures a few ops and replays them on new inputs.
 func TestGraphReplay(t *testing.T) { checkGraphReplay(t, gpu(t)) }
+
+// TestKernelResources prints every kernel's registers, local memory, shared
+// memory and occupancy on this GPU, with cuBLASLt's version and heuristic
+// misses; after the tests above on the same backend, the occupancy is at
+// the block sizes their launches used.
+func TestKernelResources(t *testing.T) { checkKernelResources(t, gpu(t)) }

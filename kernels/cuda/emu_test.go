@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"log"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -37,7 +38,7 @@ func TestEmulator(t *testing.T) {
 	if err != nil {
 		t.Fatalf("emulated tests: %v\n%s", err, out)
 	}
-	for _, name := range []string{"TestEmulatedConformance", "TestEmulatedMatMul", "TestEmulatedMatMulFP8", "TestEmulatedAttentionSplit", "TestEmulatedGDNChunked", "TestEmulatedGraph", "TestEmulatedLayerStep", "TestEmulatedModel", "TestEmulatedTensorParallel"} {
+	for _, name := range []string{"TestEmulatedConformance", "TestEmulatedMatMul", "TestEmulatedMatMulFP8", "TestEmulatedAttentionSplit", "TestEmulatedGDNChunked", "TestEmulatedGraph", "TestEmulatedLayerStep", "TestEmulatedModel", "TestEmulatedTensorParallel", "TestEmulatedKernelResources", "TestEmulatedHeuristicMiss"} {
 		if !strings.Contains(string(out), "--- PASS: "+name) {
 			t.Errorf("the child process did not pass %s:\n%s", name, out)
 		}
@@ -144,6 +145,37 @@ func TestEmulatedGDNChunked(t *testing.T) {
 }
 
 func TestEmulatedGraph(t *testing.T) { checkGraphReplay(t, emulated(t)) }
+
+func TestEmulatedKernelResources(t *testing.T) { checkKernelResources(t, emulated(t)) }
+
+// TestEmulatedHeuristicMiss: when cuBLASLt has no algorithm for a GEMM,
+// MatMul still matches the CPU backend (on its own kernel), and the miss is
+// logged and reported.
+func TestEmulatedHeuristicMiss(t *testing.T) {
+	t.Setenv("DDFLASH_EMU_LT_NO_ALGORITHM", "1")
+	be := emulated(t)
+	var logged strings.Builder
+	log.SetOutput(&logged)
+	defer log.SetOutput(os.Stderr)
+	const m, n, k = 12, 24, 64 // 2 bf16 terms of x: a 24-row GEMM
+	rng := rand.New(rand.NewPCG(17, 18))
+	x, w := randomF32(rng, m*k), randomF32(rng, n*k)
+	got := matmulOn(t, be, kernels.BF16, x, w, m, n, k)
+	want := matmulOn(t, cpu.New(0), kernels.BF16, x, w, m, n, k)
+	if d := relNorm(got, want); !(d < 5e-5) {
+		t.Errorf("MatMul on the fallback: ‖emulated−cpu‖/‖cpu‖ = %.2g", d)
+	}
+	const shape = "m=24 n=24 k=64"
+	if !strings.Contains(logged.String(), "cuBLASLt has no algorithm for the bf16 GEMM "+shape) {
+		t.Errorf("the miss was not logged; the log has %q", logged.String())
+	}
+	if len(be.blas.misses) != 1 || !strings.Contains(be.blas.misses[0], shape) {
+		t.Errorf("misses %q, want one for %s", be.blas.misses, shape)
+	}
+	if report := be.resourceReport(nil); !strings.Contains(report, "heuristic misses: 1") {
+		t.Errorf("the report does not count the miss:\n%s", report)
+	}
+}
 
 // TestEmulatedLayerStep runs the step-time benchmark's step, decode and
 // tree verify, at toy sizes and at Qwen3.6-27B's own shapes (random

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
+	"os"
 	"testing"
 
 	"ddflash/internal/closeness"
@@ -128,5 +129,41 @@ func checkGraphReplay(t *testing.T, be *Backend) {
 		if d := relNorm(read(), want); d != 0 {
 			t.Errorf("graph replay differs from eager ops: %g", d)
 		}
+	}
+}
+
+// checkKernelResources reads every kernel's resources (cuFuncGetAttribute)
+// and, after an Add of 256-thread blocks, its occupancy
+// (cuOccupancyMaxActiveBlocksPerMultiprocessor), and prints the report with
+// cuBLASLt's version and heuristic misses (to $DDFLASH_KERNEL_TABLE too).
+func checkKernelResources(t *testing.T, be *Backend) {
+	const n = 1000
+	a := mustAlloc(t, be, kernels.F32, n)
+	be.Fill(a, 1)
+	be.Add(a, a, a, n)
+	must(t, be.Sync())
+	rs, err := be.kernelResources()
+	must(t, err)
+	if len(rs) != len(KernelNames()) {
+		t.Fatalf("%d kernels reported, %d in the PTX", len(rs), len(KernelNames()))
+	}
+	for _, r := range rs {
+		if r.regs <= 0 || r.maxThreads < 32 || r.localBytes < 0 || r.sharedBytes < 0 {
+			t.Errorf("%s: implausible attributes %+v", r.name, r)
+		}
+		if r.block > r.maxThreads {
+			t.Errorf("%s: launched with %d threads a block, above its maximum %d", r.name, r.block, r.maxThreads)
+		}
+		if r.block > 0 && (r.blocksPerSM < 1 || !(r.occupancy > 0 && r.occupancy <= 1)) {
+			t.Errorf("%s: %d threads a block, %d blocks per SM, occupancy %g", r.name, r.block, r.blocksPerSM, r.occupancy)
+		}
+		if r.name == "add_f32" && r.block != 256 {
+			t.Errorf("add_f32: launch recorded with %d threads a block, want 256", r.block)
+		}
+	}
+	report := be.resourceReport(rs)
+	t.Log("\n" + report)
+	if path := os.Getenv("DDFLASH_KERNEL_TABLE"); path != "" {
+		must(t, os.WriteFile(path, []byte(report), 0o644))
 	}
 }
