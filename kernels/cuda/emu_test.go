@@ -192,43 +192,11 @@ func TestEmulatedLayerStep(t *testing.T) {
 	// FP8 verify rows (the tiled kernel) at every one of these shapes would
 	// cost the emulation half a minute: TestEmulatedMatMulFP8 runs them at
 	// the largest.
-	for _, c := range []struct {
-		name    string
-		s       layerShape
-		linear  kernels.DType
-		context int
-		rows    []int
-	}{
+	checkLayerStep(t, be, []layerStepCase{
 		{"toy", toy, kernels.BF16, 13, []int{1, 9}},
 		{"qwen36", qwen36, kernels.BF16, 100, []int{1, 9}},
 		{"qwen36-fp8", qwen36, kernels.F8E4M3, 100, []int{1}},
-	} {
-		var out [2][][]float32 // [backend][rows]
-		for i, b := range []kernels.Backend{cpu.New(2), be} {
-			h := &stepHarness{tb: t, be: b, rng: rand.New(rand.NewPCG(1, 2))}
-			w := newLayerWeights(h, c.s, c.linear)
-			for _, r := range c.rows {
-				l := newLayerStep(h, w, c.s, r, c.context)
-				before, after := make([]float32, r*c.s.hidden), make([]float32, r*c.s.hidden)
-				must(t, b.DownloadF32(l.x, 0, before))
-				l.run()
-				must(t, b.DownloadF32(l.x, 0, after))
-				for j := range after {
-					after[j] -= before[j] // what the two layers add to the residual stream
-				}
-				out[i] = append(out[i], after)
-				l.free()
-			}
-			w.free(b)
-		}
-		for j, r := range c.rows {
-			if d := relNorm(out[1][j], out[0][j]); !(d < 1e-4) {
-				t.Errorf("%s rows %d: the step's residual update differs, ‖emulated−cpu‖/‖cpu‖ = %.2g", c.name, r, d)
-			} else {
-				t.Logf("%s rows %d: residual update ‖emulated−cpu‖/‖cpu‖ = %.2g", c.name, r, d)
-			}
-		}
-	}
+	})
 }
 
 // TestEmulatedAttentionSplit checks the split-key path of Attention (few

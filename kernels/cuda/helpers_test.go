@@ -167,3 +167,46 @@ func checkKernelResources(t *testing.T, be *Backend) {
 		must(t, os.WriteFile(path, []byte(report), 0o644))
 	}
 }
+
+// layerStepCase is a layer step to compare with the CPU backend: its
+// shapes, linear-layer dtype, cached tokens and row counts.
+type layerStepCase struct {
+	name    string
+	s       layerShape
+	linear  kernels.DType
+	context int
+	rows    []int
+}
+
+// checkLayerStep runs each case's step on the CPU backend and on be (the
+// same random weights and inputs) and compares what the step adds to the
+// residual stream.
+func checkLayerStep(t *testing.T, be *Backend, cases []layerStepCase) {
+	for _, c := range cases {
+		var out [2][][]float32 // [backend][rows]
+		for i, b := range []kernels.Backend{cpu.New(0), be} {
+			h := &stepHarness{tb: t, be: b, rng: rand.New(rand.NewPCG(1, 2))}
+			w := newLayerWeights(h, c.s, c.linear)
+			for _, r := range c.rows {
+				l := newLayerStep(h, w, c.s, r, c.context)
+				before, after := make([]float32, r*c.s.hidden), make([]float32, r*c.s.hidden)
+				must(t, b.DownloadF32(l.x, 0, before))
+				l.run()
+				must(t, b.DownloadF32(l.x, 0, after))
+				for j := range after {
+					after[j] -= before[j] // what the two layers add to the residual stream
+				}
+				out[i] = append(out[i], after)
+				l.free()
+			}
+			w.free(b)
+		}
+		for j, r := range c.rows {
+			if d := relNorm(out[1][j], out[0][j]); !(d < 1e-4) {
+				t.Errorf("%s rows %d: the step's residual update differs, ‖%s−cpu‖/‖cpu‖ = %.2g", c.name, r, be.name, d)
+			} else {
+				t.Logf("%s rows %d: residual update ‖%s−cpu‖/‖cpu‖ = %.2g", c.name, r, be.name, d)
+			}
+		}
+	}
+}
