@@ -94,7 +94,9 @@ fi
 
 # cuBLASLt: add its folder to the loader path when the loader cannot find it.
 cublas="found by the loader"
-if ! ldconfig -p 2>/dev/null | grep -q 'libcublasLt\.so'; then
+if [ -n "${DDFLASH_LIBCUBLASLT:-}" ]; then
+	cublas="$DDFLASH_LIBCUBLASLT (DDFLASH_LIBCUBLASLT)"
+elif ! ldconfig -p 2>/dev/null | grep -q 'libcublasLt\.so'; then
 	cublas="not found: MatMul uses its own kernel at every size"
 	for d in /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
 		/opt/*/.venv/lib/python3*/site-packages/nvidia/cu13/lib \
