@@ -7,7 +7,10 @@ package cuda
 */
 import "C"
 
-import "fmt"
+import (
+	"fmt"
+	"log"
+)
 
 // cudaDataType values (library_types.h).
 const cudaR16BF = 14
@@ -22,6 +25,7 @@ type blas struct {
 	handle    C.cublasLtHandle_t
 	workspace allocation
 	plans     map[[4]int]C.ddLtPlan // by (m, n, k, alignment of A); nil: no algorithm
+	misses    []string              // the shapes cuBLASLt had no algorithm for, as logged
 }
 
 // newBlas opens cuBLASLt, or says why it cannot: MatMul then runs its own
@@ -83,7 +87,20 @@ func (b *blas) plan(m, n, k int, a devPtr) (C.ddLtPlan, error) {
 		return nil, err
 	}
 	b.plans[key] = p // nil when not found
+	if p == nil {
+		// Logged once per shape (plans are cached): the fallback kernel is
+		// correct but slower, and a miss must never pass unseen.
+		miss := fmt.Sprintf("m=%d n=%d k=%d, A aligned to %d bytes", m, n, k, align)
+		b.misses = append(b.misses, miss)
+		log.Printf("cuda: cuBLASLt has no algorithm for the bf16 GEMM %s: MatMul runs its own kernel for it", miss)
+	}
 	return p, nil
+}
+
+// version is cuBLASLt's, as major.minor.patch.
+func (b *blas) version() string {
+	v := int(C.dd_lt_version())
+	return fmt.Sprintf("%d.%d.%d", v/10000, v/100%100, v%100)
 }
 
 // matmul queues the planned GEMM: d (F32) from the weights a and activations x.

@@ -43,3 +43,22 @@ func TestMatMulAgainstCPU(t *testing.T) { checkMatMul(t, gpu(t), 1000, 5120) }
 
 // TestGraphReplay captures a few ops and replays them on new inputs.
 func TestGraphReplay(t *testing.T) { checkGraphReplay(t, gpu(t)) }
+
+// TestLayerStep compares the step-time benchmark's step (one attention and
+// one GDN layer with their MLPs at Qwen3.6-27B's shapes, random weights,
+// 4096 cached tokens in an F32 KV cache) with the CPU backend, with bf16
+// and FP8 block-scaled linear layers, for decode and tree verifies of 9 and
+// 17 rows (bf16: the gemv kernel, then cuBLASLt; FP8: the warp-per-row,
+// then the tiled kernel).
+func TestLayerStep(t *testing.T) {
+	checkLayerStep(t, gpu(t), []layerStepCase{
+		{"qwen36", qwen36, kernels.BF16, 4096, []int{1, 9, 17}},
+		{"qwen36-fp8", qwen36, kernels.F8E4M3, 4096, []int{1, 9, 17}},
+	})
+}
+
+// TestKernelResources prints every kernel's registers, local memory, shared
+// memory and occupancy on this GPU, with cuBLASLt's version and heuristic
+// misses; after the tests above on the same backend, the occupancy is at
+// the block sizes their launches used.
+func TestKernelResources(t *testing.T) { checkKernelResources(t, gpu(t)) }

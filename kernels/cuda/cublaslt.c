@@ -32,6 +32,7 @@ static struct {
   cublasStatus_t (*Create)(cublasLtHandle_t *);
   cublasStatus_t (*Destroy)(cublasLtHandle_t);
   const char *(*GetStatusName)(cublasStatus_t);
+  size_t (*GetVersion)(void);
   cublasStatus_t (*MatmulDescCreate)(cublasLtMatmulDesc_t *, int, int);
   cublasStatus_t (*MatmulDescDestroy)(cublasLtMatmulDesc_t);
   cublasStatus_t (*MatmulDescSetAttribute)(cublasLtMatmulDesc_t, int, const void *, size_t);
@@ -71,6 +72,7 @@ int dd_lt_open(char *err, size_t errlen) {
   SYM(Create, "cublasLtCreate")
   SYM(Destroy, "cublasLtDestroy")
   SYM(GetStatusName, "cublasLtGetStatusName")
+  SYM(GetVersion, "cublasLtGetVersion")
   SYM(MatmulDescCreate, "cublasLtMatmulDescCreate")
   SYM(MatmulDescDestroy, "cublasLtMatmulDescDestroy")
   SYM(MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute")
@@ -87,6 +89,7 @@ int dd_lt_open(char *err, size_t errlen) {
 }
 
 const char *dd_lt_status_name(cublasStatus_t s) { return lt.GetStatusName ? lt.GetStatusName(s) : "CUBLAS_STATUS_?"; }
+size_t dd_lt_version(void) { return lt.GetVersion(); }
 
 #define CURRENT(ctx)                                      \
   do {                                                    \

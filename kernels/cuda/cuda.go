@@ -38,7 +38,7 @@ type Backend struct {
 	sms     int // multiprocessors
 
 	modules []C.CUmodule
-	funcs   map[string]C.CUfunction
+	funcs   map[string]*kernelFn
 	args    argPacker
 
 	blas    *blas // nil when cuBLASLt is missing: MatMul then always uses its own kernel
@@ -79,7 +79,7 @@ func open(device int) (*Backend, error) {
 	if err := check("cuInit", C.dd_init()); err != nil {
 		return nil, err
 	}
-	be := &Backend{ordinal: device, funcs: map[string]C.CUfunction{}}
+	be := &Backend{ordinal: device, funcs: map[string]*kernelFn{}}
 	if err := check(fmt.Sprintf("device %d", device), C.dd_device(C.int(device), &be.dev)); err != nil {
 		return nil, err
 	}
@@ -247,10 +247,17 @@ func (be *Backend) BufferBytes() int64 {
 	return be.live
 }
 
+// kernelFn is a loaded kernel with the shape of its latest launch (for the
+// resource report: occupancy depends on the block size).
+type kernelFn struct {
+	f           C.CUfunction
+	block, smem int // threads per block and dynamic shared memory; 0: never launched
+}
+
 // fn returns a kernel by name, looking through the modules once.
-func (be *Backend) fn(name string) C.CUfunction {
-	if f, ok := be.funcs[name]; ok {
-		return f
+func (be *Backend) fn(name string) *kernelFn {
+	if k, ok := be.funcs[name]; ok {
+		return k
 	}
 	if len(be.modules) == 0 {
 		panic("cuda: kernels not loaded")
@@ -260,8 +267,9 @@ func (be *Backend) fn(name string) C.CUfunction {
 	for _, m := range be.modules {
 		var f C.CUfunction
 		if C.dd_module_function(be.ctx, &f, m, cname) == 0 {
-			be.funcs[name] = f
-			return f
+			k := &kernelFn{f: f}
+			be.funcs[name] = k
+			return k
 		}
 	}
 	panic(fmt.Sprintf("cuda: no kernel %q in the embedded PTX (run make cuda)", name))
@@ -279,9 +287,10 @@ func (be *Backend) launch(name string, grid, block dim3, smem int, args ...any) 
 		return // nothing to do
 	}
 	checkArgs(name, args)
-	f := be.fn(name)
+	k := be.fn(name)
+	k.block, k.smem = block.x*block.y*block.z, smem
 	params := be.args.pack(args)
-	r := C.dd_launch(be.ctx, f, C.uint(grid.x), C.uint(grid.y), C.uint(grid.z), C.uint(block.x), C.uint(block.y),
+	r := C.dd_launch(be.ctx, k.f, C.uint(grid.x), C.uint(grid.y), C.uint(grid.z), C.uint(block.x), C.uint(block.y),
 		C.uint(block.z), C.uint(smem), be.stream, params)
 	be.fail(check("launching "+name, r))
 }

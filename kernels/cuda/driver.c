@@ -34,6 +34,8 @@ static struct {
   CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
   CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
                            void **, void **);
+  CUresult (*FuncGetAttribute)(int *, int, CUfunction);
+  CUresult (*OccupancyMaxActiveBlocksPerMultiprocessor)(int *, CUfunction, int, size_t);
   CUresult (*EventCreate)(CUevent *, unsigned);
   CUresult (*EventDestroy)(CUevent);
   CUresult (*EventRecord)(CUevent, CUstream);
@@ -83,6 +85,8 @@ int dd_cuda_open(char *err, size_t errlen) {
   SYM(ModuleLoadDataEx, "cuModuleLoadDataEx")
   SYM(ModuleGetFunction, "cuModuleGetFunction")
   SYM(LaunchKernel, "cuLaunchKernel")
+  SYM(FuncGetAttribute, "cuFuncGetAttribute")
+  SYM(OccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor")
   SYM(EventCreate, "cuEventCreate")
   SYM(EventDestroy, "cuEventDestroy_v2")
   SYM(EventRecord, "cuEventRecord")
@@ -178,6 +182,14 @@ CUresult dd_launch(CUcontext ctx, CUfunction f, unsigned gx, unsigned gy, unsign
                    unsigned bz, unsigned smem, CUstream s, void **args) {
   CURRENT(ctx);
   return cu.LaunchKernel(f, gx, gy, gz, bx, by, bz, smem, s, args, NULL);
+}
+CUresult dd_func_attr(CUcontext ctx, CUfunction f, int attr, int *value) {
+  CURRENT(ctx);
+  return cu.FuncGetAttribute(value, attr, f);
+}
+CUresult dd_occupancy(CUcontext ctx, CUfunction f, int block, size_t smem, int *blocks) {
+  CURRENT(ctx);
+  return cu.OccupancyMaxActiveBlocksPerMultiprocessor(blocks, f, block, smem);
 }
 CUresult dd_event_create(CUcontext ctx, CUevent *e) {
   CURRENT(ctx);

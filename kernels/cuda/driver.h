@@ -46,6 +46,11 @@ CUresult dd_module_load(CUcontext ctx, CUmodule *m, const char *ptx, char *log, 
 CUresult dd_module_function(CUcontext ctx, CUfunction *f, CUmodule m, const char *name);
 CUresult dd_launch(CUcontext ctx, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                    unsigned bz, unsigned smem, CUstream s, void **args);
+// Kernel resources, for the GPU report (gpu-check.sh): dd_func_attr reads a
+// CUfunction_attribute; dd_occupancy is how many blocks of block threads
+// (and smem bytes of dynamic shared memory) fit on one multiprocessor.
+CUresult dd_func_attr(CUcontext ctx, CUfunction f, int attr, int *value);
+CUresult dd_occupancy(CUcontext ctx, CUfunction f, int block, size_t smem, int *blocks);
 CUresult dd_event_create(CUcontext ctx, CUevent *e);
 CUresult dd_event_destroy(CUcontext ctx, CUevent e);
 CUresult dd_event_record(CUcontext ctx, CUevent e, CUstream s);
@@ -64,6 +69,8 @@ typedef struct ddLtPlan *ddLtPlan;  // a matmul shape with its chosen algorithm
 
 int dd_lt_open(char *err, size_t errlen);
 const char *dd_lt_status_name(cublasStatus_t s);
+// dd_lt_version is cublasLtGetVersion: major·10000 + minor·100 + patch.
+size_t dd_lt_version(void);
 cublasStatus_t dd_lt_create(CUcontext ctx, cublasLtHandle_t *h);
 cublasStatus_t dd_lt_destroy(CUcontext ctx, cublasLtHandle_t h);
 // dd_lt_plan prepares D[n, m] (column-major, F32) = op(A)ᵀ·B with A a

@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"log"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -37,7 +38,7 @@ func TestEmulator(t *testing.T) {
 	if err != nil {
 		t.Fatalf("emulated tests: %v\n%s", err, out)
 	}
-	for _, name := range []string{"TestEmulatedConformance", "TestEmulatedMatMul", "TestEmulatedMatMulFP8", "TestEmulatedAttentionSplit", "TestEmulatedGDNChunked", "TestEmulatedGraph", "TestEmulatedLayerStep", "TestEmulatedModel", "TestEmulatedTensorParallel"} {
+	for _, name := range []string{"TestEmulatedConformance", "TestEmulatedMatMul", "TestEmulatedMatMulFP8", "TestEmulatedAttentionSplit", "TestEmulatedGDNChunked", "TestEmulatedGraph", "TestEmulatedLayerStep", "TestEmulatedModel", "TestEmulatedTensorParallel", "TestEmulatedKernelResources", "TestEmulatedHeuristicMiss"} {
 		if !strings.Contains(string(out), "--- PASS: "+name) {
 			t.Errorf("the child process did not pass %s:\n%s", name, out)
 		}
@@ -145,6 +146,37 @@ func TestEmulatedGDNChunked(t *testing.T) {
 
 func TestEmulatedGraph(t *testing.T) { checkGraphReplay(t, emulated(t)) }
 
+func TestEmulatedKernelResources(t *testing.T) { checkKernelResources(t, emulated(t)) }
+
+// TestEmulatedHeuristicMiss: when cuBLASLt has no algorithm for a GEMM,
+// MatMul still matches the CPU backend (on its own kernel), and the miss is
+// logged and reported.
+func TestEmulatedHeuristicMiss(t *testing.T) {
+	t.Setenv("DDFLASH_EMU_LT_NO_ALGORITHM", "1")
+	be := emulated(t)
+	var logged strings.Builder
+	log.SetOutput(&logged)
+	defer log.SetOutput(os.Stderr)
+	const m, n, k = 12, 24, 64 // 2 bf16 terms of x: a 24-row GEMM
+	rng := rand.New(rand.NewPCG(17, 18))
+	x, w := randomF32(rng, m*k), randomF32(rng, n*k)
+	got := matmulOn(t, be, kernels.BF16, x, w, m, n, k)
+	want := matmulOn(t, cpu.New(0), kernels.BF16, x, w, m, n, k)
+	if d := relNorm(got, want); !(d < 5e-5) {
+		t.Errorf("MatMul on the fallback: ‖emulated−cpu‖/‖cpu‖ = %.2g", d)
+	}
+	const shape = "m=24 n=24 k=64"
+	if !strings.Contains(logged.String(), "cuBLASLt has no algorithm for the bf16 GEMM "+shape) {
+		t.Errorf("the miss was not logged; the log has %q", logged.String())
+	}
+	if len(be.blas.misses) != 1 || !strings.Contains(be.blas.misses[0], shape) {
+		t.Errorf("misses %q, want one for %s", be.blas.misses, shape)
+	}
+	if report := be.resourceReport(nil); !strings.Contains(report, "heuristic misses: 1") {
+		t.Errorf("the report does not count the miss:\n%s", report)
+	}
+}
+
 // TestEmulatedLayerStep runs the step-time benchmark's step, decode and
 // tree verify, at toy sizes and at Qwen3.6-27B's own shapes (random
 // weights: every op of an attention and a GDN layer with their MLPs; with
@@ -160,43 +192,11 @@ func TestEmulatedLayerStep(t *testing.T) {
 	// FP8 verify rows (the tiled kernel) at every one of these shapes would
 	// cost the emulation half a minute: TestEmulatedMatMulFP8 runs them at
 	// the largest.
-	for _, c := range []struct {
-		name    string
-		s       layerShape
-		linear  kernels.DType
-		context int
-		rows    []int
-	}{
+	checkLayerStep(t, be, []layerStepCase{
 		{"toy", toy, kernels.BF16, 13, []int{1, 9}},
 		{"qwen36", qwen36, kernels.BF16, 100, []int{1, 9}},
 		{"qwen36-fp8", qwen36, kernels.F8E4M3, 100, []int{1}},
-	} {
-		var out [2][][]float32 // [backend][rows]
-		for i, b := range []kernels.Backend{cpu.New(2), be} {
-			h := &stepHarness{tb: t, be: b, rng: rand.New(rand.NewPCG(1, 2))}
-			w := newLayerWeights(h, c.s, c.linear)
-			for _, r := range c.rows {
-				l := newLayerStep(h, w, c.s, r, c.context)
-				before, after := make([]float32, r*c.s.hidden), make([]float32, r*c.s.hidden)
-				must(t, b.DownloadF32(l.x, 0, before))
-				l.run()
-				must(t, b.DownloadF32(l.x, 0, after))
-				for j := range after {
-					after[j] -= before[j] // what the two layers add to the residual stream
-				}
-				out[i] = append(out[i], after)
-				l.free()
-			}
-			w.free(b)
-		}
-		for j, r := range c.rows {
-			if d := relNorm(out[1][j], out[0][j]); !(d < 1e-4) {
-				t.Errorf("%s rows %d: the step's residual update differs, ‖emulated−cpu‖/‖cpu‖ = %.2g", c.name, r, d)
-			} else {
-				t.Logf("%s rows %d: residual update ‖emulated−cpu‖/‖cpu‖ = %.2g", c.name, r, d)
-			}
-		}
-	}
+	})
 }
 
 // TestEmulatedAttentionSplit checks the split-key path of Attention (few

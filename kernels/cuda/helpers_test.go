@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
+	"os"
 	"testing"
 
 	"ddflash/internal/closeness"
@@ -127,6 +128,85 @@ func checkGraphReplay(t *testing.T, be *Backend) {
 		must(t, be.Launch(g))
 		if d := relNorm(read(), want); d != 0 {
 			t.Errorf("graph replay differs from eager ops: %g", d)
+		}
+	}
+}
+
+// checkKernelResources reads every kernel's resources (cuFuncGetAttribute)
+// and, after an Add of 256-thread blocks, its occupancy
+// (cuOccupancyMaxActiveBlocksPerMultiprocessor), and prints the report with
+// cuBLASLt's version and heuristic misses (to $DDFLASH_KERNEL_TABLE too).
+func checkKernelResources(t *testing.T, be *Backend) {
+	const n = 1000
+	a := mustAlloc(t, be, kernels.F32, n)
+	be.Fill(a, 1)
+	be.Add(a, a, a, n)
+	must(t, be.Sync())
+	rs, err := be.kernelResources()
+	must(t, err)
+	if len(rs) != len(KernelNames()) {
+		t.Fatalf("%d kernels reported, %d in the PTX", len(rs), len(KernelNames()))
+	}
+	for _, r := range rs {
+		if r.regs <= 0 || r.maxThreads < 32 || r.localBytes < 0 || r.sharedBytes < 0 {
+			t.Errorf("%s: implausible attributes %+v", r.name, r)
+		}
+		if r.block > r.maxThreads {
+			t.Errorf("%s: launched with %d threads a block, above its maximum %d", r.name, r.block, r.maxThreads)
+		}
+		if r.block > 0 && (r.blocksPerSM < 1 || !(r.occupancy > 0 && r.occupancy <= 1)) {
+			t.Errorf("%s: %d threads a block, %d blocks per SM, occupancy %g", r.name, r.block, r.blocksPerSM, r.occupancy)
+		}
+		if r.name == "add_f32" && r.block != 256 {
+			t.Errorf("add_f32: launch recorded with %d threads a block, want 256", r.block)
+		}
+	}
+	report := be.resourceReport(rs)
+	t.Log("\n" + report)
+	if path := os.Getenv("DDFLASH_KERNEL_TABLE"); path != "" {
+		must(t, os.WriteFile(path, []byte(report), 0o644))
+	}
+}
+
+// layerStepCase is a layer step to compare with the CPU backend: its
+// shapes, linear-layer dtype, cached tokens and row counts.
+type layerStepCase struct {
+	name    string
+	s       layerShape
+	linear  kernels.DType
+	context int
+	rows    []int
+}
+
+// checkLayerStep runs each case's step on the CPU backend and on be (the
+// same random weights and inputs) and compares what the step adds to the
+// residual stream.
+func checkLayerStep(t *testing.T, be *Backend, cases []layerStepCase) {
+	for _, c := range cases {
+		var out [2][][]float32 // [backend][rows]
+		for i, b := range []kernels.Backend{cpu.New(0), be} {
+			h := &stepHarness{tb: t, be: b, rng: rand.New(rand.NewPCG(1, 2))}
+			w := newLayerWeights(h, c.s, c.linear)
+			for _, r := range c.rows {
+				l := newLayerStep(h, w, c.s, r, c.context)
+				before, after := make([]float32, r*c.s.hidden), make([]float32, r*c.s.hidden)
+				must(t, b.DownloadF32(l.x, 0, before))
+				l.run()
+				must(t, b.DownloadF32(l.x, 0, after))
+				for j := range after {
+					after[j] -= before[j] // what the two layers add to the residual stream
+				}
+				out[i] = append(out[i], after)
+				l.free()
+			}
+			w.free(b)
+		}
+		for j, r := range c.rows {
+			if d := relNorm(out[1][j], out[0][j]); !(d < 1e-4) {
+				t.Errorf("%s rows %d: the step's residual update differs, ‖%s−cpu‖/‖cpu‖ = %.2g", c.name, r, be.name, d)
+			} else {
+				t.Logf("%s rows %d: residual update ‖%s−cpu‖/‖cpu‖ = %.2g", c.name, r, be.name, d)
+			}
 		}
 	}
 }

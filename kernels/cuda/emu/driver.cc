@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -305,6 +306,7 @@ API cuDeviceGet(int *dev, int ordinal) {
 API cuDeviceGetAttribute(int *v, int attr, int) {
   switch (attr) {
     case 16: *v = 4; return OK;   // multiprocessors: keeps grid-stride loops looping
+    case 39: *v = 2048; return OK;  // threads per multiprocessor, as sm_80 and sm_90
     case 75: *v = 9; return OK;   // compute capability 9.0
     case 76: *v = 0; return OK;
   }
@@ -375,6 +377,23 @@ API cuModuleGetFunction(const EmuKernel **f, void *, const char *name) {
       return OK;
     }
   return ERR_NOT_FOUND;
+}
+// Kernel resources: plausible figures (the emulation has no registers or
+// occupancy), so that the report's host code runs in the tests.
+API cuFuncGetAttribute(int *v, int attr, const EmuKernel *) {
+  switch (attr) {
+    case 0: *v = 1024; return OK;  // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+    case 1: *v = 0; return OK;     // SHARED_SIZE_BYTES (static)
+    case 3: *v = 0; return OK;     // LOCAL_SIZE_BYTES
+    case 4: *v = 32; return OK;    // NUM_REGS
+  }
+  return ERR_INVALID_VALUE;
+}
+// As on sm_90 at 32 registers a thread: 2048 threads and 32 blocks per SM.
+API cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, const EmuKernel *, int block, size_t) {
+  if (block <= 0 || block > 1024) return ERR_INVALID_VALUE;
+  *blocks = std::min(2048 / block, 32);
+  return OK;
 }
 API cuLaunchKernel(const EmuKernel *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                    unsigned smem, void *stream, void **args, void **) {
@@ -475,6 +494,7 @@ LT cublasLtCreate(void **h) {
 }
 LT cublasLtDestroy(void *) { return 0; }
 extern "C" __attribute__((visibility("default"))) const char *cublasLtGetStatusName(int) { return "CUBLAS_STATUS_EMULATED"; }
+extern "C" __attribute__((visibility("default"))) size_t cublasLtGetVersion() { return 120804; }  // as 12.8.4
 LT cublasLtMatmulDescCreate(LtDesc **d, int, int) {
   *d = new LtDesc{{0, 0}};
   return 0;
@@ -504,7 +524,10 @@ LT cublasLtMatmulPreferenceSetAttribute(void *, int, const void *, size_t) { ret
 LT cublasLtMatmulAlgoGetHeuristic(void *, LtDesc *, LtLayout *, LtLayout *, LtLayout *, LtLayout *, void *, int,
                                   LtHeuristic *res, int *n) {
   memset(res, 0, sizeof *res);
-  *n = 1;
+  // DDFLASH_EMU_LT_NO_ALGORITHM set: no algorithm for any shape, as
+  // cuBLASLt may answer, for the tests of the fallback.
+  const char *none = getenv("DDFLASH_EMU_LT_NO_ALGORITHM");
+  *n = none && *none ? 0 : 1;
   return 0;
 }
 // lt_column widens column c of a matrix (contiguous in column-major
