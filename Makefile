@@ -32,9 +32,12 @@ test: deps build vet fmt-check cuda-check test-portable
 test-portable:
 	GOEXPERIMENT= $(GO) test -short -timeout 10m ./kernels/cpu/ ./engine/
 
+# vet runs without -trimpath: with it, a cgo package's cached output can name the
+# source folder of an earlier build of the same files (another clone or worktree),
+# and vet fails opening files there once that folder is gone.
 vet:
-	$(GO) vet ./...
-	$(GO) vet -tags cuda ./kernels/cuda/...
+	GOFLAGS= $(GO) vet ./...
+	GOFLAGS= $(GO) vet -tags cuda ./kernels/cuda/...
 
 # cuda compiles the CUDA kernels (kernels/cuda/kernels/*.cu) to the PTX that
 # kernels/cuda embeds, with clang (no CUDA toolkit needed); commit the result.
