@@ -15,7 +15,7 @@ import (
 )
 
 // TestServeKVEvents runs serve with --kv-events-endpoint and the prefix
-// cache, sends prompts until a subscriber (connected once serve listens)
+// cache, sends prompts until a subscriber (connected once serve answers)
 // receives their blocks on the default topic, and reads the published
 // count from /metrics without the API key.
 func TestServeKVEvents(t *testing.T) {
@@ -27,21 +27,9 @@ func TestServeKVEvents(t *testing.T) {
 	eventsAddr := probe.Addr().String()
 	probe.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	addrs := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, []string{"--model", target, "--gpu-mem", "1GiB", "--addr", "127.0.0.1:0", "--threads", "1", "--api-key", "k",
-			"--prefix-cache-slots", "2", "--kv-events-endpoint", "tcp://" + eventsAddr}, func(a string) { addrs <- a })
-	}()
-	var base string
-	select {
-	case a := <-addrs:
-		base = "http://" + a
-	case err := <-done:
-		t.Fatalf("serve ended before listening: %v", err)
-	}
+	base, done := startServe(ctx, t, []string{"--model", target, "--gpu-mem", "1GiB", "--addr", "127.0.0.1:0", "--threads", "1", "--api-key", "k",
+		"--prefix-cache-slots", "2", "--kv-events-endpoint", "tcp://" + eventsAddr}, nil)
 	sub := kveventstest.Subscribe(t, "tcp://"+eventsAddr, "kv@")
-	waitHealthy(t, base)
 	rng := rand.New(rand.NewPCG(1, 2))
 	var stored *kveventstest.Message
 	for attempt := 0; stored == nil && attempt < 50; attempt++ {

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -47,21 +49,9 @@ func TestServeLifecycle(t *testing.T) {
 // completion and returns its text.
 func serveOnce(t *testing.T, target, draft, tp string) string {
 	ctx, cancel := context.WithCancel(context.Background())
-	addrs := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, []string{"--model", target, "--draft", draft, "--spec", "ddtree", "--budget", "4", "--tp", tp, "--gpu-mem", "1GiB",
-			"--addr", "127.0.0.1:0", "--max-running-requests", "2", "--threads", "1", "--api-key", "k",
-			"--write-timeout", "1m", "--allowed-origins", "https://ui.example, https://two.example"}, func(a string) { addrs <- a })
-	}()
-	var base string
-	select {
-	case a := <-addrs:
-		base = "http://" + a
-	case err := <-done:
-		t.Fatalf("serve ended before listening: %v", err)
-	}
-	waitHealthy(t, base)
+	base, done := startServe(ctx, t, []string{"--model", target, "--draft", draft, "--spec", "ddtree", "--budget", "4", "--tp", tp, "--gpu-mem", "1GiB",
+		"--addr", "127.0.0.1:0", "--max-running-requests", "2", "--threads", "1", "--api-key", "k",
+		"--write-timeout", "1m", "--allowed-origins", "https://ui.example, https://two.example"}, nil)
 	req, _ := http.NewRequest("POST", base+"/v1/completions", strings.NewReader(`{"model": "tiny", "prompt": "the fox", "max_tokens": 5, "temperature": 0, "ignore_eos": true}`))
 	req.Header.Set("Authorization", "Bearer k")
 	req.Header.Set("Content-Type", "application/json")
@@ -139,17 +129,7 @@ func TestServeRunsThePrintedPlan(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var log bytes.Buffer
-	done := make(chan error, 1)
-	addrs := make(chan string, 1)
-	go func() {
-		done <- serveTo(ctx, append(strings.Fields(args), "--addr", "127.0.0.1:0", "--threads", "1"), func(a string) { addrs <- a }, &log)
-	}()
-	select {
-	case a := <-addrs:
-		waitHealthy(t, "http://"+a)
-	case err := <-done:
-		t.Fatalf("the printed serve line failed: %v\n%s", err, log.String())
-	}
+	_, done := startServe(ctx, t, append(strings.Fields(args), "--addr", "127.0.0.1:0", "--threads", "1"), &log)
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -174,6 +154,34 @@ func TestServeRunsThePrintedPlan(t *testing.T) {
 			t.Errorf("serve's start-up plan lacks %s\n got: %s", want, logged)
 		}
 	}
+}
+
+// startServe runs serve with args in the background, its log going to
+// stderr when given (else to the test's stderr), and returns the server's
+// base URL once /health answers, and the channel serve's result comes on
+// after ctx is cancelled.
+func startServe(ctx context.Context, t *testing.T, args []string, stderr *bytes.Buffer) (base string, done <-chan error) {
+	t.Helper()
+	var out io.Writer = os.Stderr
+	if stderr != nil {
+		out = stderr
+	}
+	addrs := make(chan string, 1)
+	result := make(chan error, 1)
+	go func() {
+		result <- serveTo(ctx, args, func(a string) { addrs <- a }, out)
+	}()
+	select {
+	case a := <-addrs:
+		base = "http://" + a
+	case err := <-result:
+		if stderr != nil {
+			t.Fatalf("serve ended before listening: %v\n%s", err, stderr.String())
+		}
+		t.Fatalf("serve ended before listening: %v", err)
+	}
+	waitHealthy(t, base)
+	return base, result
 }
 
 // waitHealthy polls /health until it answers 200.
