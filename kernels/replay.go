@@ -1,5 +1,7 @@
 package kernels
 
+import "fmt"
+
 // Replayer is a Backend that can record a step's ops once and replay them
 // (the CUDA backend's graphs), so that a step costs one launch instead of
 // one per op. A recorded step keeps its buffers and launch shapes: every
@@ -37,4 +39,39 @@ type Graph interface {
 	// recorded with (whose contents may have changed).
 	Replay() error
 	Close()
+}
+
+// DriverCounts is the work a backend has asked of its driver: what a step
+// costs in launches, allocations and host round trips, apart from the
+// kernels' own time. Take the difference of two readings around a step.
+// (The CUDA backend keeps it: Counts.)
+type DriverCounts struct {
+	// Launches counts kernel launches, library GEMMs and graph launches:
+	// a replayed graph counts once, whatever it holds.
+	Launches      int64
+	Allocs        int64 // device allocations (buffers and scratch)
+	Uploads       int64 // host→device copies
+	UploadBytes   int64
+	Downloads     int64 // device→host copies, each waiting for the device
+	DownloadBytes int64
+}
+
+// Sub is c − d, the work between two readings.
+func (c DriverCounts) Sub(d DriverCounts) DriverCounts {
+	return DriverCounts{c.Launches - d.Launches, c.Allocs - d.Allocs, c.Uploads - d.Uploads, c.UploadBytes - d.UploadBytes,
+		c.Downloads - d.Downloads, c.DownloadBytes - d.DownloadBytes}
+}
+
+// Per is c divided over n steps, rounded to whole calls and bytes.
+func (c DriverCounts) Per(n int64) DriverCounts {
+	if n <= 0 {
+		return DriverCounts{}
+	}
+	div := func(v int64) int64 { return (v + n/2) / n }
+	return DriverCounts{div(c.Launches), div(c.Allocs), div(c.Uploads), div(c.UploadBytes), div(c.Downloads), div(c.DownloadBytes)}
+}
+
+func (c DriverCounts) String() string {
+	return fmt.Sprintf("%d launches, %d allocations, %d uploads (%d B), %d synchronising downloads (%d B)",
+		c.Launches, c.Allocs, c.Uploads, c.UploadBytes, c.Downloads, c.DownloadBytes)
 }

@@ -2,6 +2,7 @@ package mamba
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"ddflash/kernels"
 )
@@ -44,6 +45,7 @@ func ParseStrategy(name string) (Strategy, error) {
 // per tensor-parallel rank. The model forward fills it layer by layer;
 // Commit then sets the sequence's state to the state after an accepted path.
 type Verify struct {
+	id        uint64 // unique in the process (ID)
 	strategy  Strategy
 	maxTokens int
 	shards    []*verifyShard
@@ -71,7 +73,7 @@ type verifyShard struct {
 // NewVerify allocates scratch for verifying up to maxTokens tokens of a
 // sequence whose state lives in pool (one part on each of its shards).
 func NewVerify(pool *Pool, strategy Strategy, maxTokens int) (*Verify, error) {
-	v := &Verify{strategy: strategy, maxTokens: maxTokens}
+	v := &Verify{id: verifyIDs.Add(1), strategy: strategy, maxTokens: maxTokens}
 	for r := range pool.Ranks() {
 		sh, err := newVerifyShard(pool.Shard(r), strategy, maxTokens)
 		if err != nil {
@@ -149,6 +151,19 @@ func (v *Verify) Close() {
 		sh.close()
 	}
 	v.shards = nil
+}
+
+// verifyIDs numbers the Verify scratches made.
+var verifyIDs atomic.Uint64
+
+// ID tells this scratch from every other made in the process (its buffers
+// from theirs, for a recorded step that writes them), never reused; 0 for
+// a nil Verify.
+func (v *Verify) ID() uint64 {
+	if v == nil {
+		return 0
+	}
+	return v.id
 }
 
 // MaxTokens is the longest proposal the scratch holds.

@@ -51,8 +51,8 @@ type Backend struct {
 	graphs     int          // graphs not yet closed
 	attnTable  allocation   // Attention's descriptor table (attnTableBuffer)
 	capturing  bool
-	asyncError error  // the first failure of an op, reported by Sync
-	counts     Counts // the driver calls made (counts.go)
+	asyncError error                // the first failure of an op, reported by Sync
+	counts     kernels.DriverCounts // the driver calls made (counts.go)
 }
 
 var _ kernels.Backend = (*Backend)(nil)

@@ -22,8 +22,9 @@ import (
 // through DDFLASH_LIBCUDA and runs the TestEmulated* tests: the
 // kernels.Backend conformance suite, MatMul on both paths, split-key
 // attention, graph capture and replay, the benchmark's layer step, whole
-// tiny models against the CPU backend, and tensor parallelism over emulated
-// GPUs connected by the emulation's NCCL. This checks the kernels' logic
+// tiny models against the CPU backend, the engine's recorded steps and
+// their driver counts, and tensor parallelism over emulated GPUs connected
+// by the emulation's NCCL. This checks the kernels' logic
 // (indexing, masks, recurrences, top-k, the math) and the host code in CI;
 // the PTX itself, races between threads and timing need the GPU run
 // (scripts/gpu-check.sh).
@@ -39,7 +40,7 @@ func TestEmulator(t *testing.T) {
 		t.Fatalf("emulated tests: %v\n%s", err, out)
 	}
 	for _, name := range []string{"TestEmulatedConformance", "TestEmulatedMatMul", "TestEmulatedMatMulFP8", "TestEmulatedAttentionSplit", "TestEmulatedGDNChunked", "TestEmulatedGraph", "TestEmulatedLayerStep", "TestEmulatedModel", "TestEmulatedTensorParallel", "TestEmulatedKernelResources", "TestEmulatedHeuristicMiss",
-		"TestEmulatedCounts", "TestEmulatedGraphCuBLASLt", "TestEmulatedAttentionTable", "TestEmulatedTopKLSE"} {
+		"TestEmulatedCounts", "TestEmulatedGraphCuBLASLt", "TestEmulatedAttentionTable", "TestEmulatedTopKLSE", "TestEmulatedStep"} {
 		if !strings.Contains(string(out), "--- PASS: "+name) {
 			t.Errorf("the child process did not pass %s:\n%s", name, out)
 		}

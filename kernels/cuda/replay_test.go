@@ -40,7 +40,7 @@ func TestEmulatedCounts(t *testing.T) {
 	emu, _ := EmulatorCounts()
 	// Three buffers and the scratch the split GEMM takes; the eager MatMul's
 	// three launches and two graph launches.
-	want := Counts{Launches: 3 + 2, Allocs: 3 + 1, Uploads: 1, UploadBytes: 4 * m * k, Downloads: 1, DownloadBytes: 4 * m * n}
+	want := kernels.DriverCounts{Launches: 3 + 2, Allocs: 3 + 1, Uploads: 1, UploadBytes: 4 * m * k, Downloads: 1, DownloadBytes: 4 * m * n}
 	if got := emu.Sub(emu0); got != want {
 		t.Errorf("emulated driver counted %v, want %v", got, want)
 	}
