@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 
+	"ddflash/ddtree"
 	"ddflash/engine"
 	"ddflash/engine/safetensors"
 	"ddflash/kernels"
@@ -344,6 +345,78 @@ func (s *Session) ringCache(a *arena, ctxPos, blockPos []int32) (contextCache, e
 // = committed tokens, the anchor's position) and returns the logits of the
 // BlockSize-1 proposal positions, row-major over the target vocabulary.
 func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
+	a := arena{b: s.d.b}
+	defer a.free()
+	logits, err := s.draft(&a, features, anchor)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float32, logits.Len())
+	if err := a.b.DownloadF32(logits, 0, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// DraftTop drafts as Draft does and returns each proposal row's k best
+// tokens among the first valid ids with their log-probabilities
+// (engine.TopDraftSession). On a device that records steps
+// (kernels.Replayer) the rows are reduced there: one download of k
+// candidates and a log-sum-exp a row instead of the rows.
+func (s *Session) DraftTop(features []float32, anchor int32, valid, k int) ([][]ddtree.Candidate, error) {
+	rp, onDevice := s.d.b.(kernels.Replayer)
+	if !onDevice {
+		logits, err := s.Draft(features, anchor)
+		if err != nil {
+			return nil, err
+		}
+		V := s.d.target.Cfg.VocabSize
+		rows := make([][]ddtree.Candidate, len(logits)/V)
+		for i := range rows {
+			rows[i] = ddtree.TopK(logits[i*V:(i+1)*V], valid, k)
+		}
+		return rows, nil
+	}
+	a := arena{b: s.d.b}
+	defer a.free()
+	logits, err := s.draft(&a, features, anchor)
+	if err != nil {
+		return nil, err
+	}
+	V := s.d.target.Cfg.VocabSize
+	k = min(k, valid)
+	n, width := logits.Len()/V, 2*k+1
+	top := a.f32(n * width)
+	if a.err != nil {
+		return nil, a.err
+	}
+	rp.TopKLSE(top, logits, n, valid, V, k)
+	rec := make([]float32, n*width)
+	if err := rp.DownloadF32(top, 0, rec); err != nil {
+		return nil, err
+	}
+	rows := make([][]ddtree.Candidate, n)
+	for i := range rows {
+		o := rec[i*width:]
+		lse := float64(o[2*k])
+		for j := range k {
+			v := float64(o[j])
+			if math.IsNaN(v) {
+				break // fewer than k ids are numbers
+			}
+			lp := v - lse
+			if v == lse { // an infinite maximum: the softmax's limit, as ddtree.TopK
+				lp = 0
+			}
+			rows[i] = append(rows[i], ddtree.Candidate{Token: int32(o[k+j]), Logprob: lp})
+		}
+	}
+	return rows, nil
+}
+
+// draft runs the block and returns its proposal rows' logits on the
+// device, [BlockSize-1, vocab], in an arena buffer.
+func (s *Session) draft(a *arena, features []float32, anchor int32) (kernels.Buffer, error) {
 	d, b, c := s.d, s.d.b, s.d.Cfg
 	tc := d.target.Cfg
 	width := len(c.TargetLayerIDs) * tc.HiddenSize
@@ -352,18 +425,16 @@ func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 	}
 	ctxRows, Q, H := len(features)/width, c.BlockSize, c.HiddenSize
 	start := s.cached + ctxRows
-	a := arena{b: b}
-	defer a.free()
 	ctxPos, blockPos := positions(s.cached, ctxRows), positions(start, Q)
 	var paged, ringed contextCache
 	var err error
 	if d.kv != nil {
-		if paged, err = s.pagedCache(&a, ctxPos, blockPos); err != nil {
+		if paged, err = s.pagedCache(a, ctxPos, blockPos); err != nil {
 			return nil, err
 		}
 	}
 	if d.ring != nil {
-		if ringed, err = s.ringCache(&a, ctxPos, blockPos); err != nil {
+		if ringed, err = s.ringCache(a, ctxPos, blockPos); err != nil {
 			return nil, err
 		}
 	}
@@ -444,11 +515,7 @@ func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 	if err := d.target.ProjectVocab(logits, proposals, Q-1); err != nil {
 		return nil, err
 	}
-	out := make([]float32, (Q-1)*tc.VocabSize)
-	if err := b.DownloadF32(logits, 0, out); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return logits, nil
 }
 
 // keysValues projects rows of src to normed, rotated keys and to values.

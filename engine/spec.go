@@ -19,6 +19,17 @@ type DraftSession interface {
 	Close()
 }
 
+// TopDraftSession is a DraftSession that reduces its rows where it runs:
+// DraftTop drafts as Draft does and returns, for each of the BlockSize-1
+// proposal rows, its k most likely tokens among the first valid ids with
+// their log-probabilities, best first (ties: the lower id), as ddtree.TopK
+// computes them from Draft's logits. A drafter on the device brings home
+// those k candidates a row instead of the row.
+type TopDraftSession interface {
+	DraftSession
+	DraftTop(features []float32, anchor int32, valid, k int) ([][]ddtree.Candidate, error)
+}
+
 // Drafter proposes blocks of tokens conditioned on the target's hidden states.
 type Drafter interface {
 	TapLayers() []int
@@ -131,22 +142,43 @@ func (st *SpecStats) finish(blockSize int) {
 	}
 }
 
-// propose turns the drafter's logits into the proposal to verify, rooted at
-// the anchor and at most depth tokens deep.
-func (e *Engine) propose(anchor int32, draft []float32, depth int) *ddtree.Tree {
-	V := e.Model.Cfg.VocabSize
+// propose drafts and turns the drafter's distributions into the proposal
+// to verify, rooted at the anchor and at most depth tokens deep: through
+// DraftTop when the session has it (the budget's candidates a row, or the
+// best one for a chain), else from Draft's logits.
+func (e *Engine) propose(sess DraftSession, features []float32, anchor int32, depth int) (*ddtree.Tree, error) {
+	k := e.Spec.Budget
+	if e.Spec.Mode == SpecLinear {
+		k = 1
+	}
+	var levels [][]ddtree.Candidate
+	if ts, ok := sess.(TopDraftSession); ok {
+		var err error
+		if levels, err = ts.DraftTop(features, anchor, e.ValidVocab, k); err != nil {
+			return nil, err
+		}
+		levels = levels[:depth]
+	} else {
+		draft, err := sess.Draft(features, anchor)
+		if err != nil {
+			return nil, err
+		}
+		V := e.Model.Cfg.VocabSize
+		levels = make([][]ddtree.Candidate, depth)
+		for i := range levels {
+			levels[i] = ddtree.TopK(draft[i*V:(i+1)*V], e.ValidVocab, k)
+		}
+	}
 	if e.Spec.Mode == SpecLinear {
 		drafts := make([]int32, depth)
-		for i := range drafts {
-			drafts[i] = int32(Argmax(draft[i*V : i*V+e.ValidVocab]))
+		for i, l := range levels {
+			if len(l) > 0 { // none when a row is all NaN: token 0, as Argmax
+				drafts[i] = l[0].Token
+			}
 		}
-		return ddtree.Chain(anchor, drafts)
+		return ddtree.Chain(anchor, drafts), nil
 	}
-	levels := make([][]ddtree.Candidate, depth)
-	for i := range levels {
-		levels[i] = ddtree.TopK(draft[i*V:(i+1)*V], e.ValidVocab, e.Spec.Budget)
-	}
-	return ddtree.Build(anchor, levels, e.Spec.Budget, !e.Spec.NoChainSeed)
+	return ddtree.Build(anchor, levels, e.Spec.Budget, !e.Spec.NoChainSeed), nil
 }
 
 // commit keeps the accepted path of a verify: GDN states, KV compaction and
