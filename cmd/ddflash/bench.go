@@ -251,7 +251,7 @@ func newInProcess(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem str
 		}
 		return target.load(sizing)
 	}
-	return &bench.InProcess{Load: load, Prompter: bench.ChatPrompter{Dir: tok}, Rollback: rollback, Threads: mf.threads, Device: mf.device}, q, nil
+	return &bench.InProcess{Load: load, Prompter: bench.ChatPrompter{Dir: tok}, Rollback: rollback, Threads: mf.threads, Device: mf.device, Log: os.Stderr}, q, nil
 }
 
 func runBenchVerify(args []string) error {
