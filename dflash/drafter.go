@@ -51,6 +51,7 @@ type Drafter struct {
 	attn        kernels.AttnShape
 	invFreq     kernels.Buffer // RoPE inverse frequencies (plain or YaRN)
 	ropeScale   float32
+	scratch     arena // a draft's buffers, kept from draft to draft
 }
 
 // Options sizes the drafter's context cache: room for Sequences sessions
@@ -237,6 +238,7 @@ func (d *Drafter) Close() {
 			d.b.Free(buf)
 		}
 	}
+	d.scratch.free()
 }
 
 // TapLayers lists the target layers whose outputs the drafter reads.
@@ -345,9 +347,8 @@ func (s *Session) ringCache(a *arena, ctxPos, blockPos []int32) (contextCache, e
 // = committed tokens, the anchor's position) and returns the logits of the
 // BlockSize-1 proposal positions, row-major over the target vocabulary.
 func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
-	a := arena{b: s.d.b}
-	defer a.free()
-	logits, err := s.draft(&a, features, anchor)
+	a := s.d.scratch.reset(s.d.b)
+	logits, err := s.draft(a, features, anchor)
 	if err != nil {
 		return nil, err
 	}
@@ -377,9 +378,8 @@ func (s *Session) DraftTop(features []float32, anchor int32, valid, k int) ([][]
 		}
 		return rows, nil
 	}
-	a := arena{b: s.d.b}
-	defer a.free()
-	logits, err := s.draft(&a, features, anchor)
+	a := s.d.scratch.reset(s.d.b)
+	logits, err := s.draft(a, features, anchor)
 	if err != nil {
 		return nil, err
 	}
@@ -544,48 +544,73 @@ func slotsOf(kv *engine.SeqKV, pageSize int, pos []int32) []int32 {
 	return s
 }
 
-// arena allocates a call's buffers and frees them together; the first
-// allocation error sticks.
+// arena hands out a draft's buffers and keeps them for the next draft: a
+// draft asks for its buffers in the same order every time, and each
+// request reuses the buffer the same request got last time when that one
+// is large enough, so a steady drafter allocates nothing. The first
+// allocation error sticks until the next reset.
 type arena struct {
 	b    kernels.Backend
 	bufs []kernels.Buffer
+	next int // the request being served
 	err  error
+}
+
+// reset starts a draft's requests on b.
+func (a *arena) reset(b kernels.Backend) *arena {
+	a.b, a.next, a.err = b, 0, nil
+	return a
 }
 
 func (a *arena) alloc(dt kernels.DType, n int) kernels.Buffer {
 	if a.err != nil {
 		return nil
 	}
-	buf, err := a.b.Alloc(dt, max(n, 1))
+	n = max(n, 1)
+	i := a.next
+	a.next++
+	if i == len(a.bufs) {
+		a.bufs = append(a.bufs, nil)
+	}
+	if old := a.bufs[i]; old != nil {
+		if old.DType() == dt && old.Len() >= n {
+			return a.b.Slice(old, 0, n)
+		}
+		a.b.Free(old)
+		a.bufs[i] = nil
+	}
+	buf, err := a.b.Alloc(dt, n)
 	if err != nil {
 		a.err = fmt.Errorf("dflash: %w", err)
 		return nil
 	}
-	a.bufs = append(a.bufs, buf)
+	a.bufs[i] = buf
 	return buf
 }
 
 func (a *arena) f32(n int) kernels.Buffer { return a.alloc(kernels.F32, n) }
 
-// i32 uploads v to a new buffer; an empty v gets none (nil), as no kernel
-// reads it.
+// i32 uploads v to a buffer; an empty v gets none (nil), as no kernel
+// reads it, but still takes its turn, so that later requests keep theirs.
 func (a *arena) i32(v []int32) kernels.Buffer {
-	if len(v) == 0 {
+	buf := a.alloc(kernels.I32, len(v))
+	if len(v) == 0 || buf == nil {
 		return nil
 	}
-	buf := a.alloc(kernels.I32, len(v))
-	if buf != nil {
-		if err := a.b.UploadI32(buf, 0, v); err != nil {
-			a.err = errors.Join(a.err, err)
-		}
+	if err := a.b.UploadI32(buf, 0, v); err != nil {
+		a.err = errors.Join(a.err, err)
 	}
 	return buf
 }
 
+// free releases the buffers kept.
 func (a *arena) free() {
 	for _, buf := range a.bufs {
-		a.b.Free(buf)
+		if buf != nil {
+			a.b.Free(buf)
+		}
 	}
+	a.bufs = nil
 }
 
 // Attach loads the drafter in dir for the engine's target and enables

@@ -88,11 +88,13 @@ type Model struct {
 	ranks     []*rank
 	comm      Comm
 	layerSlot []int // per layer: its index among layers of the same kind
-	// taps holds the tapped hidden states of a step on rank 0, [rows, taps,
-	// hidden], and hostTaps their copy on the host (SeqOutput.Features),
-	// both kept between steps: a drafting request taps every step.
-	taps     kernels.Buffer
-	hostTaps []float32
+	// out holds what a step brings home from rank 0 (stepOutputs): the
+	// tapped hidden states, [rows, taps, hidden], then a Replayer's device
+	// top-k; hostOut is their copy on the host (SeqOutput.Features point
+	// into it). Both are kept between steps: a drafting request taps every
+	// step.
+	out     kernels.Buffer
+	hostOut []float32
 
 	// Eager runs every step op by op, never replaying a recorded one
 	// (for comparisons and measurements of the replay).
@@ -100,7 +102,7 @@ type Model struct {
 	// Steps counts the forwards run (prefill chunks, decode and verify steps).
 	Steps int64
 	steps stepGraphs // recorded steps (step.go)
-	tops  deviceTops // rank 0's device top-k of a Replayer's step
+	tops  deviceTops // the layout of a Replayer's step's device top-k
 }
 
 // Shard is one tensor-parallel rank's weights and the backend they are on.
@@ -124,6 +126,7 @@ type rank struct {
 	s         scratch
 	meta      *stepMeta        // the step's index data (uploadMeta)
 	head      *vocabProjection // the LM head's buffers (Model.head)
+	moves     kernels.Buffer   // CommitKV's slot pairs, kept between commits
 }
 
 // NewModel wires weights and caches together: one shard per tensor-parallel
@@ -176,12 +179,12 @@ func (m *Model) Close() {
 		if r.head != nil {
 			r.head.free(r.b)
 		}
+		if r.moves != nil {
+			r.b.Free(r.moves)
+		}
 	}
-	if m.taps != nil {
-		m.ranks[0].b.Free(m.taps)
-	}
-	if m.tops.buf != nil {
-		m.ranks[0].b.Free(m.tops.buf)
+	if m.out != nil {
+		m.ranks[0].b.Free(m.out)
 	}
 	m.KV.Close()
 	m.States.Close()
@@ -279,11 +282,7 @@ func (m *Model) Forward(seqs []SeqInput, taps []int) ([]SeqOutput, error) {
 			}
 		}
 	}
-	tapped, err := m.tapBuffer(len(taps), rows)
-	if err != nil {
-		return nil, err
-	}
-	tops, err := m.deviceTops(seqs, logitRows)
+	tapped, tops, err := m.stepOutputs(seqs, len(taps), rows, logitRows)
 	if err != nil {
 		return nil, err
 	}
@@ -315,27 +314,41 @@ func (m *Model) Forward(seqs []SeqInput, taps []int) ([]SeqOutput, error) {
 	return m.outputs(seqs, logits, tops, len(taps), tapped)
 }
 
-// tapBuffer returns rank 0's buffer [rows, taps, hidden] for the hidden
-// states of the tapped layers (nil without taps), growing m.taps when they
-// do not fit.
-func (m *Model) tapBuffer(taps, rows int) (kernels.Buffer, error) {
-	if taps == 0 {
-		return nil, nil
+// stepOutputs lays out rank 0's m.out for a step: the tapped layers'
+// hidden states [rows, taps, hidden] (nil without taps), then the device
+// top-k (nil unless a Replayer's step asks for one), so that one download
+// brings both home. m.out grows when they do not fit.
+func (m *Model) stepOutputs(seqs []SeqInput, taps, rows, logitRows int) (kernels.Buffer, *deviceTops, error) {
+	b0 := m.ranks[0].b
+	tapsLen := rows * taps * m.Cfg.HiddenSize
+	tops := m.layoutTops(seqs, logitRows)
+	size := tapsLen
+	if tops != nil {
+		size += tops.used
 	}
-	b0, size := m.ranks[0].b, rows*taps*m.Cfg.HiddenSize
-	if m.taps == nil || m.taps.Len() < size {
+	if size == 0 {
+		return nil, nil, nil
+	}
+	if m.out == nil || m.out.Len() < size {
 		m.dropGraphs()
-		if m.taps != nil {
-			b0.Free(m.taps)
-			m.taps = nil
+		if m.out != nil {
+			b0.Free(m.out)
+			m.out = nil
 		}
 		buf, err := b0.Alloc(kernels.F32, size)
 		if err != nil {
-			return nil, fmt.Errorf("engine: hidden-state taps: %w", err)
+			return nil, nil, fmt.Errorf("engine: step outputs: %w", err)
 		}
-		m.taps = buf
+		m.out = buf
 	}
-	return b0.Slice(m.taps, 0, size), nil
+	var tapped kernels.Buffer
+	if tapsLen > 0 {
+		tapped = b0.Slice(m.out, 0, tapsLen)
+	}
+	if tops != nil {
+		tops.buf = b0.Slice(m.out, tapsLen, tops.used)
+	}
+	return tapped, tops, nil
 }
 
 // checkInputs validates a step and begins its verifies; it returns the rows
@@ -705,13 +718,13 @@ func (m *Model) scoreSlice(r *rank, vp *vocabProjection, hidden kernels.Buffer, 
 // rank's vocabulary slice: the drafter shares the target's head this way.
 func (m *Model) ProjectVocab(logits, hidden kernels.Buffer, n int) error {
 	H := m.Cfg.HiddenSize
-	if len(m.ranks) == 1 {
+	if len(m.ranks) == 1 { // straight into logits, with the step's head buffers
 		r := m.ranks[0]
-		vp, err := m.newVocabProjection(r, n, logits)
+		vp, err := m.head(r, n)
 		if err != nil {
 			return err
 		}
-		defer vp.free(r.b)
+		vp.part = logits
 		m.scoreSlice(r, vp, hidden, n)
 		return nil
 	}
@@ -753,28 +766,29 @@ func (m *Model) ProjectVocab(logits, hidden kernels.Buffer, n int) error {
 	return nil
 }
 
-// outputs downloads from rank 0 the taps of every row, all at once into
-// m.hostTaps, and each sequence's logit rows or, with tops (a Replayer's
-// step), every sequence's device top-k in one copy.
+// outputs downloads from rank 0 the taps of every row and, with tops (a
+// Replayer's step), every sequence's device top-k, all in one copy into
+// m.hostOut, then the logit rows of the sequences that want them.
 func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, tops *deviceTops, taps int, tapped kernels.Buffer) ([]SeqOutput, error) {
 	b, V := m.ranks[0].b, m.Cfg.VocabSize
 	width := taps * m.Cfg.HiddenSize
+	tapsLen := 0
 	if tapped != nil {
-		n := tapped.Len()
-		if len(m.hostTaps) < n {
-			m.hostTaps = make([]float32, n)
-		}
-		if err := b.DownloadF32(tapped, 0, m.hostTaps[:n]); err != nil {
-			return nil, fmt.Errorf("engine: download hidden states: %w", err)
-		}
+		tapsLen = tapped.Len()
 	}
-	var top []float32
+	size := tapsLen
 	if tops != nil {
-		top = make([]float32, tops.used)
-		if err := b.DownloadF32(tops.buf, 0, top); err != nil {
-			return nil, fmt.Errorf("engine: download top logits: %w", err)
+		size += tops.used
+	}
+	if size > 0 {
+		if len(m.hostOut) < size {
+			m.hostOut = make([]float32, size)
+		}
+		if err := b.DownloadF32(m.out, 0, m.hostOut[:size]); err != nil {
+			return nil, fmt.Errorf("engine: download step outputs: %w", err)
 		}
 	}
+	hostTaps, top := m.hostOut[:tapsLen], m.hostOut[tapsLen:size]
 	out := make([]SeqOutput, len(seqs))
 	n, r0 := 0, 0
 	for i, sq := range seqs {
@@ -798,7 +812,7 @@ func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, tops *deviceTops
 			n += want
 		}
 		if tapped != nil {
-			out[i].Features = m.hostTaps[r0*width : (r0+T)*width : (r0+T)*width]
+			out[i].Features = hostTaps[r0*width : (r0+T)*width : (r0+T)*width]
 		}
 		r0 += T
 	}
@@ -869,22 +883,27 @@ func (m *Model) CommitKV(kv *SeqKV, start int, path []int32) error {
 	if len(dst) == 0 {
 		return nil
 	}
+	moves := append(dst, src...)
 	for _, r := range m.ranks {
-		dstBuf, err := uploadI32(r.b, dst)
-		if err != nil {
-			return err
+		if r.moves == nil || r.moves.Len() < len(moves) {
+			if r.moves != nil {
+				r.b.Free(r.moves)
+				r.moves = nil
+			}
+			buf, err := r.b.Alloc(kernels.I32, max(2*len(moves), 64)) // a path of a few dozen tokens
+			if err != nil {
+				return fmt.Errorf("engine: KV moves: %w", err)
+			}
+			r.moves = buf
 		}
-		srcBuf, err := uploadI32(r.b, src)
-		if err != nil {
-			r.b.Free(dstBuf)
-			return err
+		if err := r.b.UploadI32(r.moves, 0, moves); err != nil {
+			return fmt.Errorf("engine: upload KV moves: %w", err)
 		}
+		dstBuf, srcBuf := r.b.Slice(r.moves, 0, len(dst)), r.b.Slice(r.moves, len(dst), len(src))
 		for l := 0; l < m.Cfg.NumFull(); l++ {
 			k, v := m.KV.Layer(r.id, l)
 			r.b.MoveKV(k, v, dstBuf, srcBuf, len(dst), KVDim(r.cfg))
 		}
-		r.b.Free(dstBuf)
-		r.b.Free(srcBuf)
 	}
 	return nil
 }
@@ -1006,18 +1025,6 @@ func treeDepths(parents []int32, n int) []int32 {
 		}
 	}
 	return d
-}
-
-func uploadI32(b kernels.Backend, v []int32) (kernels.Buffer, error) {
-	buf, err := b.Alloc(kernels.I32, max(len(v), 1))
-	if err != nil {
-		return nil, fmt.Errorf("engine: index buffer: %w", err)
-	}
-	if err := b.UploadI32(buf, 0, v); err != nil {
-		b.Free(buf)
-		return nil, fmt.Errorf("engine: upload index buffer: %w", err)
-	}
-	return buf, nil
 }
 
 // scratch holds the step's activations, grown to the largest batch seen.

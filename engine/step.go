@@ -94,22 +94,20 @@ func (m *Model) dropGraphs() {
 	m.steps = stepGraphs{}
 }
 
-// deviceTops is rank 0's buffer for a Replayer's step's top-k: each
-// sequence i that asks for Top gets its logit rows' TopKLSE records
-// ([rows, 2·Top+1]) from element at[i]; used elements in all. One download
-// brings them home.
+// deviceTops is where a Replayer's step puts its top-k: each sequence i
+// that asks for Top gets its logit rows' TopKLSE records ([rows, 2·Top+1])
+// from element at[i] of buf (a view of Model.out); used elements in all.
 type deviceTops struct {
 	buf  kernels.Buffer
 	at   []int
 	used int
 }
 
-// deviceTops lays out m.tops for a step, or returns nil when the backend
-// is no Replayer or no sequence asks for a top-k.
-func (m *Model) deviceTops(seqs []SeqInput, logitRows int) (*deviceTops, error) {
-	b := m.ranks[0].b
-	if _, ok := b.(kernels.Replayer); !ok || logitRows == 0 {
-		return nil, nil
+// layoutTops lays out m.tops for a step (but its buffer), or returns nil
+// when the backend is no Replayer or no sequence asks for a top-k.
+func (m *Model) layoutTops(seqs []SeqInput, logitRows int) *deviceTops {
+	if _, ok := m.ranks[0].b.(kernels.Replayer); !ok || logitRows == 0 {
+		return nil
 	}
 	t := &m.tops
 	t.at, t.used = t.at[:0], 0
@@ -120,21 +118,9 @@ func (m *Model) deviceTops(seqs []SeqInput, logitRows int) (*deviceTops, error) 
 		}
 	}
 	if t.used == 0 {
-		return nil, nil
+		return nil
 	}
-	if t.buf == nil || t.buf.Len() < t.used {
-		m.dropGraphs()
-		if t.buf != nil {
-			b.Free(t.buf)
-			t.buf = nil
-		}
-		buf, err := b.Alloc(kernels.F32, t.used)
-		if err != nil {
-			return nil, fmt.Errorf("engine: top logits: %w", err)
-		}
-		t.buf = buf
-	}
-	return t, nil
+	return t
 }
 
 // reduceTops queues each sequence's top-k over the real token ids of its
