@@ -578,19 +578,25 @@ func (a *arena) free() {
 	}
 }
 
-// Attach loads the drafter in dir for the engine's target and enables
-// speculative decoding with the given options. Its full-attention layers
-// hold as many tokens as the target's KV cache, its rings one per state slot. The engine must have been
-// sized with Options.VerifyTokens >= spec.VerifyTokens(block size); see
-// VerifyTokens.
+// Attach loads the drafter in dir for the engine's target (see Load) and
+// enables speculative decoding with the given options. The engine must
+// have been sized with Options.VerifyTokens >= spec.VerifyTokens(block
+// size); see VerifyTokens.
 func Attach(e *engine.Engine, dir string, spec engine.SpecOptions) error {
-	kv := e.Model.KV
-	d, err := LoadDrafter(dir, e.Model, Options{Sequences: e.MaxSeqs(), Context: e.Context, Tokens: kv.Pages() * kv.PageSize()})
+	d, err := Load(e, dir)
 	if err != nil {
 		return err
 	}
 	e.Drafter, e.Spec = d, spec
 	return nil
+}
+
+// Load loads the drafter in dir for the engine's target, sized for it:
+// its full-attention layers hold as many tokens as the target's KV cache,
+// its rings one per state slot.
+func Load(e *engine.Engine, dir string) (*Drafter, error) {
+	kv := e.Model.KV
+	return LoadDrafter(dir, e.Model, Options{Sequences: e.MaxSeqs(), Context: e.Context, Tokens: kv.Pages() * kv.PageSize()})
 }
 
 // VerifyTokens reads the drafter config in dir and returns how many tokens
