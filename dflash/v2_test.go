@@ -192,3 +192,27 @@ func TestDFlash2IsLossless(t *testing.T) {
 		}
 	}
 }
+
+// TestDFlash2WeightParams counts a published DFlash2 drafter's parameters
+// against its checkpoint's tensors (dflash/testdata/dflash2-tensors.json).
+func TestDFlash2WeightParams(t *testing.T) {
+	c, err := ParseConfig(readFile(t, "testdata/dflash2-config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var published map[string]struct {
+		Shape []int64 `json:"shape"`
+	}
+	readJSON(t, "testdata/dflash2-tensors.json", &published)
+	var want int64
+	for _, tensor := range published {
+		n := int64(1)
+		for _, d := range tensor.Shape {
+			n *= d
+		}
+		want += n
+	}
+	if got := c.WeightParams(); got != want {
+		t.Fatalf("WeightParams %d, the checkpoint holds %d", got, want)
+	}
+}
