@@ -97,12 +97,6 @@ func LoadDrafter(dir string, target *engine.Model, opts Options) (*Drafter, erro
 		d.Close()
 		return nil, fmt.Errorf("drafter %s: %w", dir, err)
 	}
-	if cfg.V2 != nil {
-		if err := d.downloadConvBases(); err != nil {
-			d.Close()
-			return nil, err
-		}
-	}
 	if opts.PageSize <= 0 {
 		opts.PageSize = engine.DefaultPageSize
 	}
@@ -405,11 +399,7 @@ func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 	act, up := a.f32(Q*c.IntermediateSize), a.f32(Q*c.IntermediateSize)
 	var conv convScratch
 	if c.V2 != nil {
-		conv = convScratch{
-			delta: a.f32(Q * 2 * c.V2.ConvKernelSize * c.ConvGroups()),
-			in:    make([]float32, Q*H), out: make([]float32, Q*H),
-			dynamics: make([]float32, Q*2*c.V2.ConvKernelSize*c.ConvGroups()),
-		}
+		conv = convScratch{delta: a.f32(Q * 2 * c.V2.ConvKernelSize * c.ConvGroups()), out: a.f32(Q * H)}
 	}
 	var ctx, ctxPosBuf, feat kernels.Buffer
 	if ctxRows > 0 {
@@ -445,12 +435,10 @@ func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 			b.WriteKV(kc, vc, k, v, cc.ctxSlots, cc.keep, kvDim)
 		}
 		b.RMSNorm(u, x, lw.InputNorm, Q, H, eps, false)
-		if err := d.convIn(&lw.attnConv, &conv, u, Q); err != nil {
-			return nil, err
-		}
-		d.keysValues(lw, k, v, u, blockPosBuf, Q)
+		in := d.convIn(&lw.attnConv, &conv, u, Q)
+		d.keysValues(lw, k, v, in, blockPosBuf, Q)
 		b.WriteKV(kc, vc, k, v, cc.blockSlots, Q, kvDim)
-		b.MatMul(q, u, lw.QProj, Q, qDim, H)
+		b.MatMul(q, in, lw.QProj, Q, qDim, H)
 		b.RMSNorm(q, q, lw.QNorm, Q*c.NumHeads, c.HeadDim, eps, false)
 		b.RoPE(q, blockPosBuf, d.invFreq, Q, c.NumHeads, c.HeadDim, c.HeadDim, d.ropeScale)
 		seq := cc.seq
@@ -466,22 +454,14 @@ func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 		}
 		b.Attention(attn, q, kc, vc, d.attn, []kernels.AttnSeq{seq})
 		b.MatMul(u, attn, lw.OProj, Q, H, qDim)
-		if err := d.convOut(&lw.attnConv, &conv, u, Q); err != nil {
-			return nil, err
-		}
-		b.Add(x, x, u, Q*H)
+		b.Add(x, x, d.convOut(&lw.attnConv, &conv, u, Q), Q*H)
 		b.RMSNorm(u, x, lw.PostNorm, Q, H, eps, false)
-		if err := d.convIn(&lw.mlpConv, &conv, u, Q); err != nil {
-			return nil, err
-		}
-		b.MatMul(up, u, lw.Up, Q, c.IntermediateSize, H)
-		b.MatMul(act, u, lw.Gate, Q, c.IntermediateSize, H)
+		in = d.convIn(&lw.mlpConv, &conv, u, Q)
+		b.MatMul(up, in, lw.Up, Q, c.IntermediateSize, H)
+		b.MatMul(act, in, lw.Gate, Q, c.IntermediateSize, H)
 		b.SwiGLU(act, act, up, Q*c.IntermediateSize)
 		b.MatMul(u, act, lw.Down, Q, H, c.IntermediateSize)
-		if err := d.convOut(&lw.mlpConv, &conv, u, Q); err != nil {
-			return nil, err
-		}
-		b.Add(x, x, u, Q*H)
+		b.Add(x, x, d.convOut(&lw.mlpConv, &conv, u, Q), Q*H)
 	}
 	// Only committed tokens stay in the context: the block's K/V above start
 	// are overwritten by the next round's context rows.

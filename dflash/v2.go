@@ -10,13 +10,11 @@ import (
 )
 
 // This file holds what a DFlash2 drafter adds to DFlash (docs/dflash2.md):
-// a grouped dynamic convolution around every attention and MLP sublayer,
-// and the candidate selector that turns the proposal logits into a lattice.
-// Both run their arithmetic on the host: the backend has no elementwise
-// product for the convolution, and the selector's work (top-K, K² scores
-// of rank R per position) is small; the matrix products (the dynamic
-// kernels' projection, the selector's hidden projection, the codebook
-// gathers) run on the backend.
+// a grouped dynamic convolution around every attention and MLP sublayer
+// (the backend's GroupedConv), and the candidate selector that turns the
+// proposal logits into a lattice. The selector's matrix products and
+// codebook gathers run on the backend, its top-K and its K² scores of rank
+// R per position (small) on the host.
 
 // convWeights is one grouped dynamic convolution: static taps for its two
 // sides (the sublayer's input and output) and the projection that makes
@@ -24,7 +22,6 @@ import (
 type convWeights struct {
 	Base       kernels.Buffer // [2, taps, hidden] F32
 	Projection kernels.Buffer // [2·taps·groups, hidden]
-	base       []float32      // Base on the host
 }
 
 // selectorWeights is DFlash2's candidate selector.
@@ -58,83 +55,43 @@ func (d *Drafter) v2Specs() []engine.TensorSpec {
 	return specs
 }
 
-// downloadConvBases copies the static taps to the host, where the
-// convolutions run.
-func (d *Drafter) downloadConvBases() error {
-	n := 2 * d.Cfg.V2.ConvKernelSize * d.Cfg.HiddenSize
-	for i := range d.layers {
-		for _, w := range []*convWeights{&d.layers[i].attnConv, &d.layers[i].mlpConv} {
-			w.base = make([]float32, n)
-			if err := d.b.DownloadF32(w.Base, 0, w.base); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// groupedConv computes one side of a grouped dynamic convolution over a
-// block of rows of width hidden:
-//
-//	out[i,c] = Σ_t (base[side,t,c] + delta[i,side,t,c/groupSize]) · x[i−t,c]
-//
-// for taps t < taps, where rows before the block's first are zero. base is
-// [2, taps, hidden]; delta has a row [2, taps, hidden/groupSize] per block
-// row. out must not alias x.
-func groupedConv(out, x, base, delta []float32, side, rows, hidden, taps, groupSize int) {
-	groups := hidden / groupSize
-	for i := range rows {
-		o := out[i*hidden : (i+1)*hidden]
-		clear(o)
-		dyn := delta[i*2*taps*groups+side*taps*groups:]
-		for t := 0; t < taps && t <= i; t++ {
-			src := x[(i-t)*hidden : (i-t+1)*hidden]
-			b := base[(side*taps+t)*hidden:]
-			for c := range o {
-				o[c] += (b[c] + dyn[t*groups+c/groupSize]) * src[c]
-			}
-		}
-	}
-}
-
-// convScratch is a draft step's host and device room for the convolutions.
+// convScratch is a draft step's room for the convolutions: the dynamic
+// taps of the sublayer in flight ([rows, 2, taps, groups]) and a
+// convolution's output.
 type convScratch struct {
-	delta    kernels.Buffer // [rows, 2·taps·groups] on the backend
-	in, out  []float32      // a sublayer's input or output, and the convolved rows
-	dynamics []float32      // the delta of the sublayer in flight
+	delta, out kernels.Buffer
 }
 
-// convIn convolves a sublayer's input u (rows of the block) in place with
-// side 0 and keeps the dynamic taps of both sides for convOut. A DFlash
-// drafter has no convolutions: nothing happens.
-func (d *Drafter) convIn(w *convWeights, s *convScratch, u kernels.Buffer, rows int) error {
+// convIn convolves a sublayer's input u (rows of the block) with side 0,
+// keeps the dynamic taps of both sides for convOut, and returns the
+// buffer holding the result. A DFlash drafter has no convolutions: u
+// itself.
+func (d *Drafter) convIn(w *convWeights, s *convScratch, u kernels.Buffer, rows int) kernels.Buffer {
 	c := d.Cfg
 	if c.V2 == nil {
-		return nil
+		return u
 	}
 	d.b.MatMul(s.delta, u, w.Projection, rows, 2*c.V2.ConvKernelSize*c.ConvGroups(), c.HiddenSize)
-	if err := d.b.DownloadF32(s.delta, 0, s.dynamics); err != nil {
-		return err
-	}
 	return d.convolve(w, s, u, 0, rows)
 }
 
-// convOut convolves a sublayer's output y in place with side 1 and the
-// dynamic taps convIn made from the sublayer's input (nothing for DFlash).
-func (d *Drafter) convOut(w *convWeights, s *convScratch, y kernels.Buffer, rows int) error {
+// convOut convolves a sublayer's output y with side 1 and the dynamic taps
+// convIn made from the sublayer's input; y itself for DFlash.
+func (d *Drafter) convOut(w *convWeights, s *convScratch, y kernels.Buffer, rows int) kernels.Buffer {
 	if d.Cfg.V2 == nil {
-		return nil
+		return y
 	}
 	return d.convolve(w, s, y, 1, rows)
 }
 
-func (d *Drafter) convolve(w *convWeights, s *convScratch, x kernels.Buffer, side, rows int) error {
-	c := d.Cfg
-	if err := d.b.DownloadF32(x, 0, s.in); err != nil {
-		return err
-	}
-	groupedConv(s.out, s.in, w.base, s.dynamics, side, rows, c.HiddenSize, c.V2.ConvKernelSize, c.V2.ConvGroupSize)
-	return d.b.UploadF32(x, 0, s.out)
+func (d *Drafter) convolve(w *convWeights, s *convScratch, x kernels.Buffer, side, rows int) kernels.Buffer {
+	c, H := d.Cfg, d.Cfg.HiddenSize
+	taps, groups := c.V2.ConvKernelSize, c.ConvGroups()
+	stride := 2 * taps * groups
+	base := d.b.Slice(w.Base, side*taps*H, taps*H)
+	delta := d.b.Slice(s.delta, side*taps*groups, rows*stride-side*taps*groups)
+	d.b.GroupedConv(s.out, x, base, delta, rows, H, taps, c.V2.ConvGroupSize, stride)
+	return s.out
 }
 
 // scaleRows multiplies n values of x by scale (input_embedding_scale).

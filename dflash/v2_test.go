@@ -2,6 +2,8 @@ package dflash
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -13,75 +15,102 @@ import (
 	"ddflash/mamba"
 )
 
+// dflash2Block is one reference draft step of golden-dflash2.
+type dflash2Block struct {
+	Anchor     int           `json:"anchor"`
+	Logits     [][]float64   `json:"logits"`
+	Candidates [][]int32     `json:"candidates"`
+	Scores     [][][]float64 `json:"scores"`
+	Path       []int32       `json:"path"`
+}
+
 // TestDFlash2MatchesFloat64Reference runs draft steps of a random DFlash2
 // drafter in the published layout (dflash/testdata/golden-dflash2, made by
 // tools/reference/make_dflash2_golden.py from the published formulas) on
-// golden-tiny's target and compares the unary logits, the selector's
-// candidates and edge scores, and its greedy path with the float64
-// reference, within the drafter golden's tolerance.
+// golden-tiny's target, as published and with input_embedding_scale set
+// (scaled/config.json, the same weights), and compares the unary logits,
+// the selector's candidates and edge scores, and its greedy path with the
+// float64 reference, within the drafter golden's tolerance.
 func TestDFlash2MatchesFloat64Reference(t *testing.T) {
 	const dir, target = "testdata/golden-dflash2", "../engine/testdata/golden-tiny"
 	var g struct {
-		IDs    []int32 `json:"ids"`
-		Blocks []struct {
-			Anchor     int           `json:"anchor"`
-			Logits     [][]float64   `json:"logits"`
-			Candidates [][]int32     `json:"candidates"`
-			Scores     [][][]float64 `json:"scores"`
-			Path       []int32       `json:"path"`
-		} `json:"blocks"`
+		IDs    []int32        `json:"ids"`
+		Blocks []dflash2Block `json:"blocks"`
+		Scaled struct {
+			Blocks []dflash2Block `json:"blocks"`
+		} `json:"scaled"`
 	}
 	readJSON(t, dir+"/golden.json", &g)
-	e := loadPair(t, target, dir+"/draft")
-	d := e.Drafter.(*Drafter)
-	if d.Cfg.V2 == nil {
-		t.Fatalf("%s/draft was not read as a DFlash2 drafter", dir)
+	scaled := filepath.Join(t.TempDir(), "scaled")
+	if err := os.Mkdir(scaled, 0o755); err != nil {
+		t.Fatal(err)
 	}
-	for _, b := range g.Blocks {
-		sess, err := d.NewSession(nil)
-		if err != nil {
+	for _, f := range []string{dir + "/scaled/config.json", dir + "/draft/model.safetensors"} {
+		if err := os.WriteFile(filepath.Join(scaled, filepath.Base(f)), readFile(t, f), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		got, err := sess.Draft(tappedFeatures(t, e, g.IDs[:b.Anchor], d.TapLayers()), g.IDs[b.Anchor])
-		if err != nil {
-			t.Fatal(err)
-		}
-		lattice := sess.(engine.LatticeSession).Lattice()
-		sess.Close()
-		want := slices.Concat(b.Logits...)
-		if len(got) != len(want) {
-			t.Fatalf("anchor %d: %d logits, the reference has %d", b.Anchor, len(got), len(want))
-		}
-		// F32 activations (target and drafter) against float64, same BF16 weights.
-		worst, scale := closeness.MaxAbsDiff(got, want), closeness.Scale(want)
-		if worst > 1e-4*scale {
-			t.Fatalf("anchor %d: unary logits differ from the float64 reference by %g (scale %g)", b.Anchor, worst, scale)
-		}
-		if len(lattice.Tokens) != len(b.Candidates) {
-			t.Fatalf("anchor %d: %d lattice rows, want %d", b.Anchor, len(lattice.Tokens), len(b.Candidates))
-		}
-		var gotScores, wantScores []float64
-		for row := range b.Candidates {
-			if !slices.Equal(lattice.Tokens[row], b.Candidates[row]) {
-				t.Fatalf("anchor %d, row %d: candidates %v, want %v", b.Anchor, row, lattice.Tokens[row], b.Candidates[row])
-			}
-			if len(lattice.Scores[row]) != len(b.Scores[row]) {
-				t.Fatalf("anchor %d, row %d: %d predecessors, want %d", b.Anchor, row, len(lattice.Scores[row]), len(b.Scores[row]))
-			}
-			for p := range b.Scores[row] {
-				gotScores = append(gotScores, lattice.Scores[row][p]...)
-				wantScores = append(wantScores, b.Scores[row][p]...)
-			}
-		}
-		worstScore, scoreScale := closeness.MaxAbsDiff(gotScores, wantScores), closeness.Scale(wantScores)
-		if worstScore > 1e-4*scoreScale {
-			t.Fatalf("anchor %d: edge scores differ from the float64 reference by %g (scale %g)", b.Anchor, worstScore, scoreScale)
-		}
-		if path := lattice.GreedyPath(); !slices.Equal(path, b.Path) {
-			t.Fatalf("anchor %d: greedy path %v, want %v", b.Anchor, path, b.Path)
-		}
-		t.Logf("anchor %d: max |Δ logit| %.2e at scale %.1f, max |Δ score| %.2e at scale %.1f", b.Anchor, worst, scale, worstScore, scoreScale)
 	}
+	for _, variant := range []struct {
+		draft  string
+		blocks []dflash2Block
+	}{{dir + "/draft", g.Blocks}, {scaled, g.Scaled.Blocks}} {
+		e := loadPair(t, target, variant.draft)
+		d := e.Drafter.(*Drafter)
+		if d.Cfg.V2 == nil {
+			t.Fatalf("%s was not read as a DFlash2 drafter", variant.draft)
+		}
+		for _, b := range variant.blocks {
+			checkDFlash2Step(t, e, d, g.IDs, b)
+		}
+	}
+}
+
+// checkDFlash2Step drafts the golden step b and compares it.
+func checkDFlash2Step(t *testing.T, e *engine.Engine, d *Drafter, ids []int32, b dflash2Block) {
+	t.Helper()
+	sess, err := d.NewSession(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	got, err := sess.Draft(tappedFeatures(t, e, ids[:b.Anchor], d.TapLayers()), ids[b.Anchor])
+	if err != nil {
+		t.Fatal(err)
+	}
+	lattice := sess.(engine.LatticeSession).Lattice()
+	want := slices.Concat(b.Logits...)
+	if len(got) != len(want) {
+		t.Fatalf("anchor %d: %d logits, the reference has %d", b.Anchor, len(got), len(want))
+	}
+	// F32 activations (target and drafter) against float64, same BF16 weights.
+	worst, scale := closeness.MaxAbsDiff(got, want), closeness.Scale(want)
+	if worst > 1e-4*scale {
+		t.Fatalf("anchor %d: unary logits differ from the float64 reference by %g (scale %g)", b.Anchor, worst, scale)
+	}
+	if len(lattice.Tokens) != len(b.Candidates) {
+		t.Fatalf("anchor %d: %d lattice rows, want %d", b.Anchor, len(lattice.Tokens), len(b.Candidates))
+	}
+	var gotScores, wantScores []float64
+	for row := range b.Candidates {
+		if !slices.Equal(lattice.Tokens[row], b.Candidates[row]) {
+			t.Fatalf("anchor %d, row %d: candidates %v, want %v", b.Anchor, row, lattice.Tokens[row], b.Candidates[row])
+		}
+		if len(lattice.Scores[row]) != len(b.Scores[row]) {
+			t.Fatalf("anchor %d, row %d: %d predecessors, want %d", b.Anchor, row, len(lattice.Scores[row]), len(b.Scores[row]))
+		}
+		for p := range b.Scores[row] {
+			gotScores = append(gotScores, lattice.Scores[row][p]...)
+			wantScores = append(wantScores, b.Scores[row][p]...)
+		}
+	}
+	worstScore, scoreScale := closeness.MaxAbsDiff(gotScores, wantScores), closeness.Scale(wantScores)
+	if worstScore > 1e-4*scoreScale {
+		t.Fatalf("anchor %d: edge scores differ from the float64 reference by %g (scale %g)", b.Anchor, worstScore, scoreScale)
+	}
+	if path := lattice.GreedyPath(); !slices.Equal(path, b.Path) {
+		t.Fatalf("anchor %d: greedy path %v, want %v", b.Anchor, path, b.Path)
+	}
+	t.Logf("anchor %d: max |Δ logit| %.2e at scale %.1f, max |Δ score| %.2e at scale %.1f", b.Anchor, worst, scale, worstScore, scoreScale)
 }
 
 // TestParsePublishedDFlash2Config reads a published DFlash2 config.json

@@ -298,8 +298,8 @@ func checkDraftLogits(t *testing.T, be kernels.Backend) {
 // checkDFlash2 runs a random DFlash2 drafter (testmodel's published
 // layout, block 8) on be and on the CPU backend: every draft round's unary
 // logits and selector scores agree to F32 rounding and the candidates are
-// the same (the convolutions and the selector's arithmetic run on the host,
-// their matrix products and gathers on be); greedy linear and DDTree
+// the same (the convolutions run on be, the selector's matrix products and
+// gathers on be and its scores on the host); greedy linear and DDTree
 // decoding give the CPU backend's tokens, which are autoregressive
 // decoding's.
 func checkDFlash2(t *testing.T, be kernels.Backend) {

@@ -30,6 +30,7 @@ SEED = 352816
 WINDOW = 8
 RANK = 8
 ANCHORS = (5, 30)
+EMBEDDING_SCALE = 1.5  # scaled/: the same drafter with input_embedding_scale set (vLLM reads it; 1 when absent)
 MARGIN = 2e-4  # the least gap at a top-K cut or a greedy choice, so float32 makes the same choices
 
 
@@ -56,11 +57,12 @@ def drafter_config(published, target_cfg):
 
 def config_json(cfg, v2, target_cfg):
     """The published DFlash2 config.json shape: block_size and the DFlash2 fields inside
-    dflash_config, rope_parameters instead of rope_theta."""
+    dflash_config (input_embedding_scale only when it is not 1), rope_parameters instead of
+    rope_theta."""
     raw = dflash.draft_config_json(cfg, len(target_cfg.layer_types), target_cfg.vocab_size, 256)
     raw["architectures"] = [dflash2.V2_ARCHITECTURE]
     raw["dflash_config"]["block_size"] = raw.pop("block_size")
-    raw["dflash_config"] |= {k: v for k, v in v2.items() if k != "input_embedding_scale"}
+    raw["dflash_config"] |= {k: v for k, v in v2.items() if k != "input_embedding_scale" or v != 1.0}
     raw["rope_parameters"] = {"rope_theta": raw.pop("rope_theta"), "rope_type": "default"}
     del raw["rope_scaling"]
     return raw
@@ -93,21 +95,27 @@ def draft_steps(cfg, v2, target_cfg, target, ids, features, seed):
     with open(os.path.join(draft_dir, "config.json")) as f:
         loaded_v2 = dflash2.v2_fields(json.load(f))
     assert loaded_cfg == cfg and loaded_v2 == v2, "draft config.json does not round-trip"
-    blocks = []
+    scaled = v2 | {"input_embedding_scale": EMBEDDING_SCALE}
+    blocks = {"": [], "scaled": []}
     with torch.no_grad():
-        for anchor in ANCHORS:
-            logits, candidates, scores, path = dflash2.draft_block(
-                cfg, v2, draft, target["embed_tokens.weight"], target["lm_head.weight"], features[:, :anchor], ids[anchor],
-                target_cfg.vocab_size)
-            if not clear_margins(logits, scores, v2["selector_top_k"]):
-                return None
-            blocks.append({
-                "anchor": anchor,
-                "logits": [[round(v, 7) for v in row] for row in logits.tolist()],
-                "candidates": candidates,
-                "scores": [[[round(v, 7) for v in r] for r in edges.tolist()] for edges in scores],
-                "path": path,
-            })
+        for name, settings in (("", v2), ("scaled", scaled)):
+            for anchor in ANCHORS:
+                logits, candidates, scores, path = dflash2.draft_block(
+                    cfg, settings, draft, target["embed_tokens.weight"], target["lm_head.weight"], features[:, :anchor],
+                    ids[anchor], target_cfg.vocab_size)
+                if not clear_margins(logits, scores, v2["selector_top_k"]):
+                    return None
+                blocks[name].append({
+                    "anchor": anchor,
+                    "logits": [[round(v, 7) for v in row] for row in logits.tolist()],
+                    "candidates": candidates,
+                    "scores": [[[round(v, 7) for v in r] for r in edges.tolist()] for edges in scores],
+                    "path": path,
+                })
+    os.makedirs(os.path.join(OUT, "scaled"), exist_ok=True)
+    with open(os.path.join(OUT, "scaled", "config.json"), "w") as f:
+        json.dump(config_json(cfg, scaled, target_cfg), f, indent=2)
+        f.write("\n")
     return blocks
 
 
@@ -139,10 +147,12 @@ def main():
                   "tapped layer outputs at positions 0..anchor-1; logits[row][vocab] the unary logits of rows 1..15 "
                   "(lm_head · output_multiplier, soft-capped); candidates[row][k] the top-16 token ids, descending; "
                   "scores[row][p][k] the edge score of candidate k after predecessor p (row 0: the anchor alone; "
-                  "else candidate p of the previous row); path the greedy walk's tokens",
-        "blocks": blocks,
+                  "else candidate p of the previous row); path the greedy walk's tokens; scaled.blocks the same "
+                  f"with scaled/config.json (input_embedding_scale {EMBEDDING_SCALE}) and draft/'s weights",
+        "blocks": blocks[""],
+        "scaled": {"blocks": blocks["scaled"]},
     })
-    print(f"wrote {OUT}: taps {cfg.target_layer_ids}, paths {[b['path'] for b in blocks]}")
+    print(f"wrote {OUT}: seed {seed}, taps {cfg.target_layer_ids}, paths {[b['path'] for b in blocks['']]}")
 
 
 if __name__ == "__main__":
