@@ -196,7 +196,8 @@ func TestDFlash2TensorLayoutIsPublished(t *testing.T) {
 // with the same seed (the walk samples node by node, so a lossless spec run
 // draws the same tokens as autoregressive decoding). Random weights accept
 // rarely; engine's TestProposalsFollowTheLattice shows that proposals are
-// the lattice's.
+// the lattice's. Last, two requests batched by the scheduler (a session
+// and a lattice each) give their lone outputs.
 func TestDFlash2IsLossless(t *testing.T) {
 	prompt := []int32{3, 141, 59, 26, 5, 35, 89, 79, 32, 38}
 	draft := testmodel.DraftOptions{DFlash2: true, LayerTypes: []string{"sliding", "sliding", "full"}, Window: 12, BlockSize: 8}
@@ -218,6 +219,41 @@ func TestDFlash2IsLossless(t *testing.T) {
 			if !slices.Equal(got.Tokens, want.Tokens) {
 				t.Fatalf("T=%g %v b%d: output differs from autoregressive\n got %v\nwant %v", sampling.Temperature, spec.Mode, spec.Budget, got.Tokens, want.Tokens)
 			}
+		}
+	}
+	e := tinyPairWith(t, 11, engine.SpecOptions{Mode: engine.SpecTree, Budget: 6}, draft)
+	reqs := []engine.Request{
+		{Prompt: prompt, MaxTokens: 30, IgnoreEOS: true},
+		{Prompt: []int32{77, 8, 150, 2}, MaxTokens: 30, IgnoreEOS: true, Sampling: engine.SamplingParams{Temperature: 0.8, Seed: 3}},
+	}
+	var alone []*engine.Result
+	for _, r := range reqs {
+		res, err := e.Generate(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		alone = append(alone, res)
+	}
+	s := engine.NewScheduler(e, engine.SchedulerOptions{})
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	defer func() { stop(); <-done }()
+	var streams []*engine.Stream
+	for _, r := range reqs {
+		st, err := s.Submit(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, st)
+	}
+	for i, st := range streams {
+		res, err := st.Wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(res.Tokens, alone[i].Tokens) {
+			t.Fatalf("request %d batched: %v, alone %v", i, res.Tokens, alone[i].Tokens)
 		}
 	}
 }
