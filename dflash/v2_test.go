@@ -281,3 +281,25 @@ func TestDFlash2WeightParams(t *testing.T) {
 		t.Fatalf("WeightParams %d, the checkpoint holds %d", got, want)
 	}
 }
+
+// TestQwen38DFlash2Config reads the Qwen3.8-27B DFlash2 drafter's config
+// (dflash/testdata/qwen3.8-27b-dflash2.config.json): DFlash2 with block 8,
+// and it fits the Qwen3.5/3.6-27B architecture that Qwen3.8-27B shares
+// (the qwen3.6-27b preset: hidden size, vocabulary, 64 layers for its taps).
+func TestQwen38DFlash2Config(t *testing.T) {
+	c, err := ParseConfig(readFile(t, "testdata/qwen3.8-27b-dflash2.config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := V2Config{ConvKernelSize: 2, ConvGroupSize: 16, SelectorRank: 256, SelectorTopK: 16, OutputMultiplier: 1, InputEmbeddingScale: 1}
+	if c.V2 == nil || *c.V2 != want || c.BlockSize != 8 || c.RopeTheta != 1e7 {
+		t.Fatalf("DFlash2 fields %+v, block %d, rope theta %g", c.V2, c.BlockSize, c.RopeTheta)
+	}
+	target, err := config.Parse(readFile(t, targetPreset))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CheckTarget(target); err != nil {
+		t.Fatal(err)
+	}
+}
