@@ -94,7 +94,6 @@ func LoadDrafter(dir string, target *engine.Model, opts Options) (*Drafter, erro
 	defer ckpt.Close()
 	d := &Drafter{Cfg: cfg, b: b, target: target, layers: make([]layerWeights, cfg.NumLayers)}
 	if err := engine.LoadTensors(b, ckpt, d.tensorSpecs(), ""); err != nil {
-		d.Close()
 		return nil, fmt.Errorf("drafter %s: %w", dir, err)
 	}
 	if opts.PageSize <= 0 {
