@@ -46,8 +46,7 @@ func TestSpecGeneration(t *testing.T) { checkSpecGeneration(t, gpu(t)) }
 func TestDraftLogits(t *testing.T) { checkDraftLogits(t, gpu(t)) }
 
 // TestDFlash2 compares a DFlash2 drafter's logits and selector lattice
-// with the CPU backend's and checks its linear and DDTree decoding, on the
-// GPU.
+// with the CPU backend's and checks its DDTree decoding, on the GPU.
 func TestDFlash2(t *testing.T) { checkDFlash2(t, gpu(t)) }
 
 // TestSpecLosslessBF16State: with a BF16 recurrent state, greedy DFlash and
