@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"ddflash/adaptive"
 	"ddflash/engine"
 	"ddflash/engine/config"
 	"ddflash/engine/testmodel"
@@ -211,6 +212,8 @@ func TestDFlash2IsLossless(t *testing.T) {
 			{Mode: engine.SpecLinear},
 			{Mode: engine.SpecTree, Budget: 6, Rollback: mamba.Snapshot},
 			{Mode: engine.SpecTree, Budget: 32},
+			// The adaptive policy cuts the lattice tree to its prefixes by their scores.
+			{Mode: engine.SpecTree, Budget: 16, Policy: &adaptive.Policy{Autoregressive: true}},
 		} {
 			got, err := tinyPairWith(t, 11, spec, draft).Generate(context.Background(), req)
 			if err != nil {
