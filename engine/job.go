@@ -190,7 +190,7 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 			}
 			j.context = j.context[:0]
 			// Positions start..start+depth must stay inside the context.
-			j.tree = e.propose(j.last, draft, min(e.Drafter.BlockSize()-1, e.Context-1-j.seq.len))
+			j.tree = e.propose(j.sess, j.last, draft, min(e.Drafter.BlockSize()-1, e.Context-1-j.seq.len))
 		} else {
 			// An autoregressive step: the drafter sees its features with the next draft.
 			j.tree = ddtree.Chain(j.last, nil)

@@ -19,6 +19,15 @@ type DraftSession interface {
 	Close()
 }
 
+// LatticeSession is a DraftSession whose proposals are paths through a
+// candidate lattice (DFlash2's selector): its Lattice, for the latest
+// Draft, replaces the logits' argmax chain and top-k levels. The lattice
+// is deterministic given the drafter's input, so at T > 0 the proposal is
+// a point mass and the sample-and-match verify stays exact (docs/dflash2.md).
+type LatticeSession interface {
+	Lattice() *ddtree.Lattice
+}
+
 // Drafter proposes blocks of tokens conditioned on the target's hidden states.
 type Drafter interface {
 	TapLayers() []int
@@ -131,9 +140,16 @@ func (st *SpecStats) finish(blockSize int) {
 	}
 }
 
-// propose turns the drafter's logits into the proposal to verify, rooted at
+// propose turns the drafter's output into the proposal to verify, rooted at
 // the anchor and at most depth tokens deep.
-func (e *Engine) propose(anchor int32, draft []float32, depth int) *ddtree.Tree {
+func (e *Engine) propose(sess DraftSession, anchor int32, draft []float32, depth int) *ddtree.Tree {
+	if ls, ok := sess.(LatticeSession); ok {
+		lattice := ls.Lattice().Truncate(depth)
+		if e.Spec.Mode == SpecLinear {
+			return ddtree.Chain(anchor, lattice.GreedyPath())
+		}
+		return ddtree.BuildLattice(anchor, lattice, e.Spec.Budget, !e.Spec.NoChainSeed)
+	}
 	V := e.Model.Cfg.VocabSize
 	if e.Spec.Mode == SpecLinear {
 		drafts := make([]int32, depth)
