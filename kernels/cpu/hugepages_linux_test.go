@@ -23,7 +23,7 @@ func TestLargeBuffersGetHugePages(t *testing.T) {
 	if err != nil || bytes.Contains(mode, []byte("[never]")) {
 		t.Skipf("this kernel gives no transparent huge pages (%q, %v)", mode, err)
 	}
-	const size = 32 << 20
+	const size = 8 << 20
 	for range 3 {
 		used := make([]uint16, size/2) // garbage for the heap to reuse
 		for i := range used {
