@@ -104,7 +104,7 @@ const hugePageMin = 2 * hugePage
 // be backed by huge pages (see adviseHugePages).
 func allocSlice[T float32 | uint16 | uint8 | int32](n int) []T {
 	s := make([]T, n)
-	if bytes := n * int(unsafe.Sizeof(s[0])); n > 0 && bytes >= hugePageMin {
+	if bytes := n * int(unsafe.Sizeof(s[0])); bytes >= hugePageMin {
 		adviseHugePages(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), bytes))
 	}
 	return s
