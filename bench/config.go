@@ -11,11 +11,15 @@ import (
 // Mode is one decoding method of a sweep: auto (autoregressive, the
 // baseline), linear (the DFlash chain), bN (a DDTree with N nodes) or
 // adaptive (each step's tree size, autoregressive included, chosen from
-// measured cost and predicted acceptance).
+// measured cost and predicted acceptance); dflash2 and d2bN are linear and
+// bN with the sweep's DFlash2 drafter (DFlash2Drafter).
 type Mode struct {
 	Name   string // as on the command line and in file names: auto, linear, b15, adaptive
 	Kind   string // auto, linear, ddtree or adaptive
 	Budget int    // DDTree nodes per verify (adaptive: the most); 0 otherwise
+	// Drafter names the drafter the mode speculates with: "" for the
+	// sweep's drafter, DFlash2Drafter for its DFlash2 drafter.
+	Drafter string
 	// NoPrefixCache runs the mode with the engine's prefix cache off (a
 	// name ending in NoCacheSuffix), to compare with the same mode with it.
 	NoPrefixCache bool
@@ -24,13 +28,16 @@ type Mode struct {
 // NoCacheSuffix marks a mode run without the prefix cache: auto-nocache.
 const NoCacheSuffix = "-nocache"
 
-// ParseMode reads auto, linear, bN (N ≥ 1) or adaptive, each optionally
-// followed by NoCacheSuffix.
+// DFlash2Drafter is Mode.Drafter of the modes that run the sweep's DFlash2 drafter.
+const DFlash2Drafter = "dflash2"
+
+// ParseMode reads auto, linear, bN (N ≥ 1), adaptive, dflash2 or d2bN,
+// each optionally followed by NoCacheSuffix.
 func ParseMode(s string) (Mode, error) {
 	base, off := strings.CutSuffix(s, NoCacheSuffix)
 	m, err := parseBaseMode(base)
 	if err != nil {
-		return Mode{}, fmt.Errorf("mode %q: want auto, linear, bN for a DDTree of N nodes (b8, b15, ...) or adaptive, optionally followed by %s", s, NoCacheSuffix)
+		return Mode{}, fmt.Errorf("mode %q: want auto, linear, bN for a DDTree of N nodes (b8, b15, ...), adaptive, dflash2 or d2bN (the DFlash2 drafter linear or as a DDTree of N nodes), optionally followed by %s", s, NoCacheSuffix)
 	}
 	m.Name, m.NoPrefixCache = s, off
 	return m, nil
@@ -49,10 +56,16 @@ func parseBaseMode(s string) (Mode, error) {
 		return Mode{Name: s, Kind: s}, nil
 	case "adaptive":
 		return Mode{Name: s, Kind: s, Budget: AdaptiveBudget}, nil
+	case DFlash2Drafter:
+		return Mode{Name: s, Kind: "linear", Drafter: DFlash2Drafter}, nil
 	}
-	if rest, ok := strings.CutPrefix(s, "b"); ok {
+	prefix, drafter := "b", ""
+	if strings.HasPrefix(s, "d2b") {
+		prefix, drafter = "d2b", DFlash2Drafter
+	}
+	if rest, ok := strings.CutPrefix(s, prefix); ok {
 		if n, err := strconv.Atoi(rest); err == nil && n >= 1 && rest == strconv.Itoa(n) {
-			return Mode{Name: s, Kind: "ddtree", Budget: n}, nil
+			return Mode{Name: s, Kind: "ddtree", Budget: n, Drafter: drafter}, nil
 		}
 	}
 	return Mode{}, errors.New("unknown mode")

@@ -29,7 +29,15 @@ func TestParseModes(t *testing.T) {
 	if m, err := ParseMode("b8-nocache"); err != nil || m != (Mode{Name: "b8-nocache", Kind: "ddtree", Budget: 8, NoPrefixCache: true}) {
 		t.Errorf("b8-nocache = %+v, %v", m, err)
 	}
-	for _, bad := range []string{"", "b0", "b", "b-3", "b08", "tree", "auto,auto", "-nocache", "auto-nocache-nocache"} {
+	for name, want := range map[string]Mode{
+		"dflash2": {Name: "dflash2", Kind: "linear", Drafter: DFlash2Drafter},
+		"d2b8":    {Name: "d2b8", Kind: "ddtree", Budget: 8, Drafter: DFlash2Drafter},
+	} {
+		if m, err := ParseMode(name); err != nil || m != want {
+			t.Errorf("%s = %+v, %v; want %+v", name, m, err, want)
+		}
+	}
+	for _, bad := range []string{"", "b0", "b", "b-3", "b08", "tree", "auto,auto", "-nocache", "auto-nocache-nocache", "d2b", "d2b0", "d2", "d2linear"} {
 		if _, err := ParseModes(bad); err == nil {
 			t.Errorf("ParseModes(%q) accepted", bad)
 		}

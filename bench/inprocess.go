@@ -59,11 +59,14 @@ func (c ChatPrompter) Text(tokens []int32) (string, error) { return c.Dir.Decode
 type InProcess struct {
 	// Load loads the target split over tp ranks with weights ("" for the
 	// checkpoint's own, or a Plan.Weights value).
-	Load     func(tp int, weights string) (*engine.Engine, error)
-	Prompter Prompter
-	Rollback mamba.Strategy
-	Threads  int    // 0: all cores
-	Device   string // the backend's name, for the record
+	Load func(tp int, weights string) (*engine.Engine, error)
+	// LoadDFlash2, when set, loads the sweep's DFlash2 drafter for an
+	// engine Load returned (the modes whose Drafter is DFlash2Drafter).
+	LoadDFlash2 func(e *engine.Engine) (engine.Drafter, error)
+	Prompter    Prompter
+	Rollback    mamba.Strategy
+	Threads     int    // 0: all cores
+	Device      string // the backend's name, for the record
 	// Log, when set, gets each pass's driver calls per target step on a
 	// backend that counts them (CUDA): launches, allocations, transfers.
 	Log io.Writer
@@ -85,6 +88,22 @@ type InProcess struct {
 type loaded struct {
 	engine *engine.Engine
 	err    error
+	// drafters are the engine's drafters by Mode.Drafter: "" the one Load
+	// attached, DFlash2Drafter LoadDFlash2's. Open attaches the mode's.
+	drafters map[string]engine.Drafter
+}
+
+// close closes the engine and every drafter of it.
+func (l loaded) close() {
+	if l.engine == nil {
+		return
+	}
+	for _, d := range l.drafters {
+		if c, ok := d.(interface{ Close() }); ok && d != l.engine.Drafter { // Close closes the attached one
+			c.Close()
+		}
+	}
+	l.engine.Close()
 }
 
 // Info implements Backend.
@@ -95,18 +114,43 @@ func (p *InProcess) Info() BackendInfo { return BackendInfo{Kind: "in-process"} 
 func (p *InProcess) engineFor(c Config) (*engine.Engine, error) {
 	if p.tp != c.TP {
 		for _, l := range p.engines {
-			if l.engine != nil {
-				l.engine.Close() // its device memory goes back before the next degree loads
-			}
+			l.close() // its device memory goes back before the next degree loads
 		}
 		p.tp, p.engines = c.TP, map[string]loaded{}
 	}
 	l, ok := p.engines[c.Weights]
 	if !ok {
-		l.engine, l.err = p.Load(c.TP, c.Weights)
+		l = p.load(c)
 		p.engines[c.Weights] = l
 	}
-	return l.engine, l.err
+	if l.err != nil {
+		return nil, l.err
+	}
+	if d, ok := l.drafters[c.Mode.Drafter]; ok {
+		l.engine.Drafter = d
+	}
+	return l.engine, nil
+}
+
+// load loads a configuration's engine and its drafters.
+func (p *InProcess) load(c Config) loaded {
+	var l loaded
+	if l.engine, l.err = p.Load(c.TP, c.Weights); l.err != nil {
+		return l
+	}
+	l.drafters = map[string]engine.Drafter{}
+	if l.engine.Drafter != nil {
+		l.drafters[""] = l.engine.Drafter
+	}
+	if p.LoadDFlash2 != nil {
+		d, err := p.LoadDFlash2(l.engine)
+		if err != nil {
+			l.engine.Close()
+			return loaded{err: fmt.Errorf("DFlash2 drafter: %w", err)}
+		}
+		l.drafters[DFlash2Drafter] = d
+	}
+	return l
 }
 
 // Validate implements Backend. Degrees are checked when their engine loads
@@ -115,9 +159,13 @@ func (p *InProcess) engineFor(c Config) (*engine.Engine, error) {
 func (p *InProcess) Validate(plan *Plan) error {
 	for _, l := range p.engines {
 		for _, m := range plan.Modes {
-			if l.engine != nil && m.Kind != "auto" && l.engine.Drafter == nil {
-				return fmt.Errorf("mode %s speculates and needs a drafter: give --draft DIR, or --modes auto", m.Name)
+			if l.engine == nil || m.Kind == "auto" || l.drafters[m.Drafter] != nil {
+				continue
 			}
+			if m.Drafter == DFlash2Drafter {
+				return fmt.Errorf("mode %s runs a DFlash2 drafter: give --draft2 DIR", m.Name)
+			}
+			return fmt.Errorf("mode %s speculates and needs a drafter: give --draft DIR, or --modes auto", m.Name)
 		}
 	}
 	return nil

@@ -42,11 +42,13 @@ type Head struct {
 // Setup is what makes results comparable: resuming a configuration needs
 // the same setup (model paths aside: a model moved off tmpfs is the same model).
 type Setup struct {
-	Binary    Binary         `json:"binary"`
-	Host      Host           `json:"host"`
-	Backend   BackendInfo    `json:"backend"`
-	Model     *Checkpoint    `json:"model"`
-	Drafter   *Checkpoint    `json:"drafter"`
+	Binary  Binary      `json:"binary"`
+	Host    Host        `json:"host"`
+	Backend BackendInfo `json:"backend"`
+	Model   *Checkpoint `json:"model"`
+	Drafter *Checkpoint `json:"drafter"`
+	// DFlash2 is the DFlash2 drafter of the dflash2 and d2bN modes.
+	DFlash2   *Checkpoint    `json:"dflash2_drafter,omitempty"`
 	Knobs     Knobs          `json:"knobs"`
 	Workloads []WorkloadInfo `json:"workloads"`
 	Plan      []RunKey       `json:"plan"`

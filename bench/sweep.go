@@ -27,17 +27,18 @@ type Options struct {
 	Store   Store
 	Resume  bool
 	Argv    []string // the command line, recorded and used in rerun advice
-	// ModelDir and DraftDir are hashed into every record; empty for a
-	// remote server whose checkpoint is not at hand.
-	ModelDir, DraftDir string
-	Temperature        float64
-	Seed               uint64
-	IgnoreEOS          bool
-	Thinking           bool
-	Raw                bool          // prompts as plain text (Request.Raw)
-	RequestTimeout     time.Duration // 0: none
-	GPUs               GPUReader
-	Log                io.Writer // progress and one line per saved run
+	// ModelDir, DraftDir and DFlash2Dir (the dflash2 and d2bN modes'
+	// drafter) are hashed into every record; empty for a remote server
+	// whose checkpoint is not at hand.
+	ModelDir, DraftDir, DFlash2Dir string
+	Temperature                    float64
+	Seed                           uint64
+	IgnoreEOS                      bool
+	Thinking                       bool
+	Raw                            bool          // prompts as plain text (Request.Raw)
+	RequestTimeout                 time.Duration // 0: none
+	GPUs                           GPUReader
+	Log                            io.Writer // progress and one line per saved run
 	// Interleave measures run by run, the configurations' passes in turn
 	// (see interleaved), rather than configuration by configuration.
 	Interleave bool
@@ -174,9 +175,14 @@ func (s *sweeper) baseSetup() (Setup, error) {
 			return set, err
 		}
 	}
-	if s.o.DraftDir != "" {
-		if set.Drafter, err = HashCheckpoint(s.o.DraftDir); err != nil {
-			return set, err
+	for _, c := range []struct {
+		dir string
+		dst **Checkpoint
+	}{{s.o.DraftDir, &set.Drafter}, {s.o.DFlash2Dir, &set.DFlash2}} {
+		if c.dir != "" {
+			if *c.dst, err = HashCheckpoint(c.dir); err != nil {
+				return set, err
+			}
 		}
 	}
 	for _, w := range s.o.Plan.Workloads {
@@ -200,7 +206,7 @@ func (s *sweeper) setup(c Config) Setup {
 // ignoring checkpoint paths: a model moved off tmpfs is the same model.
 func setupDiff(a, b Setup) []string {
 	norm := func(s Setup) any {
-		for _, c := range []**Checkpoint{&s.Model, &s.Drafter} {
+		for _, c := range []**Checkpoint{&s.Model, &s.Drafter, &s.DFlash2} {
 			if *c != nil {
 				cp := **c
 				cp.Path = ""

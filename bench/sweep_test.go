@@ -433,3 +433,51 @@ func TestInterleavedSweep(t *testing.T) {
 		}
 	}
 }
+
+// TestInProcessSweepRunsDFlash2Modes sweeps the tiny pair's drafter beside
+// a DFlash2 drafter of another block size (8): the dflash2 and d2bN modes
+// run the DFlash2 drafter (its block size in their knobs, its checkpoint
+// in every record), losslessly, while linear keeps the pair's drafter; a
+// plan with a DFlash2 mode and no DFlash2 drafter is refused.
+func TestInProcessSweepRunsDFlash2Modes(t *testing.T) {
+	model, draft := tinyPair(t)
+	draft2 := filepath.Join(t.TempDir(), "tiny-dflash2")
+	p, err := testmodel.PresetByName("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.WriteDrafter(draft2, testmodel.DraftOptions{Target: p, Seed: 4, BlockSize: 8, DFlash2: true}); err != nil {
+		t.Fatal(err)
+	}
+	backend := inProcess(t, model, draft, 6, 1)
+	backend.LoadDFlash2 = func(e *engine.Engine) (engine.Drafter, error) { return dflash.Load(e, draft2) }
+	plan := testPlan(t, "auto,linear,dflash2,d2b6", "fibonacci", []int{10}, []int{1}, 1)
+	dir := t.TempDir()
+	opts := Options{Plan: plan, Backend: backend, Store: Store{Dir: dir}, ModelDir: model, DraftDir: draft, DFlash2Dir: draft2, IgnoreEOS: true, GPUs: &fakeGPUs{}}
+	if _, err := Sweep(context.Background(), opts); err != nil {
+		t.Fatal(err)
+	}
+	st := Store{Dir: dir}
+	auto, err := st.ReadRecord("tp1-auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, block := range map[string]int{"tp1-linear": 16, "tp1-dflash2": 8, "tp1-d2b6": 8} {
+		rec, err := st.ReadRecord(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Setup.Knobs.BlockSize != block || rec.Setup.DFlash2 == nil || rec.Setup.DFlash2.SHA256 == "" {
+			t.Fatalf("%s: block size %d (want %d), DFlash2 drafter %+v", name, rec.Setup.Knobs.BlockSize, block, rec.Setup.DFlash2)
+		}
+		for i, run := range rec.Runs {
+			if run.OutputsSHA256 != auto.Runs[i].OutputsSHA256 {
+				t.Errorf("%s %s: outputs differ from the baseline's", name, run.RunKey)
+			}
+		}
+	}
+	opts.Backend, opts.Store = inProcess(t, model, draft, 6, 1), Store{Dir: t.TempDir()}
+	if _, err := Sweep(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "--draft2") {
+		t.Fatalf("a DFlash2 mode without a DFlash2 drafter: %v", err)
+	}
+}

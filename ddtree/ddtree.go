@@ -59,8 +59,23 @@ func (t *Tree) add(token, parent, depth int32) int32 {
 // exponentials summed in float64: log-probs within about 1e-6), and the
 // selection, which looks only at entries above the k-th best so far.
 func TopK(logits []float32, valid, k int) []Candidate {
+	lse := rowmath.LogSumExp(logits[:valid])
+	out := TopLogits(logits, valid, k)
+	for i, c := range out {
+		if c.Logprob == lse { // an infinite maximum: the softmax's limit
+			out[i].Logprob = 0
+		} else {
+			out[i].Logprob -= lse
+		}
+	}
+	return out
+}
+
+// TopLogits is TopK without the normalisation: the k largest of the row's
+// first valid logits (in Logprob), descending, ties by lower token id, NaN
+// never.
+func TopLogits(logits []float32, valid, k int) []Candidate {
 	row := logits[:valid]
-	lse := rowmath.LogSumExp(row)
 	out := make([]Candidate, 0, max(0, min(k, len(row))))
 	if cap(out) == 0 {
 		return out
@@ -88,13 +103,6 @@ func TopK(logits []float32, valid, k int) []Candidate {
 		}
 		out[j] = Candidate{Token: int32(i), Logprob: v}
 	}
-	for i, c := range out {
-		if c.Logprob == lse { // an infinite maximum: the softmax's limit
-			out[i].Logprob = 0
-		} else {
-			out[i].Logprob -= lse
-		}
-	}
 	return out
 }
 
@@ -105,41 +113,72 @@ func TopK(logits []float32, valid, k int) []Candidate {
 // chainSeed, the top-1 chain is inserted first (so the tree always contains
 // the linear proposal), then the best-first search fills the rest.
 func Build(root int32, levels [][]Candidate, budget int, chainSeed bool) *Tree {
-	t := &Tree{}
+	ranked := make([][]option, len(levels))
+	for d, lv := range levels {
+		for r, c := range lv {
+			ranked[d] = append(ranked[d], option{Candidate: c, index: int32(r)})
+		}
+	}
+	return grow(root, len(levels), func(depth, _ int32) []option { return ranked[depth-1] }, budget, chainSeed)
+}
+
+// option is a child a node can have: a candidate, with the index its own
+// children are looked up by (see grow).
+type option struct {
+	Candidate
+	index int32
+}
+
+// grow is Build's best-first search over options(depth, pred): the
+// children a node at depth−1 can have, best first, where pred is that
+// node's option index (0 for the root).
+func grow(root int32, depths int, options func(depth, pred int32) []option, budget int, chainSeed bool) *Tree {
+	t := &Tree{Scores: []float64{0}}
 	t.add(root, -1, 0)
 	h := &frontier{}
-	pushSibling := func(e entry) {
-		if s, ok := e.sibling(levels); ok {
+	// index[n] is node n's option index, by which its children are found.
+	index := []int32{0}
+	first := func(parent int32, score float64, ranks []int32, depth int32) (entry, bool) {
+		if int(depth) > depths || len(options(depth, index[parent])) == 0 {
+			return entry{}, false
+		}
+		o := options(depth, index[parent])[0]
+		return entry{score: score + o.Logprob, ranks: append(append([]int32{}, ranks...), 0), parent: parent, depth: depth, pred: index[parent]}, true
+	}
+	// insert adds an entry as a node, queues its next sibling and returns the node.
+	insert := func(e entry) int32 {
+		opts := options(e.depth, e.pred)
+		if int(e.rank)+1 < len(opts) {
+			s := e
+			s.rank++
+			s.score += opts[s.rank].Logprob - opts[e.rank].Logprob
+			s.ranks = append(append([]int32{}, e.ranks[:len(e.ranks)-1]...), s.rank)
 			heap.Push(h, s)
 		}
-	}
-	t.Scores = []float64{0}
-	// insert adds a popped (or seeded) entry as a node and returns it.
-	insert := func(e entry) int32 {
 		t.Scores = append(t.Scores, e.score)
-		return t.add(levels[e.depth-1][e.rank].Token, e.parent, e.depth)
+		index = append(index, opts[e.rank].index)
+		return t.add(opts[e.rank].Token, e.parent, e.depth)
 	}
 	nodes := 0
-	if chainSeed && len(levels) > 0 {
-		parent, score := int32(0), 0.0
-		var ranks []int32
-		for d := int32(1); int(d) <= len(levels) && nodes < budget; d++ {
-			e := entry{score: score + levels[d-1][0].Logprob, ranks: append(append([]int32{}, ranks...), 0), parent: parent, depth: d}
-			node := insert(e)
+	if chainSeed {
+		parent, score, ranks := int32(0), 0.0, []int32(nil)
+		for d := int32(1); nodes < budget; d++ {
+			e, ok := first(parent, score, ranks, d)
+			if !ok {
+				break
+			}
+			parent, score, ranks = insert(e), e.score, e.ranks
 			nodes++
-			pushSibling(e)
-			parent, score, ranks = node, e.score, e.ranks
 		}
-	} else if len(levels) > 0 && len(levels[0]) > 0 {
-		heap.Push(h, entry{score: levels[0][0].Logprob, ranks: []int32{0}, parent: 0, depth: 1})
+	} else if e, ok := first(0, 0, nil, 1); ok {
+		heap.Push(h, e)
 	}
 	for h.Len() > 0 && nodes < budget {
 		e := heap.Pop(h).(entry)
 		node := insert(e)
 		nodes++
-		pushSibling(e)
-		if int(e.depth) < len(levels) && len(levels[e.depth]) > 0 {
-			heap.Push(h, entry{score: e.score + levels[e.depth][0].Logprob, ranks: append(append([]int32{}, e.ranks...), 0), parent: node, depth: e.depth + 1})
+		if c, ok := first(node, e.score, e.ranks, e.depth+1); ok {
+			heap.Push(h, c)
 		}
 	}
 	return t
@@ -157,27 +196,15 @@ func (t *Tree) Prefix(nodes int) *Tree {
 	return p
 }
 
-// entry is a frontier candidate: the rank-th token at depth under parent.
+// entry is a frontier candidate: the rank-th option at depth under parent,
+// whose option index is pred.
 type entry struct {
 	score  float64
-	ranks  []int32 // candidate rank at each depth along the path
+	ranks  []int32 // option rank at each depth along the path
 	parent int32
 	depth  int32
 	rank   int32
-}
-
-// sibling is the next-ranked alternative to e under the same parent, if
-// the depth has one more candidate.
-func (e entry) sibling(levels [][]Candidate) (entry, bool) {
-	lv := levels[e.depth-1]
-	if int(e.rank)+1 >= len(lv) {
-		return entry{}, false
-	}
-	s := e
-	s.rank = e.rank + 1
-	s.score = e.score - lv[e.rank].Logprob + lv[s.rank].Logprob
-	s.ranks = append(append([]int32{}, e.ranks[:len(e.ranks)-1]...), s.rank)
-	return s, true
+	pred   int32
 }
 
 // frontier is a max-heap by score, then by lexicographically smaller ranks.

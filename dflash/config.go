@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"ddflash/engine/config"
 )
@@ -56,7 +57,31 @@ type Config struct {
 	SlidingWindow int   // 0 when no layer slides
 	Causal        *bool // is_causal (or dflash_config.causal) when the config sets it
 	Dtype         string
+
+	// V2 holds a DFlash2 drafter's additions; nil for a DFlash (v1) drafter.
+	V2 *V2Config
 }
+
+// V2Config is what a DFlash2 drafter (architecture DFlash2DraftModel) adds
+// to DFlash: a grouped dynamic convolution around every sublayer and a
+// candidate selector over the top-K tokens of each proposal position (see
+// docs/dflash2.md). The fields come from dflash_config, or from the top
+// level of config.json where dflash_config lacks them.
+type V2Config struct {
+	ConvKernelSize int // conv_kernel_size: taps of each convolution (offsets 0..K-1)
+	ConvGroupSize  int // conv_group_size: channels sharing one dynamic tap weight
+	SelectorRank   int // selector_rank: width of the codebooks and the hidden projection
+	SelectorTopK   int // selector_top_k: candidates kept per proposal position
+	// OutputMultiplier scales the unary logits (1 when absent) and
+	// FinalLogitSoftcap, when positive, caps them to ±cap by cap·tanh(x/cap).
+	OutputMultiplier  float64
+	FinalLogitSoftcap float64
+	// InputEmbeddingScale scales the block's token embeddings (1 when absent).
+	InputEmbeddingScale float64
+}
+
+// ConvGroups is the number of channel groups of a convolution's dynamic part.
+func (c *Config) ConvGroups() int { return c.HiddenSize / c.V2.ConvGroupSize }
 
 // LayerCausal reports whether layer i masks future block positions: sliding
 // layers are causal and full layers are not, unless the config overrides it.
@@ -142,13 +167,31 @@ type rawConfig struct {
 	DFlash           *rawDFlash `json:"dflash_config"`
 	Dtype            string     `json:"dtype"`
 	TorchDtype       string     `json:"torch_dtype"`
+	Architectures    []string   `json:"architectures"`
+	rawV2
 }
 
 type rawDFlash struct {
 	MaskTokenID    *int  `json:"mask_token_id"`
 	TargetLayerIDs []int `json:"target_layer_ids"`
 	Causal         *bool `json:"causal"`
+	BlockSize      *int  `json:"block_size"`
+	rawV2
 }
+
+// rawV2 is the DFlash2 fields, as dflash_config or the top level spell them.
+type rawV2 struct {
+	ConvKernelSize      *int     `json:"conv_kernel_size"`
+	ConvGroupSize       *int     `json:"conv_group_size"`
+	SelectorRank        *int     `json:"selector_rank"`
+	SelectorTopK        *int     `json:"selector_top_k"`
+	OutputMultiplier    *float64 `json:"output_multiplier"`
+	FinalLogitSoftcap   *float64 `json:"final_logit_softcapping"`
+	InputEmbeddingScale *float64 `json:"input_embedding_scale"`
+}
+
+// V2Architecture is the architectures entry of a DFlash2 drafter.
+const V2Architecture = "DFlash2DraftModel"
 
 // ParseConfig reads a drafter config.json body.
 func ParseConfig(data []byte) (*Config, error) {
@@ -177,7 +220,6 @@ func ParseConfig(data []byte) (*Config, error) {
 		{"intermediate_size", raw.IntermediateSize, &c.IntermediateSize, false},
 		{"vocab_size", raw.VocabSize, &c.VocabSize, false},
 		{"max_position_embeddings", raw.MaxPositions, &c.MaxPositions, false},
-		{"block_size", raw.BlockSize, &c.BlockSize, false},
 		{"head_dim", raw.HeadDim, &c.HeadDim, true},
 		{"num_target_layers", raw.NumTargetLayers, &c.NumTargetLayers, true},
 	}
@@ -203,6 +245,9 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, err
 	}
 	if err := c.setDFlash(&raw); err != nil {
+		return nil, err
+	}
+	if err := c.setV2(&raw); err != nil {
 		return nil, err
 	}
 	if err := c.setLayerTypes(&raw); err != nil {
@@ -266,8 +311,94 @@ func (c *Config) setDFlash(raw *rawConfig) error {
 	if d.Causal != nil {
 		c.Causal = d.Causal
 	}
+	return c.setBlockSize(raw.BlockSize, d.BlockSize)
+}
+
+// setBlockSize reads block_size from the top level (z-lab's DFlash
+// drafters) or dflash_config (DFlash2 drafters); where both are set they
+// must agree.
+func (c *Config) setBlockSize(top, nested *int) error {
+	if top != nil && nested != nil && *top != *nested {
+		return fmt.Errorf("field dflash_config.block_size: %d, but block_size is %d", *nested, *top)
+	}
+	name, v := "block_size", top
+	if v == nil {
+		name, v = "dflash_config.block_size", nested
+	}
+	if v == nil {
+		return missing("block_size")
+	}
+	n, err := positive(name, v)
+	c.BlockSize = n
+	return err
+}
+
+// setV2 reads the DFlash2 fields: a drafter is DFlash2 when its
+// architectures name DFlash2DraftModel or when it sets any of them, and
+// then needs the four sizes (the published loaders require them too).
+func (c *Config) setV2(raw *rawConfig) error {
+	nested := rawV2{}
+	if raw.DFlash != nil {
+		nested = raw.DFlash.rawV2
+	}
+	pick := func(n, t *int) *int {
+		if n != nil {
+			return n
+		}
+		return t
+	}
+	pickF := func(n, t *float64) *float64 {
+		if n != nil {
+			return n
+		}
+		return t
+	}
+	top := raw.rawV2
+	sizes := []struct {
+		name string
+		v    *int
+	}{
+		{"conv_kernel_size", pick(nested.ConvKernelSize, top.ConvKernelSize)},
+		{"conv_group_size", pick(nested.ConvGroupSize, top.ConvGroupSize)},
+		{"selector_rank", pick(nested.SelectorRank, top.SelectorRank)},
+		{"selector_top_k", pick(nested.SelectorTopK, top.SelectorTopK)},
+	}
+	v2 := slices.Contains(raw.Architectures, V2Architecture)
+	for _, f := range sizes {
+		v2 = v2 || f.v != nil
+	}
+	if !v2 {
+		return nil
+	}
+	c.V2 = &V2Config{OutputMultiplier: 1, InputEmbeddingScale: 1}
+	for i, dst := range []*int{&c.V2.ConvKernelSize, &c.V2.ConvGroupSize, &c.V2.SelectorRank, &c.V2.SelectorTopK} {
+		n, err := positive("dflash_config."+sizes[i].name, sizes[i].v)
+		if err != nil {
+			return fmt.Errorf("%w (a DFlash2 drafter needs it)", err)
+		}
+		*dst = n
+	}
+	for _, f := range []struct {
+		name string
+		v    *float64
+		dst  *float64
+	}{
+		{"output_multiplier", pickF(nested.OutputMultiplier, top.OutputMultiplier), &c.V2.OutputMultiplier},
+		{"final_logit_softcapping", pickF(nested.FinalLogitSoftcap, top.FinalLogitSoftcap), &c.V2.FinalLogitSoftcap},
+		{"input_embedding_scale", pickF(nested.InputEmbeddingScale, top.InputEmbeddingScale), &c.V2.InputEmbeddingScale},
+	} {
+		if f.v == nil {
+			continue
+		}
+		if !finite(*f.v) || *f.v < 0 || (*f.v == 0 && f.name != "final_logit_softcapping") {
+			return fmt.Errorf("field dflash_config.%s: %g, want a positive number", f.name, *f.v)
+		}
+		*f.dst = *f.v
+	}
 	return nil
 }
+
+func finite(x float64) bool { return !math.IsInf(x, 0) && !math.IsNaN(x) }
 
 func (c *Config) setLayerTypes(raw *rawConfig) error {
 	if raw.LayerTypes == nil {
@@ -322,7 +453,10 @@ func (c *Config) CheckTarget(t *config.Config) error {
 
 // WeightParams counts the drafter's parameters: the fc that fuses the tapped
 // target features, two norms, and per layer attention, q/k norms, SwiGLU MLP
-// and two norms. Embedding and LM head are the target's.
+// and two norms; a DFlash2 drafter adds two convolutions per layer (static
+// kernels and the dynamic kernels' projection) and the selector (two
+// codebooks and the hidden projection). Embedding and LM head are the
+// target's.
 func (c *Config) WeightParams() int64 {
 	h := int64(c.HiddenSize)
 	q := int64(c.NumHeads * c.HeadDim)
@@ -331,7 +465,13 @@ func (c *Config) WeightParams() int64 {
 	mlp := 3 * h * int64(c.IntermediateSize)
 	perLayer := attn + mlp + 2*h
 	fc := int64(len(c.TargetLayerIDs)) * h * h
-	return fc + 2*h + int64(c.NumLayers)*perLayer
+	var selector int64
+	if v := c.V2; v != nil {
+		taps, groups := int64(v.ConvKernelSize), int64(c.ConvGroups())
+		perLayer += 2 * (2*taps*h + 2*taps*groups*h)
+		selector = int64(v.SelectorRank) * (2*int64(c.VocabSize) + h)
+	}
+	return fc + 2*h + int64(c.NumLayers)*perLayer + selector
 }
 
 func (c *Config) validate() error {
@@ -349,6 +489,14 @@ func (c *Config) validate() error {
 	}
 	if c.MaskTokenID < 0 || c.MaskTokenID >= c.VocabSize {
 		return fmt.Errorf("field dflash_config.mask_token_id: %d is outside the vocabulary [0, %d)", c.MaskTokenID, c.VocabSize)
+	}
+	if v := c.V2; v != nil {
+		if c.HiddenSize%v.ConvGroupSize != 0 {
+			return fmt.Errorf("field dflash_config.conv_group_size: %d does not divide hidden_size %d", v.ConvGroupSize, c.HiddenSize)
+		}
+		if v.SelectorTopK > c.VocabSize {
+			return fmt.Errorf("field dflash_config.selector_top_k: %d exceeds vocab_size %d", v.SelectorTopK, c.VocabSize)
+		}
 	}
 	return nil
 }

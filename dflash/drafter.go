@@ -23,6 +23,8 @@ type layerWeights struct {
 	OProj               kernels.Buffer // [hidden, heads*headDim]
 	QNorm, KNorm        kernels.Buffer // [headDim]
 	Gate, Up, Down      kernels.Buffer
+	// DFlash2 only: the convolutions around the attention and the MLP.
+	attnConv, mlpConv convWeights
 }
 
 // Drafter is a loaded DFlash drafter bound to its target model, whose token
@@ -36,6 +38,7 @@ type Drafter struct {
 	hiddenNorm kernels.Buffer // [hidden]
 	norm       kernels.Buffer // [hidden]
 	layers     []layerWeights
+	selector   selectorWeights // DFlash2 only
 	// Context K/V of committed tokens: full-attention layers page the whole
 	// sequence in kv; sliding layers keep a ring of ringPages pages per
 	// session in ring (see ringTable). cacheIndex is a layer's index in its
@@ -179,6 +182,9 @@ func (d *Drafter) tensorSpecs() []engine.TensorSpec {
 			specs = append(specs, engine.TensorSpec{Name: p + s.name, Shape: s.shape, ToF32: s.toF32, Dst: s.dst})
 		}
 	}
+	if c.V2 != nil {
+		specs = append(specs, d.v2Specs()...)
+	}
 	return specs
 }
 
@@ -253,12 +259,20 @@ func (d *Drafter) BlockSize() int { return d.Cfg.BlockSize }
 type Session struct {
 	d        *Drafter
 	kv, ring engine.SeqKV
-	cached   int // committed tokens whose context K/V are in the cache
+	cached   int             // committed tokens whose context K/V are in the cache
+	lattice  *ddtree.Lattice // DFlash2: the latest draft's selector lattice
 }
 
 // NewSession starts an empty context; the drafter sees the prompt through
-// the target's features, not its tokens.
-func (d *Drafter) NewSession([]int32) (engine.DraftSession, error) { return &Session{d: d}, nil }
+// the target's features, not its tokens. A DFlash2 drafter's session is
+// also an engine.LatticeSession.
+func (d *Drafter) NewSession([]int32) (engine.DraftSession, error) {
+	s := &Session{d: d}
+	if d.Cfg.V2 != nil {
+		return v2Session{s}, nil
+	}
+	return s, nil
+}
 
 // Close returns the session's cache pages.
 func (s *Session) Close() {
@@ -345,16 +359,26 @@ func (s *Session) ringCache(a *arena, ctxPos, blockPos []int32) (contextCache, e
 // len(TapLayers)·targetHidden values, in tap order) to the context, runs the
 // block [anchor, mask, …, mask] at positions start..start+BlockSize-1 (start
 // = committed tokens, the anchor's position) and returns the logits of the
-// BlockSize-1 proposal positions, row-major over the target vocabulary.
+// BlockSize-1 proposal positions, row-major over the target vocabulary. A
+// DFlash2 drafter convolves around every sublayer, returns its unary logits
+// (after output_multiplier and the soft cap) and keeps the selector's
+// lattice of them for Lattice.
 func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 	a := s.d.scratch.reset(s.d.b)
-	logits, err := s.draft(a, features, anchor)
+	logits, proposals, err := s.draft(a, features, anchor)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]float32, logits.Len())
 	if err := a.b.DownloadF32(logits, 0, out); err != nil {
 		return nil, err
+	}
+	if v2 := s.d.Cfg.V2; v2 != nil {
+		v2.unary(out)
+		rows := logits.Len() / s.d.target.Cfg.VocabSize
+		if s.lattice, err = s.d.selectLattice(a, proposals, out, anchor, rows); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
@@ -379,7 +403,7 @@ func (s *Session) DraftTop(features []float32, anchor int32, valid, k int) ([][]
 		return rows, nil
 	}
 	a := s.d.scratch.reset(s.d.b)
-	logits, err := s.draft(a, features, anchor)
+	logits, _, err := s.draft(a, features, anchor)
 	if err != nil {
 		return nil, err
 	}
@@ -415,13 +439,14 @@ func (s *Session) DraftTop(features []float32, anchor int32, valid, k int) ([][]
 }
 
 // draft runs the block and returns its proposal rows' logits on the
-// device, [BlockSize-1, vocab], in an arena buffer.
-func (s *Session) draft(a *arena, features []float32, anchor int32) (kernels.Buffer, error) {
+// device, [BlockSize-1, vocab], and their normed hidden states, in arena
+// buffers.
+func (s *Session) draft(a *arena, features []float32, anchor int32) (kernels.Buffer, kernels.Buffer, error) {
 	d, b, c := s.d, s.d.b, s.d.Cfg
 	tc := d.target.Cfg
 	width := len(c.TargetLayerIDs) * tc.HiddenSize
 	if len(features)%width != 0 {
-		return nil, fmt.Errorf("dflash: %d feature values is not a whole number of %d-wide rows", len(features), width)
+		return nil, nil, fmt.Errorf("dflash: %d feature values is not a whole number of %d-wide rows", len(features), width)
 	}
 	ctxRows, Q, H := len(features)/width, c.BlockSize, c.HiddenSize
 	start := s.cached + ctxRows
@@ -430,12 +455,12 @@ func (s *Session) draft(a *arena, features []float32, anchor int32) (kernels.Buf
 	var err error
 	if d.kv != nil {
 		if paged, err = s.pagedCache(a, ctxPos, blockPos); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if d.ring != nil {
 		if ringed, err = s.ringCache(a, ctxPos, blockPos); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	qDim, kvDim := c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
@@ -449,23 +474,33 @@ func (s *Session) draft(a *arena, features []float32, anchor int32) (kernels.Buf
 	q, attn := a.f32(Q*qDim), a.f32(Q*qDim)
 	k, v := a.f32(max(Q, ctxRows)*kvDim), a.f32(max(Q, ctxRows)*kvDim)
 	act, up := a.f32(Q*c.IntermediateSize), a.f32(Q*c.IntermediateSize)
+	var conv convScratch
+	if c.V2 != nil {
+		conv = convScratch{delta: a.f32(Q * 2 * c.V2.ConvKernelSize * c.ConvGroups()), out: a.f32(Q * H)}
+	}
 	var ctx, ctxPosBuf, feat kernels.Buffer
 	if ctxRows > 0 {
 		ctx, feat, ctxPosBuf = a.f32(ctxRows*H), a.f32(len(features)), a.i32(ctxPos)
 	}
 	if a.err != nil {
-		return nil, a.err
+		return nil, nil, a.err
 	}
 	eps := float32(c.RMSNormEps)
 	if ctxRows > 0 {
 		if err := b.UploadF32(feat, 0, features); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		b.MatMul(ctx, feat, d.fc, ctxRows, H, width)
 		b.RMSNorm(ctx, ctx, d.hiddenNorm, ctxRows, H, eps, false)
 	}
 	b.Embedding(x, d.target.Embeddings(), idsBuf, Q, H)
-	for i, lw := range d.layers {
+	if c.V2 != nil && c.V2.InputEmbeddingScale != 1 {
+		if err := d.scaleRows(x, Q*H, c.V2.InputEmbeddingScale); err != nil {
+			return nil, nil, err
+		}
+	}
+	for i := range d.layers {
+		lw := &d.layers[i]
 		cc := &paged
 		if d.ringed(i) {
 			cc = &ringed
@@ -473,13 +508,14 @@ func (s *Session) draft(a *arena, features []float32, anchor int32) (kernels.Buf
 		kc, vc := cc.cache.Layer(0, d.cacheIndex[i])
 		if cc.keep > 0 {
 			from := ctxRows - cc.keep
-			d.keysValues(&lw, k, v, b.Slice(ctx, from*H, cc.keep*H), b.Slice(ctxPosBuf, from, cc.keep), cc.keep)
+			d.keysValues(lw, k, v, b.Slice(ctx, from*H, cc.keep*H), b.Slice(ctxPosBuf, from, cc.keep), cc.keep)
 			b.WriteKV(kc, vc, k, v, cc.ctxSlots, cc.keep, kvDim)
 		}
 		b.RMSNorm(u, x, lw.InputNorm, Q, H, eps, false)
-		d.keysValues(&lw, k, v, u, blockPosBuf, Q)
+		in := d.convIn(&lw.attnConv, &conv, u, Q)
+		d.keysValues(lw, k, v, in, blockPosBuf, Q)
 		b.WriteKV(kc, vc, k, v, cc.blockSlots, Q, kvDim)
-		b.MatMul(q, u, lw.QProj, Q, qDim, H)
+		b.MatMul(q, in, lw.QProj, Q, qDim, H)
 		b.RMSNorm(q, q, lw.QNorm, Q*c.NumHeads, c.HeadDim, eps, false)
 		b.RoPE(q, blockPosBuf, d.invFreq, Q, c.NumHeads, c.HeadDim, c.HeadDim, d.ropeScale)
 		seq := cc.seq
@@ -495,13 +531,14 @@ func (s *Session) draft(a *arena, features []float32, anchor int32) (kernels.Buf
 		}
 		b.Attention(attn, q, kc, vc, d.attn, []kernels.AttnSeq{seq})
 		b.MatMul(u, attn, lw.OProj, Q, H, qDim)
-		b.Add(x, x, u, Q*H)
+		b.Add(x, x, d.convOut(&lw.attnConv, &conv, u, Q), Q*H)
 		b.RMSNorm(u, x, lw.PostNorm, Q, H, eps, false)
-		b.MatMul(up, u, lw.Up, Q, c.IntermediateSize, H)
-		b.MatMul(act, u, lw.Gate, Q, c.IntermediateSize, H)
+		in = d.convIn(&lw.mlpConv, &conv, u, Q)
+		b.MatMul(up, in, lw.Up, Q, c.IntermediateSize, H)
+		b.MatMul(act, in, lw.Gate, Q, c.IntermediateSize, H)
 		b.SwiGLU(act, act, up, Q*c.IntermediateSize)
 		b.MatMul(u, act, lw.Down, Q, H, c.IntermediateSize)
-		b.Add(x, x, u, Q*H)
+		b.Add(x, x, d.convOut(&lw.mlpConv, &conv, u, Q), Q*H)
 	}
 	// Only committed tokens stay in the context: the block's K/V above start
 	// are overwritten by the next round's context rows.
@@ -510,12 +547,12 @@ func (s *Session) draft(a *arena, features []float32, anchor int32) (kernels.Buf
 	b.RMSNorm(proposals, proposals, d.norm, Q-1, H, eps, false)
 	logits := a.f32((Q - 1) * tc.VocabSize)
 	if a.err != nil {
-		return nil, a.err
+		return nil, nil, a.err
 	}
 	if err := d.target.ProjectVocab(logits, proposals, Q-1); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return logits, nil
+	return logits, proposals, nil
 }
 
 // keysValues projects rows of src to normed, rotated keys and to values.
@@ -613,19 +650,25 @@ func (a *arena) free() {
 	a.bufs = nil
 }
 
-// Attach loads the drafter in dir for the engine's target and enables
-// speculative decoding with the given options. Its full-attention layers
-// hold as many tokens as the target's KV cache, its rings one per state slot. The engine must have been
-// sized with Options.VerifyTokens >= spec.VerifyTokens(block size); see
-// VerifyTokens.
+// Attach loads the drafter in dir for the engine's target (see Load) and
+// enables speculative decoding with the given options. The engine must
+// have been sized with Options.VerifyTokens >= spec.VerifyTokens(block
+// size); see VerifyTokens.
 func Attach(e *engine.Engine, dir string, spec engine.SpecOptions) error {
-	kv := e.Model.KV
-	d, err := LoadDrafter(dir, e.Model, Options{Sequences: e.MaxSeqs(), Context: e.Context, Tokens: kv.Pages() * kv.PageSize()})
+	d, err := Load(e, dir)
 	if err != nil {
 		return err
 	}
 	e.Drafter, e.Spec = d, spec
 	return nil
+}
+
+// Load loads the drafter in dir for the engine's target, sized for it:
+// its full-attention layers hold as many tokens as the target's KV cache,
+// its rings one per state slot.
+func Load(e *engine.Engine, dir string) (*Drafter, error) {
+	kv := e.Model.KV
+	return LoadDrafter(dir, e.Model, Options{Sequences: e.MaxSeqs(), Context: e.Context, Tokens: kv.Pages() * kv.PageSize()})
 }
 
 // VerifyTokens reads the drafter config in dir and returns how many tokens

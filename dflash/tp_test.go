@@ -18,15 +18,17 @@ import (
 // same logits as with one rank, to fp32 rounding, and greedy speculative
 // output in every mode equals one rank's autoregressive output; for the
 // published drafter layout and 2 + 1, with a window (12) the sequence
-// outgrows.
+// outgrows, and a DFlash2 drafter in the 2 + 1 layout.
 func TestTensorParallelDrafter(t *testing.T) {
 	for _, l := range drafterLayouts(t)[:2] {
-		checkTensorParallelDrafter(t, l)
+		checkTensorParallelDrafter(t, l.name, testmodel.DraftOptions{LayerTypes: l.types, Window: 12})
 	}
+	l := drafterLayouts(t)[1]
+	checkTensorParallelDrafter(t, "DFlash2 "+l.name, testmodel.DraftOptions{LayerTypes: l.types, Window: 12, DFlash2: true})
 }
 
-func checkTensorParallelDrafter(t *testing.T, l layout) {
-	target, draftDir := writePair(t, "tp8", 4, "bf16", testmodel.DraftOptions{LayerTypes: l.types, Window: 12})
+func checkTensorParallelDrafter(t *testing.T, name string, opts testmodel.DraftOptions) {
+	target, draftDir := writePair(t, "tp8", 4, "bf16", opts)
 	load := func(tp int, spec engine.SpecOptions) *engine.Engine {
 		backends := make([]kernels.Backend, tp)
 		for i := range backends {
@@ -65,7 +67,7 @@ func checkTensorParallelDrafter(t *testing.T, l layout) {
 	}
 	want, got := draft(one), draft(four)
 	if diff, scale := closeness.MaxAbsDiff(got, want), closeness.Scale(want); diff > 2e-5*scale {
-		t.Fatalf("%s layout: TP 4 draft logits differ from one rank by %.3g (scale %.3g)", l.name, diff, scale)
+		t.Fatalf("%s layout: TP 4 draft logits differ from one rank by %.3g (scale %.3g)", name, diff, scale)
 	}
 
 	req := engine.Request{Prompt: []int32{5, 80, 33, 140, 7}, MaxTokens: 40}
@@ -80,7 +82,7 @@ func checkTensorParallelDrafter(t *testing.T, l layout) {
 				t.Fatal(err)
 			}
 			if !slices.Equal(res.Tokens, ar.Tokens) {
-				t.Fatalf("%s layout, %s at TP %d: output differs from one rank's autoregressive\n got %v\nwant %v", l.name, spec.Mode, tp, res.Tokens, ar.Tokens)
+				t.Fatalf("%s layout, %s at TP %d: output differs from one rank's autoregressive\n got %v\nwant %v", name, spec.Mode, tp, res.Tokens, ar.Tokens)
 			}
 		}
 	}

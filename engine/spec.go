@@ -30,6 +30,15 @@ type TopDraftSession interface {
 	DraftTop(features []float32, anchor int32, valid, k int) ([][]ddtree.Candidate, error)
 }
 
+// LatticeSession is a DraftSession whose proposals are paths through a
+// candidate lattice (DFlash2's selector): its Lattice, for the latest
+// Draft, replaces the logits' argmax chain and top-k levels. The lattice
+// is deterministic given the drafter's input, so at T > 0 the proposal is
+// a point mass and the sample-and-match verify stays exact (docs/dflash2.md).
+type LatticeSession interface {
+	Lattice() *ddtree.Lattice
+}
+
 // Drafter proposes blocks of tokens conditioned on the target's hidden states.
 type Drafter interface {
 	TapLayers() []int
@@ -142,14 +151,25 @@ func (st *SpecStats) finish(blockSize int) {
 	}
 }
 
-// propose drafts and turns the drafter's distributions into the proposal
-// to verify, rooted at the anchor and at most depth tokens deep: through
-// DraftTop when the session has it (the budget's candidates a row, or the
-// best one for a chain), else from Draft's logits.
+// propose drafts and turns the drafter's output into the proposal to
+// verify, rooted at the anchor and at most depth tokens deep: a lattice
+// session's lattice (DFlash2), else the candidates DraftTop brings home
+// when the session has it (the budget's a row, or the best one for a
+// chain), else those of Draft's logits.
 func (e *Engine) propose(sess DraftSession, features []float32, anchor int32, depth int) (*ddtree.Tree, error) {
 	k := e.Spec.Budget
 	if e.Spec.Mode == SpecLinear {
 		k = 1
+	}
+	if ls, ok := sess.(LatticeSession); ok { // checked first: it may have DraftTop too
+		if _, err := sess.Draft(features, anchor); err != nil {
+			return nil, err
+		}
+		l := ls.Lattice().Truncate(depth)
+		if e.Spec.Mode == SpecLinear {
+			return ddtree.Chain(anchor, l.GreedyPath()), nil
+		}
+		return ddtree.BuildLattice(anchor, l, e.Spec.Budget, !e.Spec.NoChainSeed), nil
 	}
 	var levels [][]ddtree.Candidate
 	if ts, ok := sess.(TopDraftSession); ok {

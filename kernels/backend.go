@@ -189,6 +189,15 @@ type Backend interface {
 	// node = -1 leaves the state unchanged.
 	ConvCommit(state, x, parents Buffer, node, channels, K int)
 
+	// GroupedConv runs a depthwise convolution over a block of rows whose
+	// taps have a static part per channel and a dynamic part per row and
+	// channel group (DFlash2's, docs/dflash2.md): for i < rows, c < dim,
+	//   out[i,c] = Σ_{t<taps} (base[t,c] + delta[i·deltaStride + t·G + c/groupSize]) · x[i−t, c]
+	// with G = dim/groupSize and rows before the block's first contributing
+	// zero. x, out [rows, dim], base [taps, dim] and delta are F32; out must
+	// not alias x.
+	GroupedConv(out, x, base, delta Buffer, rows, dim, taps, groupSize, deltaStride int)
+
 	// GDNGates computes per row and value head g = -exp(aLog)·softplus(a+dtBias)
 	// into a, and beta = sigmoid(b) into b, in place. a, b are [T, heads].
 	GDNGates(a, b, aLog, dtBias Buffer, T, heads int)

@@ -153,7 +153,7 @@ fi
 parts=(
 	"conformance 60 TestConformance|TestMatMulAgainstCPU|TestGraphReplay|TestKernelResources"
 	"model-logits 45 TestModelLogits"
-	"spec 60 TestSpecGeneration|TestSpecLosslessBF16State|TestDraftLogits"
+	"spec 75 TestSpecGeneration|TestSpecLosslessBF16State|TestDraftLogits|TestDFlash2"
 	"layer-step 90 TestLayerStep"
 	"step-time 75 TestStepTime"
 	"engine-step 60 TestEngineStep"

@@ -62,7 +62,8 @@ DIR/tp1-b15.failure.json.`)
 		}
 	})
 	mf.registerCacheDtypes(fs)
-	modes := fs.String("modes", "auto,linear,b8,b12,b15,b16,b32,b64", "decoding modes: auto (the baseline), linear (DFlash chain), bN (DDTree, N nodes), adaptive (tree size chosen every step, up to 32 nodes)")
+	modes := fs.String("modes", "auto,linear,b8,b12,b15,b16,b32,b64", "decoding modes: auto (the baseline), linear (DFlash chain), bN (DDTree, N nodes), adaptive (tree size chosen every step, up to 32 nodes), dflash2 and d2bN (linear and bN with the --draft2 drafter)")
+	draft2 := fs.String("draft2", "", "in-process: a DFlash2 drafter directory for the dflash2 and d2bN modes, measured beside --draft's")
 	tps := fs.String("tp", "1", "tensor-parallel degrees (in-process: each loads the target split over that many ranks; with --url, a label)")
 	weights := fs.String("weights", "checkpoint", "in-process: the target's weights, checkpoint (its own) and/or fp8 (quantised to block-scaled FP8 at load, as ddflash quantize writes it, into a temporary directory); several are loaded together and their runs interleaved pass by pass, and report compares each with the checkpoint's")
 	maxTokens := fs.String("max-tokens", "256,1024", "output lengths")
@@ -108,7 +109,7 @@ DIR/tp1-b15.failure.json.`)
 	} else {
 		var ip *bench.InProcess
 		var cleanup func()
-		if ip, cleanup, err = inProcessBackend(&mf, plan, fs, *gpuMem, *prefixSlots); err != nil {
+		if ip, cleanup, err = inProcessBackend(&mf, *draft2, plan, fs, *gpuMem, *prefixSlots); err != nil {
 			return err
 		}
 		defer cleanup()
@@ -117,7 +118,7 @@ DIR/tp1-b15.failure.json.`)
 	sum, err := bench.Sweep(ctx, bench.Options{
 		Plan: plan, Backend: backend, Store: bench.Store{Dir: *out}, Resume: *resume, Interleave: *interleave,
 		Argv:     append([]string{"ddflash", "bench"}, args...),
-		ModelDir: mf.model, DraftDir: mf.draft,
+		ModelDir: mf.model, DraftDir: mf.draft, DFlash2Dir: *draft2,
 		Temperature: *temperature, Seed: *seed, IgnoreEOS: *ignoreEOS, Thinking: *thinking, Raw: *raw,
 		RequestTimeout: *timeout, GPUs: bench.NVML(), Log: os.Stderr,
 	})
@@ -179,8 +180,8 @@ func benchSizing(mf *modelFlags, fs *flag.FlagSet, running int, gpuMem string, p
 // concurrency, with the drafter attached when a mode speculates; the sweep
 // then switches the spec mode between configurations. FP8 weights are the
 // target quantised into a temporary directory, which cleanup removes.
-func inProcessBackend(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem string, prefixSlots int) (*bench.InProcess, func(), error) {
-	ip, q, err := newInProcess(mf, plan, fs, gpuMem, prefixSlots)
+func inProcessBackend(mf *modelFlags, draft2 string, plan *bench.Plan, fs *flag.FlagSet, gpuMem string, prefixSlots int) (*bench.InProcess, func(), error) {
+	ip, q, err := newInProcess(mf, draft2, plan, fs, gpuMem, prefixSlots)
 	return ip, q.remove, err
 }
 
@@ -206,7 +207,7 @@ func (q *quantized) remove() {
 	}
 }
 
-func newInProcess(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem string, prefixSlots int) (*bench.InProcess, *quantized, error) {
+func newInProcess(mf *modelFlags, draft2 string, plan *bench.Plan, fs *flag.FlagSet, gpuMem string, prefixSlots int) (*bench.InProcess, *quantized, error) {
 	q := &quantized{}
 	if err := mf.resolveDefault(); err != nil {
 		return nil, q, err
@@ -221,10 +222,16 @@ func newInProcess(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem str
 		if m.Kind == "auto" {
 			continue
 		}
-		if mf.draft == "" {
+		dir := mf.draft
+		if m.Drafter == bench.DFlash2Drafter {
+			if dir = draft2; dir == "" {
+				return nil, q, fmt.Errorf("mode %s runs a DFlash2 drafter: give --draft2 DIR", m.Name)
+			}
+		}
+		if dir == "" {
 			return nil, q, fmt.Errorf("mode %s speculates and needs a drafter: give --draft DIR, or --modes auto", m.Name)
 		}
-		cfg, err := dflash.LoadConfig(mf.draft)
+		cfg, err := dflash.LoadConfig(dir)
 		if err != nil {
 			return nil, q, err
 		}
@@ -251,7 +258,11 @@ func newInProcess(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem str
 		}
 		return target.load(sizing)
 	}
-	return &bench.InProcess{Load: load, Prompter: bench.ChatPrompter{Dir: tok}, Rollback: rollback, Threads: mf.threads, Device: mf.device, Log: os.Stderr}, q, nil
+	ip := &bench.InProcess{Load: load, Prompter: bench.ChatPrompter{Dir: tok}, Rollback: rollback, Threads: mf.threads, Device: mf.device, Log: os.Stderr}
+	if slices.ContainsFunc(plan.Modes, func(m bench.Mode) bool { return m.Drafter == bench.DFlash2Drafter }) {
+		ip.LoadDFlash2 = func(e *engine.Engine) (engine.Drafter, error) { return dflash.Load(e, draft2) }
+	}
+	return ip, q, nil
 }
 
 func runBenchVerify(args []string) error {

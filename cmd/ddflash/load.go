@@ -56,7 +56,7 @@ func (b budgetFlag) Set(s string) error {
 
 func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.model, "model", "", "target model directory (Hugging Face layout; default: the embedded default model)")
-	fs.StringVar(&m.draft, "draft", "", "DFlash drafter directory (z-lab layout), for --spec linear|ddtree|adaptive (default with the default model: its drafter)")
+	fs.StringVar(&m.draft, "draft", "", "DFlash or DFlash2 drafter directory (z-lab layout; DFlash2 is read from its config), for --spec linear|ddtree|adaptive (default with the default model: its drafter)")
 	fs.StringVar(&m.spec, "spec", "auto", "decoding: auto (autoregressive), linear (DFlash chain), ddtree, or adaptive (a DDTree whose size, autoregressive included, is chosen every step from measured cost and predicted acceptance)")
 	m.budget = 15
 	fs.Var(budgetFlag{m}, "budget", "DDTree node budget B (non-root nodes per verify), or auto: chosen every step up to --max-budget")

@@ -29,6 +29,7 @@ func runTestModel(args []string) error {
 	draftLayerTypes := fs.String("draft-layer-types", "", "drafter layer_types in order, comma-separated: sliding|full (default: the last layer full, the others sliding; z-lab's Qwen3.6-27B drafter is sliding,sliding,sliding,sliding,full)")
 	draftWindow := fs.Int("draft-window", 0, "sliding window of the drafter's sliding layers (default: 3/4 of the target's context)")
 	draftIntermediate := fs.Int("draft-intermediate", 0, "the drafter's SwiGLU width (default: the target's)")
+	draftV2 := fs.Bool("draft-dflash2", false, "write the drafter as DFlash2 (published layout: grouped dynamic convolutions and the candidate selector; conv_kernel_size 2, selector_top_k 16)")
 	draftTaps := fs.String("draft-taps", "", "target layers the drafter takes in, comma-separated (default: one per drafter layer, spread over the target, the last included)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -73,10 +74,14 @@ func runTestModel(args []string) error {
 		}
 	}
 	draft := testmodel.DraftOptions{Target: p, Seed: *seed, DType: draftDType, Layers: *draftLayers, LayerTypes: layerTypes, Window: *draftWindow,
-		Intermediate: *draftIntermediate, Taps: taps}
+		Intermediate: *draftIntermediate, Taps: taps, DFlash2: *draftV2}
 	if err := testmodel.WriteDrafter(*draftOut, draft); err != nil {
 		return err
 	}
-	fmt.Printf("wrote a matching DFlash drafter to %s\n", *draftOut)
+	kind := "DFlash"
+	if *draftV2 {
+		kind = "DFlash2"
+	}
+	fmt.Printf("wrote a matching %s drafter to %s\n", kind, *draftOut)
 	return nil
 }

@@ -28,7 +28,24 @@ type DraftOptions struct {
 	// means one per drafter layer, spread over the target, the last layer
 	// included.
 	Taps []int
+	// DFlash2 writes a DFlash2 drafter in the published layout
+	// (architecture DFlash2DraftModel, block_size and the DFlash2 fields in
+	// dflash_config, a convolution around every sublayer, the candidate
+	// selector): conv_kernel_size 2 and selector_top_k 16 as published,
+	// conv_group_size 16 (or the hidden size when smaller) and
+	// selector_rank a quarter of the hidden size.
+	DFlash2 bool
 }
+
+// DFlash2 sizes of testmodel drafters (see DraftOptions.DFlash2).
+const (
+	dflash2Taps = 2
+	dflash2TopK = 16
+)
+
+func dflash2GroupSize(hidden int) int { return min(16, hidden) }
+
+func dflash2Rank(hidden int) int { return max(1, hidden/4) }
 
 // draftLayerTypes returns the z-lab layer_types of opt's drafter.
 func draftLayerTypes(opt DraftOptions) ([]string, error) {
@@ -123,6 +140,15 @@ func WriteDrafter(dir string, opt DraftOptions) error {
 		"dflash_config":           map[string]any{"mask_token_id": p.VocabSize - 1, "target_layer_ids": taps},
 		"dtype":                   dt.config,
 	}
+	if opt.DFlash2 {
+		cfg["architectures"] = []string{"DFlash2DraftModel"}
+		delete(cfg, "block_size")
+		cfg["dflash_config"] = map[string]any{
+			"mask_token_id": p.VocabSize - 1, "target_layer_ids": taps, "block_size": block,
+			"conv_kernel_size": dflash2Taps, "conv_group_size": dflash2GroupSize(p.Hidden),
+			"selector_rank": dflash2Rank(p.Hidden), "selector_top_k": dflash2TopK,
+		}
+	}
 	if opt.YaRN > 1 {
 		cfg["rope_scaling"] = map[string]any{
 			"rope_type": "yarn", "factor": opt.YaRN, "original_max_position_embeddings": p.MaxPositions / 4,
@@ -140,7 +166,11 @@ func WriteDrafter(dir string, opt DraftOptions) error {
 	}
 	rng := rand.New(rand.NewPCG(opt.Seed, 0xd4af7))
 	var tensors []safetensors.Tensor
-	for _, tp := range draftPlan(p, layers, len(taps), intermediate) {
+	tensorPlans := draftPlan(p, layers, len(taps), intermediate)
+	if opt.DFlash2 {
+		tensorPlans = append(tensorPlans, dflash2Plan(p, layers)...)
+	}
+	for _, tp := range tensorPlans {
 		data, err := encodeTensor(rng, tp, p.VocabSize, dt.tensor)
 		if err != nil {
 			return fmt.Errorf("test drafter: tensor %s: %w", tp.name, err)
@@ -198,4 +228,25 @@ func draftPlan(p Preset, layers, taps, intermediate int) []tensorPlan {
 		}
 	}
 	return out
+}
+
+// dflash2Plan lists what a DFlash2 drafter adds: per layer two
+// convolutions (static taps near the identity, small dynamic taps) and the
+// candidate selector.
+func dflash2Plan(p Preset, layers int) []tensorPlan {
+	h, rank := p.Hidden, dflash2Rank(p.Hidden)
+	groups := h / dflash2GroupSize(h)
+	var out []tensorPlan
+	for i := 0; i < layers; i++ {
+		for _, conv := range []string{"attention_conv", "mlp_conv"} {
+			l := fmt.Sprintf("layers.%d.%s.", i, conv)
+			out = append(out,
+				tensorPlan{name: l + "base_kernel", shape: []int{2, dflash2Taps, h}, init: initConvBase},
+				tensorPlan{name: l + "kernel_projection.weight", shape: []int{2 * dflash2Taps * groups, h}, init: initDynamicTaps})
+		}
+	}
+	return append(out,
+		tensorPlan{name: "candidate_selector.hidden_projection.weight", shape: []int{rank, h}, init: initMatrix},
+		tensorPlan{name: "candidate_selector.predecessor_codebook", shape: []int{p.VocabSize, rank}, init: initEmbedding},
+		tensorPlan{name: "candidate_selector.successor_codebook", shape: []int{p.VocabSize, rank}, init: initEmbedding})
 }

@@ -210,13 +210,15 @@ func marshalJSON(v any) ([]byte, error) {
 type initKind int
 
 const (
-	initMatrix    initKind = iota // N(0, 1/sqrt(fan_in)), fan_in the last dim (K for the conv)
-	initEmbedding                 // N(0, 1)
-	initLMHead                    // N(0, logitSpread/sqrt(hidden)), padding rows boosted
-	initZeroNorm                  // N(0, normStd): weights applied as (1+w)
-	initPlainNorm                 // 1 + N(0, normStd)
-	initALog                      // log(U(1, 16))
-	initDtBias                    // softplus⁻¹(dt), dt log-uniform in [1e-3, 1e-1] (Mamba's init)
+	initMatrix      initKind = iota // N(0, 1/sqrt(fan_in)), fan_in the last dim (K for the conv)
+	initEmbedding                   // N(0, 1)
+	initLMHead                      // N(0, logitSpread/sqrt(hidden)), padding rows boosted
+	initZeroNorm                    // N(0, normStd): weights applied as (1+w)
+	initPlainNorm                   // 1 + N(0, normStd)
+	initALog                        // log(U(1, 16))
+	initDtBias                      // softplus⁻¹(dt), dt log-uniform in [1e-3, 1e-1] (Mamba's init)
+	initConvBase                    // DFlash2 static taps [2, taps, hidden]: tap 0 1 + N(0, normStd), later taps N(0, normStd)
+	initDynamicTaps                 // N(0, normStd/sqrt(fan_in)): DFlash2 dynamic taps near zero
 )
 
 type tensorPlan struct {
@@ -332,6 +334,13 @@ func initValues(rng *rand.Rand, tp tensorPlan, usedIDs, from int, vals []float32
 			vals[j] = 1 + normal(normStd)
 		case initALog:
 			vals[j] = float32(math.Log(1 + 15*rng.Float64()))
+		case initConvBase:
+			vals[j] = normal(normStd)
+			if i/last%tp.shape[1] == 0 {
+				vals[j]++
+			}
+		case initDynamicTaps:
+			vals[j] = normal(normStd / math.Sqrt(float64(last)))
 		case initDtBias:
 			dt := math.Exp(math.Log(1e-3) + rng.Float64()*(math.Log(1e-1)-math.Log(1e-3)))
 			vals[j] = float32(dt + math.Log(-math.Expm1(-dt))) // softplus⁻¹(dt)

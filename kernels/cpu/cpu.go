@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"unsafe"
 
 	"ddflash/internal/half"
 	"ddflash/kernels"
@@ -79,15 +80,34 @@ func (be *Backend) Alloc(dt kernels.DType, n int) (kernels.Buffer, error) {
 	}
 	switch dt {
 	case kernels.F32:
-		return &buffer{dt: dt, f32: make([]float32, n)}, nil
+		return &buffer{dt: dt, f32: allocSlice[float32](n)}, nil
 	case kernels.BF16, kernels.F16:
-		return &buffer{dt: dt, u16: make([]uint16, n)}, nil
+		return &buffer{dt: dt, u16: allocSlice[uint16](n)}, nil
 	case kernels.I32:
-		return &buffer{dt: dt, i32: make([]int32, n)}, nil
+		return &buffer{dt: dt, i32: allocSlice[int32](n)}, nil
 	case kernels.F8E4M3:
-		return &buffer{dt: dt, u8: make([]uint8, n)}, nil
+		return &buffer{dt: dt, u8: allocSlice[uint8](n)}, nil
 	}
 	return nil, fmt.Errorf("cpu: alloc: unknown dtype %v", dt)
+}
+
+// hugePage is the size of a transparent huge page on x86-64 (and on arm64
+// with 4 KiB base pages).
+const hugePage = 2 << 20
+
+// hugePageMin is the least buffer size whose memory is advised to be backed
+// by huge pages: it holds at least one whole huge page, and smaller ones
+// (norm weights, a step's activations) gain nothing.
+const hugePageMin = 2 * hugePage
+
+// allocSlice returns n zeroed elements; a large one's memory is advised to
+// be backed by huge pages (see adviseHugePages).
+func allocSlice[T float32 | uint16 | uint8 | int32](n int) []T {
+	s := make([]T, n)
+	if bytes := n * int(unsafe.Sizeof(s[0])); bytes >= hugePageMin {
+		adviseHugePages(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), bytes))
+	}
+	return s
 }
 
 // Free drops the buffer's memory (both parts of a BlockScaled weight); the garbage collector reclaims it once no

@@ -160,6 +160,27 @@ func (be *Backend) MulSigmoid(x, gate kernels.Buffer, n int) {
 	})
 }
 
+// GroupedConv runs DFlash2's block-local convolution with static and
+// per-group dynamic taps (see kernels.Backend).
+func (be *Backend) GroupedConv(out, x, base, delta kernels.Buffer, rows, dim, taps, groupSize, deltaStride int) {
+	groups := dim / groupSize
+	o, xv := f32s("GroupedConv out", out, rows*dim), f32s("GroupedConv x", x, rows*dim)
+	bv := f32s("GroupedConv base", base, taps*dim)
+	dv := f32s("GroupedConv delta", delta, max(0, (rows-1)*deltaStride+taps*groups))
+	be.pool.parallelFor(rows, taps*dim, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			row := o[i*dim : (i+1)*dim]
+			clear(row)
+			for t := 0; t < taps && t <= i; t++ {
+				src, w, dyn := xv[(i-t)*dim:(i-t+1)*dim], bv[t*dim:(t+1)*dim], dv[i*deltaStride+t*groups:]
+				for c := range row {
+					row[c] += (w[c] + dyn[c/groupSize]) * src[c]
+				}
+			}
+		}
+	})
+}
+
 // LogSoftmax replaces each row by its log-probabilities (log-sum-exp in float64).
 func (be *Backend) LogSoftmax(x kernels.Buffer, rows, n int) {
 	xv := f32s("LogSoftmax x", x, rows*n)

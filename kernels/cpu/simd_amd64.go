@@ -82,8 +82,8 @@ func rows4BF16AVX512(out []float32, outStride int, x []float32, m, k int, w []ui
 // rows4Tiles runs the tiles of four weight rows of wf (float32) or wh
 // (bfloat16): rowsQuad over fours of x rows (without k%16 tails),
 // dot4x2 or dot4x2BF16 over pairs of the rest, dot4x1 or dot4x1BF16 over a
-// last odd one, then the k%16 tails, then the sums. The first rowsQuad
-// prefetches next (see dot4x4F32).
+// last odd one, then the k%16 tails, then the sums. The rowsQuads prefetch
+// the next tile of bfloat16 rows: wh's, or next with float32 rows.
 func rows4Tiles(out []float32, outStride int, x []float32, m, k int, wf []float32, wh []uint16, next []uint16) {
 	bf16 := wh != nil
 	k16 := k &^ 15
@@ -94,11 +94,21 @@ func rows4Tiles(out []float32, outStride int, x []float32, m, k int, wf []float3
 		} else {
 			p0, p1, p2, p3 = rowPtr(wf[j*k:], k), rowPtr(wf[(j+1)*k:], k), rowPtr(wf[(j+2)*k:], k), rowPtr(wf[(j+3)*k:], k)
 		}
+		// The first four rowsQuads each prefetch a quarter of the next tile
+		// (past the end for the last one: a prefetch never faults), so that
+		// memory serves it at a steady rate while the FMAs run.
+		var nextTile uintptr
+		switch {
+		case bf16:
+			nextTile = uintptr(p3) + uintptr(2*k)
+		case next != nil:
+			nextTile = uintptr(rowPtr(next, 4*k))
+		}
 		i := 0
 		for ; k16 == k && i+4 <= m; i += 4 {
 			var pf uintptr
-			if i == 0 && next != nil {
-				pf = uintptr(rowPtr(next, 4*k))
+			if nextTile != 0 && i < 16 {
+				pf = nextTile + uintptr(i*k/2)
 			}
 			rowsQuad(out[i*outStride+j:], outStride, x[i*k:(i+4)*k], k, bf16, p0, p1, p2, p3, pf)
 		}
@@ -144,7 +154,7 @@ func rows4Tiles(out []float32, outStride int, x []float32, m, k int, wf []float3
 func rowsQuad(out []float32, outStride int, x []float32, k int, bf16 bool, p0, p1, p2, p3 unsafe.Pointer, next uintptr) {
 	_ = out[3*outStride+3] // the assembly writes rows 0…3, columns 0…3
 	if bf16 {
-		dot4x4BF16(p0, p1, p2, p3, rowPtr(x, 4*k), k, unsafe.Pointer(&out[0]), outStride)
+		dot4x4BF16(p0, p1, p2, p3, rowPtr(x, 4*k), k, unsafe.Pointer(&out[0]), outStride, next)
 	} else {
 		dot4x4F32(p0, p1, p2, p3, rowPtr(x, 4*k), k, unsafe.Pointer(&out[0]), outStride, next)
 	}
@@ -155,13 +165,16 @@ func rowsQuad(out []float32, outStride int, x []float32, k int, bf16 bool, p0, p
 // each one (the same FMA chain per lane, the same tree over the lanes), with
 // the 28 vector registers it needs (Go's register allocator leaves archsimd
 // code too few for this 4×4 block), and stores them to rows of out.
+// Unless next is 0, it also prefetches the 2·k bytes there into L2 (a
+// quarter of the next tile of four rows) as it goes: a verify block's
+// weights come from memory, and its FMAs would otherwise wait for them.
 //
 //go:noescape
-func dot4x4BF16(p0, p1, p2, p3, x unsafe.Pointer, k int, out unsafe.Pointer, outStride int)
+func dot4x4BF16(p0, p1, p2, p3, x unsafe.Pointer, k int, out unsafe.Pointer, outStride int, next uintptr)
 
-// dot4x4F32 is dot4x4BF16 with float32 weight rows. Unless next is 0, it
-// also prefetches the 8·k bytes there into L2 (the next tile of four
-// bfloat16 rows, which a prefill widens next) as it goes.
+// dot4x4F32 is dot4x4BF16 with float32 weight rows (a prefill's bfloat16
+// tiles widened once; next is then in the next bfloat16 tile, which the
+// prefill widens next).
 //
 //go:noescape
 func dot4x4F32(p0, p1, p2, p3, x unsafe.Pointer, k int, out unsafe.Pointer, outStride int, next uintptr)

@@ -38,3 +38,15 @@ func (be *Backend) MulSigmoid(x, gate kernels.Buffer, n int) {
 	defer be.mu.Unlock()
 	be.launch("mul_sigmoid", be.gridFor(n, 256), d1(256), 0, xv, g, int64(n))
 }
+
+// GroupedConv runs DFlash2's block-local convolution with static and
+// per-group dynamic taps (see kernels.Backend).
+func (be *Backend) GroupedConv(out, x, base, delta kernels.Buffer, rows, dim, taps, groupSize, deltaStride int) {
+	o, xv := f32s("GroupedConv out", out, rows*dim), f32s("GroupedConv x", x, rows*dim)
+	bv := f32s("GroupedConv base", base, taps*dim)
+	dv := f32s("GroupedConv delta", delta, max(0, (rows-1)*deltaStride+taps*(dim/groupSize)))
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	be.launch("grouped_conv", be.gridFor(rows*dim, 256), d1(256), 0,
+		o, xv, bv, dv, i32(rows), i32(dim), i32(taps), i32(groupSize), i32(deltaStride))
+}

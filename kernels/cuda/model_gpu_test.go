@@ -45,6 +45,10 @@ func TestSpecGeneration(t *testing.T) { checkSpecGeneration(t, gpu(t)) }
 // with the CPU backend's, round by round, on the GPU.
 func TestDraftLogits(t *testing.T) { checkDraftLogits(t, gpu(t)) }
 
+// TestDFlash2 compares a DFlash2 drafter's logits and selector lattice
+// with the CPU backend's and checks its DDTree decoding, on the GPU.
+func TestDFlash2(t *testing.T) { checkDFlash2(t, gpu(t)) }
+
 // TestSpecLosslessBF16State: with a BF16 recurrent state, greedy DFlash and
 // DDTree decoding equal autoregressive decoding on the GPU.
 func TestSpecLosslessBF16State(t *testing.T) { checkSpecLosslessBF16State(t, gpu(t)) }

@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -42,6 +43,7 @@ func TestEmulatedModel(t *testing.T) {
 	t.Run("Spec", func(t *testing.T) { checkSpecGeneration(t, be) })
 	t.Run("SpecBF16State", func(t *testing.T) { checkSpecLosslessBF16State(t, be) })
 	t.Run("DraftLogits", func(t *testing.T) { checkDraftLogits(t, be) })
+	t.Run("DFlash2", func(t *testing.T) { checkDFlash2(t, be) })
 	t.Run("Close", func(t *testing.T) { checkCloseReleases(t, be) })
 	t.Run("PlannedAllocation", func(t *testing.T) { checkPlannedAllocation(t, be) })
 }
@@ -290,6 +292,88 @@ func checkDraftLogits(t *testing.T, be kernels.Backend) {
 		if d := cuda.RelNorm(got[i], want[i]); d > 1e-4 {
 			t.Errorf("draft round %d: ‖got−cpu‖/‖cpu‖ = %.2g", i, d)
 		}
+	}
+}
+
+// checkDFlash2 runs a random DFlash2 drafter (testmodel's published
+// layout, block 8) on be and on the CPU backend: every draft round's unary
+// logits and selector scores agree to F32 rounding and the candidates are
+// the same (the convolutions run on be, the selector's matrix products and
+// gathers on be and its scores on the host); greedy DDTree decoding
+// gives autoregressive decoding's tokens.
+func checkDFlash2(t *testing.T, be kernels.Backend) {
+	p, err := testmodel.PresetByName("tiny")
+	must(t, err)
+	dir := t.TempDir()
+	target, draft := dir+"/target", dir+"/draft"
+	must(t, testmodel.Write(target, testmodel.Options{Preset: p, Seed: 8, DType: "bf16"}))
+	must(t, testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: 8, DType: "bf16", BlockSize: 8, Window: 8, DFlash2: true}))
+	cfg, err := dflash.LoadConfig(draft)
+	must(t, err)
+	width := len(cfg.TargetLayerIDs) * p.Hidden
+	rng := rand.New(rand.NewPCG(15, 16))
+	var features [][]float32
+	for _, rows := range []int{9, 1, 12} {
+		f := make([]float32, rows*width)
+		for i := range f {
+			f[i] = float32(rng.NormFloat64())
+		}
+		features = append(features, f)
+	}
+	type round struct {
+		logits, scores []float32
+		candidates     [][]int32
+	}
+	draftRounds := func(be kernels.Backend) []round {
+		e, err := engine.Load(be, target, engine.Options{PageSize: 4, Context: 128})
+		must(t, err)
+		defer e.Close()
+		d, err := dflash.LoadDrafter(draft, e.Model, dflash.Options{PageSize: 4, Context: e.Context})
+		must(t, err)
+		defer d.Close()
+		s, err := d.NewSession(nil)
+		must(t, err)
+		defer s.Close()
+		V, valid := e.Model.Cfg.VocabSize, e.ValidVocab
+		var out []round
+		for i, f := range features {
+			l, err := s.Draft(f, int32(23+i))
+			must(t, err)
+			var r round
+			for row := 0; row < len(l); row += V {
+				r.logits = append(r.logits, l[row:row+valid]...)
+			}
+			lattice := s.(engine.LatticeSession).Lattice()
+			r.candidates = lattice.Tokens
+			for _, rows := range lattice.Scores {
+				for _, scores := range rows {
+					for _, v := range scores {
+						r.scores = append(r.scores, float32(v))
+					}
+				}
+			}
+			out = append(out, r)
+		}
+		return out
+	}
+	want, got := draftRounds(cpu.New(0)), draftRounds(be)
+	for i := range want {
+		if d := cuda.RelNorm(got[i].logits, want[i].logits); d > 1e-4 {
+			t.Errorf("draft round %d: unary logits ‖got−cpu‖/‖cpu‖ = %.2g", i, d)
+		}
+		if !reflect.DeepEqual(got[i].candidates, want[i].candidates) {
+			t.Errorf("draft round %d: candidates %v, the CPU backend's %v", i, got[i].candidates, want[i].candidates)
+		} else if d := cuda.RelNorm(got[i].scores, want[i].scores); d > 1e-4 {
+			t.Errorf("draft round %d: selector scores ‖got−cpu‖/‖cpu‖ = %.2g", i, d)
+		}
+	}
+	prompt := []int32{30, 8, 211, 64, 5}
+	auto := generate(t, cpu.New(0), target, draft, engine.SpecOptions{Mode: engine.SpecAuto}, prompt, engine.SamplingParams{}, engine.SSMFromConfig)
+	// A chain-seeded tree: the greedy walk and the best-first lattice tree
+	// (the backend work is the same as linear decoding's).
+	tree := engine.SpecOptions{Mode: engine.SpecTree, Budget: 8}
+	if got := generate(t, be, target, draft, tree, prompt, engine.SamplingParams{}, engine.SSMFromConfig); !slices.Equal(got, auto) {
+		t.Errorf("DFlash2 DDTree: tokens differ from autoregressive decoding\n got %v\nwant %v", got, auto)
 	}
 }
 

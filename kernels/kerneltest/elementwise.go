@@ -135,6 +135,31 @@ func testSwiGLU(h *harness) {
 	h.expectClose("SwiGLU", h.read(out, len(gate)), want, nil, tolerance{1e-30, 8 * f32Unit})
 }
 
+// testGroupedConv checks DFlash2's block-local convolution against a
+// float64 reference: more rows than taps (so the block's first rows see
+// fewer), delta rows with a stride beyond one side's taps (as DFlash2's
+// [2, taps, groups] rows are read), and an odd width.
+func testGroupedConv(h *harness) {
+	for _, c := range []struct{ rows, dim, taps, groupSize int }{{7, 48, 3, 16}, {5, 9, 2, 3}, {1, 16, 2, 4}} {
+		groups, stride := c.dim/c.groupSize, 2*c.taps*c.dim/c.groupSize+1
+		x, base, delta := h.normal(c.rows*c.dim, 1), h.normal(c.taps*c.dim, 1), h.normal(c.rows*stride, 0.5)
+		out := h.alloc(kernels.F32, c.rows*c.dim)
+		h.be.GroupedConv(out, h.f32(x), h.f32(base), h.f32(delta), c.rows, c.dim, c.taps, c.groupSize, stride)
+		want, scale := make([]float64, c.rows*c.dim), make([]float64, c.rows*c.dim)
+		for i := range c.rows {
+			for ch := range c.dim {
+				for t := 0; t <= i && t < c.taps; t++ {
+					w := float64(base[t*c.dim+ch]) + float64(delta[i*stride+t*groups+ch/c.groupSize])
+					term := w * float64(x[(i-t)*c.dim+ch])
+					want[i*c.dim+ch] += term
+					scale[i*c.dim+ch] += math.Abs(term)
+				}
+			}
+		}
+		h.expectClose(fmt.Sprintf("GroupedConv %+v", c), h.read(out, len(want)), want, scale, tolerance{1e-30, 8 * f32Unit})
+	}
+}
+
 // testMulSigmoid checks x·sigmoid(gate) in place, tails included.
 func testMulSigmoid(h *harness) {
 	x, gate := h.normal(23, 1), h.normal(23, 4)

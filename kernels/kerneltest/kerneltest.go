@@ -45,6 +45,7 @@ var suite = []struct {
 	{"RoPE", testRoPE},
 	{"SwiGLU", testSwiGLU},
 	{"MulSigmoid", testMulSigmoid},
+	{"GroupedConv", testGroupedConv},
 	{"WriteKVAttention", testAttention},
 	{"MoveKV", testMoveKV},
 	{"CausalConv", testCausalConv},

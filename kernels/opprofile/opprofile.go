@@ -228,6 +228,12 @@ func (p *Backend) MulSigmoid(x, gate kernels.Buffer, n int) {
 	p.end(t0, 12*int64(n), opKey{name: "MulSigmoid"})
 }
 
+func (p *Backend) GroupedConv(out, x, base, delta kernels.Buffer, rows, dim, taps, groupSize, deltaStride int) {
+	t0 := p.begin()
+	p.Backend.GroupedConv(out, x, base, delta, rows, dim, taps, groupSize, deltaStride)
+	p.end(t0, 4*int64(rows*dim*(2+taps)+taps*dim+rows*taps*(dim/groupSize)), opKey{name: "GroupedConv"})
+}
+
 func (p *Backend) WriteKV(kCache, vCache, k, v, slots kernels.Buffer, n, kvDim int) {
 	t0 := p.begin()
 	p.Backend.WriteKV(kCache, vCache, k, v, slots, n, kvDim)

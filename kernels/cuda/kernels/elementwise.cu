@@ -44,3 +44,20 @@ KERNEL swiglu(float *out, const float *gate, const float *up, i64 n) {
 KERNEL mul_sigmoid(float *x, const float *gate, i64 n) {
   GRID_LOOP(i, n) x[i] *= sigmoidf_(gate[i]);
 }
+
+// grouped_conv is DFlash2's block-local convolution (GroupedConv): per row
+// r and channel c, the sum over taps t <= r of (base[t,c] + the row's
+// dynamic tap of c's group) times x[r-t,c].
+KERNEL grouped_conv(float *out, const float *x, const float *base, const float *delta, int rows, int dim, int taps,
+                    int group_size, int delta_stride) {
+  int groups = dim / group_size;
+  GRID_LOOP(i, (i64)rows * dim) {
+    int r = (int)(i / dim), c = (int)(i % dim);
+    float acc = 0.f;
+    for (int t = 0; t < taps && t <= r; t++) {
+      float w = base[(i64)t * dim + c] + delta[(i64)r * delta_stride + t * groups + c / group_size];
+      acc += w * x[(i64)(r - t) * dim + c];
+    }
+    out[i] = acc;
+  }
+}
