@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"runtime"
 	"sync"
 	"time"
 
 	"ddflash/engine"
+	"ddflash/kernels"
 	"ddflash/mamba"
 	"ddflash/tokenizer"
 )
@@ -65,6 +67,9 @@ type InProcess struct {
 	Rollback    mamba.Strategy
 	Threads     int    // 0: all cores
 	Device      string // the backend's name, for the record
+	// Log, when set, gets each pass's driver calls per target step on a
+	// backend that counts them (CUDA): launches, allocations, transfers.
+	Log io.Writer
 
 	// The latest degree's engines by weights (or why one failed to load):
 	// a degree's engines are closed before the next degree's load, so one
@@ -228,7 +233,10 @@ func (p *InProcess) Open(c Config) (Target, error) {
 	e.Spec = p.spec(c)
 	e.SetPrefixCache(!m.NoPrefixCache)
 	ctx, cancel := context.WithCancel(context.Background())
-	t := &engineTarget{p: p, sched: engine.NewScheduler(e, engine.SchedulerOptions{}), stop: cancel, done: make(chan struct{})}
+	t := &engineTarget{p: p, name: c.Name(), model: e.Model, sched: engine.NewScheduler(e, engine.SchedulerOptions{}), stop: cancel, done: make(chan struct{})}
+	if dc, ok := e.Model.Backend().(driverCounter); ok && p.Log != nil {
+		t.driver, t.counts0, t.steps0 = dc, dc.Counts(), e.Model.Steps
+	}
 	if m.Kind != "auto" {
 		t.counts = cached(&p.counters, c.Name(), func() *SpecCounter { return &SpecCounter{} })
 	}
@@ -236,11 +244,20 @@ func (p *InProcess) Open(c Config) (Target, error) {
 	return t, nil
 }
 
+// driverCounter is a backend that tallies its driver calls (CUDA's).
+type driverCounter interface{ Counts() kernels.DriverCounts }
+
 type engineTarget struct {
 	p     *InProcess
+	name  string
+	model *engine.Model
 	sched *engine.Scheduler
-	stop  context.CancelFunc
-	done  chan struct{}
+	// With a driverCounter, its reading and the steps run at Open.
+	driver  driverCounter
+	counts0 kernels.DriverCounts
+	steps0  int64
+	stop    context.CancelFunc
+	done    chan struct{}
 
 	mu     sync.Mutex
 	counts *SpecCounter // nil in auto mode
@@ -249,6 +266,11 @@ type engineTarget struct {
 func (t *engineTarget) Close() error {
 	t.stop()
 	<-t.done
+	if t.driver != nil {
+		steps := t.model.Steps - t.steps0
+		fmt.Fprintf(t.p.Log, "%s: driver calls per step (draft, forward and commit; %d steps): %v\n", t.name, steps,
+			t.driver.Counts().Sub(t.counts0).Per(steps))
+	}
 	return nil
 }
 

@@ -54,6 +54,7 @@ type Drafter struct {
 	attn        kernels.AttnShape
 	invFreq     kernels.Buffer // RoPE inverse frequencies (plain or YaRN)
 	ropeScale   float32
+	scratch     arena // a draft's buffers, kept from draft to draft
 }
 
 // Options sizes the drafter's context cache: room for Sequences sessions
@@ -243,6 +244,7 @@ func (d *Drafter) Close() {
 			d.b.Free(buf)
 		}
 	}
+	d.scratch.free()
 }
 
 // TapLayers lists the target layers whose outputs the drafter reads.
@@ -362,27 +364,103 @@ func (s *Session) ringCache(a *arena, ctxPos, blockPos []int32) (contextCache, e
 // (after output_multiplier and the soft cap) and keeps the selector's
 // lattice of them for Lattice.
 func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
+	a := s.d.scratch.reset(s.d.b)
+	logits, proposals, err := s.draft(a, features, anchor)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float32, logits.Len())
+	if err := a.b.DownloadF32(logits, 0, out); err != nil {
+		return nil, err
+	}
+	if v2 := s.d.Cfg.V2; v2 != nil {
+		v2.unary(out)
+		rows := logits.Len() / s.d.target.Cfg.VocabSize
+		if s.lattice, err = s.d.selectLattice(a, proposals, out, anchor, rows); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// DraftTop drafts as Draft does and returns each proposal row's k best
+// tokens among the first valid ids with their log-probabilities
+// (engine.TopDraftSession). On a device that records steps
+// (kernels.Replayer) the rows are reduced there: one download of k
+// candidates and a log-sum-exp a row instead of the rows.
+func (s *Session) DraftTop(features []float32, anchor int32, valid, k int) ([][]ddtree.Candidate, error) {
+	rp, onDevice := s.d.b.(kernels.Replayer)
+	if !onDevice {
+		logits, err := s.Draft(features, anchor)
+		if err != nil {
+			return nil, err
+		}
+		V := s.d.target.Cfg.VocabSize
+		rows := make([][]ddtree.Candidate, len(logits)/V)
+		for i := range rows {
+			rows[i] = ddtree.TopK(logits[i*V:(i+1)*V], valid, k)
+		}
+		return rows, nil
+	}
+	a := s.d.scratch.reset(s.d.b)
+	logits, _, err := s.draft(a, features, anchor)
+	if err != nil {
+		return nil, err
+	}
+	V := s.d.target.Cfg.VocabSize
+	k = min(k, valid)
+	n, width := logits.Len()/V, 2*k+1
+	top := a.f32(n * width)
+	if a.err != nil {
+		return nil, a.err
+	}
+	rp.TopKLSE(top, logits, n, valid, V, k)
+	rec := make([]float32, n*width)
+	if err := rp.DownloadF32(top, 0, rec); err != nil {
+		return nil, err
+	}
+	rows := make([][]ddtree.Candidate, n)
+	for i := range rows {
+		o := rec[i*width:]
+		lse := float64(o[2*k])
+		for j := range k {
+			v := float64(o[j])
+			if math.IsNaN(v) {
+				break // fewer than k ids are numbers
+			}
+			lp := v - lse
+			if v == lse { // an infinite maximum: the softmax's limit, as ddtree.TopK
+				lp = 0
+			}
+			rows[i] = append(rows[i], ddtree.Candidate{Token: int32(o[k+j]), Logprob: lp})
+		}
+	}
+	return rows, nil
+}
+
+// draft runs the block and returns its proposal rows' logits on the
+// device, [BlockSize-1, vocab], and their normed hidden states, in arena
+// buffers.
+func (s *Session) draft(a *arena, features []float32, anchor int32) (kernels.Buffer, kernels.Buffer, error) {
 	d, b, c := s.d, s.d.b, s.d.Cfg
 	tc := d.target.Cfg
 	width := len(c.TargetLayerIDs) * tc.HiddenSize
 	if len(features)%width != 0 {
-		return nil, fmt.Errorf("dflash: %d feature values is not a whole number of %d-wide rows", len(features), width)
+		return nil, nil, fmt.Errorf("dflash: %d feature values is not a whole number of %d-wide rows", len(features), width)
 	}
 	ctxRows, Q, H := len(features)/width, c.BlockSize, c.HiddenSize
 	start := s.cached + ctxRows
-	a := arena{b: b}
-	defer a.free()
 	ctxPos, blockPos := positions(s.cached, ctxRows), positions(start, Q)
 	var paged, ringed contextCache
 	var err error
 	if d.kv != nil {
-		if paged, err = s.pagedCache(&a, ctxPos, blockPos); err != nil {
-			return nil, err
+		if paged, err = s.pagedCache(a, ctxPos, blockPos); err != nil {
+			return nil, nil, err
 		}
 	}
 	if d.ring != nil {
-		if ringed, err = s.ringCache(&a, ctxPos, blockPos); err != nil {
-			return nil, err
+		if ringed, err = s.ringCache(a, ctxPos, blockPos); err != nil {
+			return nil, nil, err
 		}
 	}
 	qDim, kvDim := c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
@@ -405,12 +483,12 @@ func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 		ctx, feat, ctxPosBuf = a.f32(ctxRows*H), a.f32(len(features)), a.i32(ctxPos)
 	}
 	if a.err != nil {
-		return nil, a.err
+		return nil, nil, a.err
 	}
 	eps := float32(c.RMSNormEps)
 	if ctxRows > 0 {
 		if err := b.UploadF32(feat, 0, features); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		b.MatMul(ctx, feat, d.fc, ctxRows, H, width)
 		b.RMSNorm(ctx, ctx, d.hiddenNorm, ctxRows, H, eps, false)
@@ -418,7 +496,7 @@ func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 	b.Embedding(x, d.target.Embeddings(), idsBuf, Q, H)
 	if c.V2 != nil && c.V2.InputEmbeddingScale != 1 {
 		if err := d.scaleRows(x, Q*H, c.V2.InputEmbeddingScale); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	for i := range d.layers {
@@ -469,22 +547,12 @@ func (s *Session) Draft(features []float32, anchor int32) ([]float32, error) {
 	b.RMSNorm(proposals, proposals, d.norm, Q-1, H, eps, false)
 	logits := a.f32((Q - 1) * tc.VocabSize)
 	if a.err != nil {
-		return nil, a.err
+		return nil, nil, a.err
 	}
 	if err := d.target.ProjectVocab(logits, proposals, Q-1); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out := make([]float32, (Q-1)*tc.VocabSize)
-	if err := b.DownloadF32(logits, 0, out); err != nil {
-		return nil, err
-	}
-	if c.V2 != nil {
-		c.V2.unary(out)
-		if s.lattice, err = d.selectLattice(&a, proposals, out, anchor, Q-1); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+	return logits, proposals, nil
 }
 
 // keysValues projects rows of src to normed, rotated keys and to values.
@@ -513,48 +581,73 @@ func slotsOf(kv *engine.SeqKV, pageSize int, pos []int32) []int32 {
 	return s
 }
 
-// arena allocates a call's buffers and frees them together; the first
-// allocation error sticks.
+// arena hands out a draft's buffers and keeps them for the next draft: a
+// draft asks for its buffers in the same order every time, and each
+// request reuses the buffer the same request got last time when that one
+// is large enough, so a steady drafter allocates nothing. The first
+// allocation error sticks until the next reset.
 type arena struct {
 	b    kernels.Backend
 	bufs []kernels.Buffer
+	next int // the request being served
 	err  error
+}
+
+// reset starts a draft's requests on b.
+func (a *arena) reset(b kernels.Backend) *arena {
+	a.b, a.next, a.err = b, 0, nil
+	return a
 }
 
 func (a *arena) alloc(dt kernels.DType, n int) kernels.Buffer {
 	if a.err != nil {
 		return nil
 	}
-	buf, err := a.b.Alloc(dt, max(n, 1))
+	n = max(n, 1)
+	i := a.next
+	a.next++
+	if i == len(a.bufs) {
+		a.bufs = append(a.bufs, nil)
+	}
+	if old := a.bufs[i]; old != nil {
+		if old.DType() == dt && old.Len() >= n {
+			return a.b.Slice(old, 0, n)
+		}
+		a.b.Free(old)
+		a.bufs[i] = nil
+	}
+	buf, err := a.b.Alloc(dt, n)
 	if err != nil {
 		a.err = fmt.Errorf("dflash: %w", err)
 		return nil
 	}
-	a.bufs = append(a.bufs, buf)
+	a.bufs[i] = buf
 	return buf
 }
 
 func (a *arena) f32(n int) kernels.Buffer { return a.alloc(kernels.F32, n) }
 
-// i32 uploads v to a new buffer; an empty v gets none (nil), as no kernel
-// reads it.
+// i32 uploads v to a buffer; an empty v gets none (nil), as no kernel
+// reads it, but still takes its turn, so that later requests keep theirs.
 func (a *arena) i32(v []int32) kernels.Buffer {
-	if len(v) == 0 {
+	buf := a.alloc(kernels.I32, len(v))
+	if len(v) == 0 || buf == nil {
 		return nil
 	}
-	buf := a.alloc(kernels.I32, len(v))
-	if buf != nil {
-		if err := a.b.UploadI32(buf, 0, v); err != nil {
-			a.err = errors.Join(a.err, err)
-		}
+	if err := a.b.UploadI32(buf, 0, v); err != nil {
+		a.err = errors.Join(a.err, err)
 	}
 	return buf
 }
 
+// free releases the buffers kept.
 func (a *arena) free() {
 	for _, buf := range a.bufs {
-		a.b.Free(buf)
+		if buf != nil {
+			a.b.Free(buf)
+		}
 	}
+	a.bufs = nil
 }
 
 // Attach loads the drafter in dir for the engine's target (see Load) and

@@ -184,13 +184,13 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 		if j.drafted {
 			// A verify commits at most a block: more context rows are catch-up.
 			steady = len(j.context) <= e.Drafter.BlockSize()*e.featureWidth()
-			draft, err := j.sess.Draft(j.context, j.last)
+			// Positions start..start+depth must stay inside the context.
+			var err error
+			j.tree, err = e.propose(j.sess, j.context, j.last, min(e.Drafter.BlockSize()-1, e.Context-1-j.seq.len))
 			if err != nil {
 				return in, err
 			}
 			j.context = j.context[:0]
-			// Positions start..start+depth must stay inside the context.
-			j.tree = e.propose(j.sess, j.last, draft, min(e.Drafter.BlockSize()-1, e.Context-1-j.seq.len))
 		} else {
 			// An autoregressive step: the drafter sees its features with the next draft.
 			j.tree = ddtree.Chain(j.last, nil)

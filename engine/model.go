@@ -88,11 +88,21 @@ type Model struct {
 	ranks     []*rank
 	comm      Comm
 	layerSlot []int // per layer: its index among layers of the same kind
-	// taps holds the tapped hidden states of a step on rank 0, [rows, taps,
-	// hidden], and hostTaps their copy on the host (SeqOutput.Features),
-	// both kept between steps: a drafting request taps every step.
-	taps     kernels.Buffer
-	hostTaps []float32
+	// out holds what a step brings home from rank 0 (stepOutputs): the
+	// tapped hidden states, [rows, taps, hidden], then a Replayer's device
+	// top-k; hostOut is their copy on the host (SeqOutput.Features point
+	// into it). Both are kept between steps: a drafting request taps every
+	// step.
+	out     kernels.Buffer
+	hostOut []float32
+
+	// Eager runs every step op by op, never replaying a recorded one
+	// (for comparisons and measurements of the replay).
+	Eager bool
+	// Steps counts the forwards run (prefill chunks, decode and verify steps).
+	Steps int64
+	steps stepGraphs // recorded steps (step.go)
+	tops  deviceTops // the layout of a Replayer's step's device top-k
 }
 
 // Shard is one tensor-parallel rank's weights and the backend they are on.
@@ -114,6 +124,9 @@ type rank struct {
 	invFreq   kernels.Buffer // RoPE inverse frequencies, F32 [rotary dim / 2] (plain or YaRN)
 	ropeScale float32        // YaRN's attention factor on cos and sin; 1 for plain RoPE
 	s         scratch
+	meta      *stepMeta        // the step's index data (uploadMeta)
+	head      *vocabProjection // the LM head's buffers (Model.head)
+	moves     kernels.Buffer   // CommitKV's slot pairs, kept between commits
 }
 
 // NewModel wires weights and caches together: one shard per tensor-parallel
@@ -157,13 +170,21 @@ func NewModel(cfg *config.Config, shards []Shard, kv *KVCache, states *mamba.Poo
 
 // Close releases the model's weights, activations and caches on every rank.
 func (m *Model) Close() {
+	m.dropGraphs()
 	for _, r := range m.ranks {
 		r.w.Free(r.b)
 		r.b.Free(r.invFreq)
 		r.s.free(r.b)
+		r.meta.free(r.b)
+		if r.head != nil {
+			r.head.free(r.b)
+		}
+		if r.moves != nil {
+			r.b.Free(r.moves)
+		}
 	}
-	if m.taps != nil {
-		m.ranks[0].b.Free(m.taps)
+	if m.out != nil {
+		m.ranks[0].b.Free(m.out)
 	}
 	m.KV.Close()
 	m.States.Close()
@@ -232,6 +253,11 @@ func KVDim(cfg *config.Config) int { return cfg.NumKVHeads * cfg.HeadDim }
 // Forward runs one step for a batch of sequences and commits the new tokens
 // to their KV caches and GDN states. taps lists layers whose output hidden
 // states are returned (DFlash conditions on them).
+//
+// On a backend that records steps (kernels.Replayer, one rank), a decode
+// or verify step whose shape was seen before replays the ops recorded the
+// second time it was seen (step.go); its per-step values reach the device
+// in one upload, and its buffers persist, so it allocates nothing.
 func (m *Model) Forward(seqs []SeqInput, taps []int) ([]SeqOutput, error) {
 	rows, logitRows, err := m.checkInputs(seqs, taps)
 	if err != nil {
@@ -239,74 +265,90 @@ func (m *Model) Forward(seqs []SeqInput, taps []int) ([]SeqOutput, error) {
 	}
 	// Everything that can fail is allocated before the ranks start, so no
 	// rank can give up while its peers wait in a collective.
-	var free []func()
-	defer func() {
-		for _, f := range free {
-			f()
-		}
-	}()
-	metas := make([]*stepMeta, len(m.ranks))
 	heads := make([]*vocabProjection, len(m.ranks))
 	for i, r := range m.ranks {
+		if r.s.rows < rows {
+			m.dropGraphs() // the activations move
+		}
 		if err := r.s.ensure(r.b, r.cfg, rows); err != nil {
 			return nil, err
 		}
-		if metas[i], err = m.uploadMeta(r.b, seqs, rows); err != nil {
+		if err := m.uploadMeta(r, seqs, rows); err != nil {
 			return nil, err
 		}
-		free = append(free, func() { metas[i].free(r.b) })
 		if logitRows > 0 {
-			if heads[i], err = m.newVocabProjection(r, logitRows, nil); err != nil {
+			if heads[i], err = m.head(r, logitRows); err != nil {
 				return nil, err
 			}
-			free = append(free, func() { heads[i].free(r.b) })
 		}
 	}
-	tapped, err := m.tapBuffer(len(taps), rows)
+	tapped, tops, err := m.stepOutputs(seqs, len(taps), rows, logitRows)
 	if err != nil {
 		return nil, err
 	}
-	err = m.onRanks(func(r *rank) error {
-		if err := m.layers(r, seqs, metas[r.id], rows, taps, tapped); err != nil {
-			return err
+	step := func() error {
+		err := m.onRanks(func(r *rank) error {
+			if err := m.layers(r, seqs, r.meta, rows, taps, tapped); err != nil {
+				return err
+			}
+			if logitRows == 0 {
+				return nil
+			}
+			m.gatherLogitRows(r, seqs)
+			r.b.RMSNorm(r.s.h, r.s.h, r.w.FinalNorm, logitRows, m.Cfg.HiddenSize, float32(m.Cfg.RMSNormEps), true)
+			return m.projectVocab(r, heads[r.id], r.s.h, logitRows)
+		})
+		if err == nil && tops != nil {
+			m.reduceTops(seqs, heads[0].logits, tops)
 		}
-		if logitRows == 0 {
-			return nil
-		}
-		m.gatherLogitRows(r, seqs)
-		r.b.RMSNorm(r.s.h, r.s.h, r.w.FinalNorm, logitRows, m.Cfg.HiddenSize, float32(m.Cfg.RMSNormEps), true)
-		return m.projectVocab(r, heads[r.id], r.s.h, logitRows)
-	})
-	if err != nil {
+		return err
+	}
+	if err := m.runStep(seqs, taps, step); err != nil {
 		return nil, err
 	}
+	m.Steps++
 	var logits kernels.Buffer
 	if logitRows > 0 {
 		logits = heads[0].logits
 	}
-	return m.outputs(seqs, logits, len(taps), tapped)
+	return m.outputs(seqs, logits, tops, len(taps), tapped)
 }
 
-// tapBuffer returns rank 0's buffer [rows, taps, hidden] for the hidden
-// states of the tapped layers (nil without taps), growing m.taps when they
-// do not fit.
-func (m *Model) tapBuffer(taps, rows int) (kernels.Buffer, error) {
-	if taps == 0 {
-		return nil, nil
+// stepOutputs lays out rank 0's m.out for a step: the tapped layers'
+// hidden states [rows, taps, hidden] (nil without taps), then the device
+// top-k (nil unless a Replayer's step asks for one), so that one download
+// brings both home. m.out grows when they do not fit.
+func (m *Model) stepOutputs(seqs []SeqInput, taps, rows, logitRows int) (kernels.Buffer, *deviceTops, error) {
+	b0 := m.ranks[0].b
+	tapsLen := rows * taps * m.Cfg.HiddenSize
+	tops := m.layoutTops(seqs, logitRows)
+	size := tapsLen
+	if tops != nil {
+		size += tops.used
 	}
-	b0, size := m.ranks[0].b, rows*taps*m.Cfg.HiddenSize
-	if m.taps == nil || m.taps.Len() < size {
-		if m.taps != nil {
-			b0.Free(m.taps)
-			m.taps = nil
+	if size == 0 {
+		return nil, nil, nil
+	}
+	if m.out == nil || m.out.Len() < size {
+		m.dropGraphs()
+		if m.out != nil {
+			b0.Free(m.out)
+			m.out = nil
 		}
 		buf, err := b0.Alloc(kernels.F32, size)
 		if err != nil {
-			return nil, fmt.Errorf("engine: hidden-state taps: %w", err)
+			return nil, nil, fmt.Errorf("engine: step outputs: %w", err)
 		}
-		m.taps = buf
+		m.out = buf
 	}
-	return b0.Slice(m.taps, 0, size), nil
+	var tapped kernels.Buffer
+	if tapsLen > 0 {
+		tapped = b0.Slice(m.out, 0, tapsLen)
+	}
+	if tops != nil {
+		tops.buf = b0.Slice(m.out, tapsLen, tops.used)
+	}
+	return tapped, tops, nil
 }
 
 // checkInputs validates a step and begins its verifies; it returns the rows
@@ -407,7 +449,11 @@ func (m *Model) attention(r *rank, lw *LayerWeights, idx int, meta *stepMeta, ro
 	b.RoPE(s.k, meta.pos, r.invFreq, rows, cfg.NumKVHeads, hd, cfg.RotaryDim(), r.ropeScale)
 	kc, vc := m.KV.Layer(r.id, idx)
 	b.WriteKV(kc, vc, s.k, s.v, meta.slots, rows, kvDim)
-	b.Attention(s.attn, s.q, kc, vc, r.attn, meta.attnSeqs)
+	if rp, ok := b.(kernels.Replayer); ok {
+		rp.AttentionTable(s.attn, s.q, kc, vc, r.attn, meta.attnSeqs, meta.table, meta.maxKeys)
+	} else {
+		b.Attention(s.attn, s.q, kc, vc, r.attn, meta.attnSeqs)
+	}
 	if cfg.AttnOutputGate {
 		b.MulSigmoid(s.attn, s.gate, rows*qDim)
 	}
@@ -524,6 +570,7 @@ func (m *Model) gatherLogitRows(r *rank, seqs []SeqInput) {
 // vocabulary: its slice of the logits and, with several ranks, every rank's
 // slices gathered, which rank 0 interleaves into logits [n, vocab].
 type vocabProjection struct {
+	rows, scored   int // logit rows; this rank's real-id rows of the head
 	part, gathered kernels.Buffer
 	logits         kernels.Buffer // rank 0 only
 	// With padding rows in this rank's slice: the scores of its real ids
@@ -552,7 +599,7 @@ func (m *Model) validVocab() int {
 // newVocabProjection allocates rank r's buffers for scoring n rows; with
 // into (one rank only), the logits are scored straight into it.
 func (m *Model) newVocabProjection(r *rank, n int, into kernels.Buffer) (*vocabProjection, error) {
-	vp := &vocabProjection{part: into}
+	vp := &vocabProjection{rows: n, scored: m.scoredRows(r), part: into}
 	alloc := func(dst *kernels.Buffer, size int) error {
 		buf, err := r.b.Alloc(kernels.F32, size)
 		if err != nil {
@@ -592,6 +639,34 @@ func (m *Model) newVocabProjection(r *rank, n int, into kernels.Buffer) (*vocabP
 		}
 	}
 	return vp, nil
+}
+
+// head returns rank r's LM-head buffers for n logit rows: views of the
+// first n rows of buffers kept from step to step (a recorded step reads
+// them), grown for the most rows a step has had (and made again when
+// ValidVocab changes).
+func (m *Model) head(r *rank, n int) (*vocabProjection, error) {
+	if r.head == nil || r.head.rows < n || r.head.scored != m.scoredRows(r) {
+		m.dropGraphs()
+		if r.head != nil {
+			r.head.free(r.b)
+			r.head = nil
+		}
+		vp, err := m.newVocabProjection(r, n, nil)
+		if err != nil {
+			return nil, err
+		}
+		r.head = vp
+	}
+	vp := r.head
+	rowsOf := func(buf kernels.Buffer) kernels.Buffer {
+		if buf == nil {
+			return nil
+		}
+		return r.b.Slice(buf, 0, buf.Len()/vp.rows*n)
+	}
+	return &vocabProjection{rows: n, scored: vp.scored, part: rowsOf(vp.part), gathered: rowsOf(vp.gathered), logits: rowsOf(vp.logits),
+		packed: rowsOf(vp.packed), padding: vp.padding}, nil
 }
 
 func (vp *vocabProjection) free(b kernels.Backend) {
@@ -643,13 +718,13 @@ func (m *Model) scoreSlice(r *rank, vp *vocabProjection, hidden kernels.Buffer, 
 // rank's vocabulary slice: the drafter shares the target's head this way.
 func (m *Model) ProjectVocab(logits, hidden kernels.Buffer, n int) error {
 	H := m.Cfg.HiddenSize
-	if len(m.ranks) == 1 {
+	if len(m.ranks) == 1 { // straight into logits, with the step's head buffers
 		r := m.ranks[0]
-		vp, err := m.newVocabProjection(r, n, logits)
+		vp, err := m.head(r, n)
 		if err != nil {
 			return err
 		}
-		defer vp.free(r.b)
+		vp.part = logits
 		m.scoreSlice(r, vp, hidden, n)
 		return nil
 	}
@@ -691,30 +766,43 @@ func (m *Model) ProjectVocab(logits, hidden kernels.Buffer, n int) error {
 	return nil
 }
 
-// outputs downloads from rank 0 the logits of the selected rows and the
-// taps taps of every row, all at once into m.hostTaps.
-func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, taps int, tapped kernels.Buffer) ([]SeqOutput, error) {
+// outputs downloads from rank 0 the taps of every row and, with tops (a
+// Replayer's step), every sequence's device top-k, all in one copy into
+// m.hostOut, then the logit rows of the sequences that want them.
+func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, tops *deviceTops, taps int, tapped kernels.Buffer) ([]SeqOutput, error) {
 	b, V := m.ranks[0].b, m.Cfg.VocabSize
 	width := taps * m.Cfg.HiddenSize
+	tapsLen := 0
 	if tapped != nil {
-		n := tapped.Len()
-		if len(m.hostTaps) < n {
-			m.hostTaps = make([]float32, n)
+		tapsLen = tapped.Len()
+	}
+	size := tapsLen
+	if tops != nil {
+		size += tops.used
+	}
+	if size > 0 {
+		if len(m.hostOut) < size {
+			m.hostOut = make([]float32, size)
 		}
-		if err := b.DownloadF32(tapped, 0, m.hostTaps[:n]); err != nil {
-			return nil, fmt.Errorf("engine: download hidden states: %w", err)
+		if err := b.DownloadF32(m.out, 0, m.hostOut[:size]); err != nil {
+			return nil, fmt.Errorf("engine: download step outputs: %w", err)
 		}
 	}
+	hostTaps, top := m.hostOut[:tapsLen], m.hostOut[tapsLen:size]
 	out := make([]SeqOutput, len(seqs))
 	n, r0 := 0, 0
 	for i, sq := range seqs {
 		T := len(sq.Tokens)
 		if want := sq.Logits.count(T); want > 0 {
 			var err error
-			if sq.Top > 0 {
+			switch {
+			case sq.Top > 0 && tops != nil:
+				out[i].Top = sq.Top
+				out[i].TopIDs, out[i].TopLogits = unpackTop(top[tops.at[i]:], want, sq.Top)
+			case sq.Top > 0:
 				out[i].Top = sq.Top
 				out[i].TopIDs, out[i].TopLogits, err = m.rowTop(b, logits, n, want, sq.Top)
-			} else {
+			default:
 				out[i].Logits = make([]float32, want*V)
 				err = b.DownloadF32(logits, n*V, out[i].Logits)
 			}
@@ -724,7 +812,7 @@ func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, taps int, tapped
 			n += want
 		}
 		if tapped != nil {
-			out[i].Features = m.hostTaps[r0*width : (r0+T)*width : (r0+T)*width]
+			out[i].Features = hostTaps[r0*width : (r0+T)*width : (r0+T)*width]
 		}
 		r0 += T
 	}
@@ -795,22 +883,27 @@ func (m *Model) CommitKV(kv *SeqKV, start int, path []int32) error {
 	if len(dst) == 0 {
 		return nil
 	}
+	moves := append(dst, src...)
 	for _, r := range m.ranks {
-		dstBuf, err := uploadI32(r.b, dst)
-		if err != nil {
-			return err
+		if r.moves == nil || r.moves.Len() < len(moves) {
+			if r.moves != nil {
+				r.b.Free(r.moves)
+				r.moves = nil
+			}
+			buf, err := r.b.Alloc(kernels.I32, max(2*len(moves), 64)) // a path of a few dozen tokens
+			if err != nil {
+				return fmt.Errorf("engine: KV moves: %w", err)
+			}
+			r.moves = buf
 		}
-		srcBuf, err := uploadI32(r.b, src)
-		if err != nil {
-			r.b.Free(dstBuf)
-			return err
+		if err := r.b.UploadI32(r.moves, 0, moves); err != nil {
+			return fmt.Errorf("engine: upload KV moves: %w", err)
 		}
+		dstBuf, srcBuf := r.b.Slice(r.moves, 0, len(dst)), r.b.Slice(r.moves, len(dst), len(src))
 		for l := 0; l < m.Cfg.NumFull(); l++ {
 			k, v := m.KV.Layer(r.id, l)
 			r.b.MoveKV(k, v, dstBuf, srcBuf, len(dst), KVDim(r.cfg))
 		}
-		r.b.Free(dstBuf)
-		r.b.Free(srcBuf)
 	}
 	return nil
 }
@@ -820,62 +913,102 @@ func rowsOf(b kernels.Backend, buf kernels.Buffer, r0, n, width int) kernels.Buf
 	return b.Slice(buf, r0*width, n*width)
 }
 
-// stepMeta is the index data of one step, uploaded once and shared by layers.
+// stepMeta is a rank's index data of a step, shared by its layers: token
+// ids, positions and KV slots, each sequence's page table and tree mask
+// and, on a Replayer, the attention table that points at them, all views of
+// one persistent I32 buffer written by one upload per step. The table comes
+// first and ids, positions and slots after it, so that a step's views stay
+// at the addresses a recorded step reads as long as its rows and sequence
+// count do; page tables and masks follow, where the table says.
 type stepMeta struct {
-	ids, pos, slots kernels.Buffer
-	owned           []kernels.Buffer // per-sequence page tables and masks
-	attnSeqs        []kernels.AttnSeq
+	buf                    kernels.Buffer // grown as needed, never shrunk
+	host                   []int32        // the upload, reused
+	table, ids, pos, slots kernels.Buffer
+	attnSeqs               []kernels.AttnSeq
+	// maxKeys bounds every sequence's keys: the next power of two (at
+	// least minKeyBucket) above the longest, so that the attention split
+	// plan changes only when a sequence crosses a power of two.
+	maxKeys int
 }
 
-func (m *Model) uploadMeta(b kernels.Backend, seqs []SeqInput, rows int) (*stepMeta, error) {
-	ps := m.KV.PageSize()
-	ids := make([]int32, 0, rows)
-	pos := make([]int32, 0, rows)
-	slots := make([]int32, 0, rows)
-	meta := &stepMeta{}
+// minKeyBucket is the smallest maxKeys of a step.
+const minKeyBucket = 256
+
+// uploadMeta builds rank r's metadata for seqs in r.meta and uploads it.
+func (m *Model) uploadMeta(r *rank, seqs []SeqInput, rows int) error {
+	if r.meta == nil {
+		r.meta = &stepMeta{}
+	}
+	meta, b, ps := r.meta, r.b, m.KV.PageSize()
+	replayer, _ := b.(kernels.Replayer)
+	tableLen := 0
+	if replayer != nil {
+		tableLen = replayer.AttnTableLen(len(seqs))
+	}
+	size := tableLen + 3*rows
+	for _, sq := range seqs {
+		size += max(len(sq.KV.Pages), 1)
+		if sq.Parents != nil {
+			size += len(sq.Tokens) * len(sq.Tokens)
+		}
+	}
+	if meta.buf == nil || meta.buf.Len() < size {
+		m.dropGraphs()
+		if meta.buf != nil {
+			b.Free(meta.buf)
+			meta.buf = nil
+		}
+		buf, err := b.Alloc(kernels.I32, 2*size) // room to grow: page tables lengthen
+		if err != nil {
+			return fmt.Errorf("engine: step metadata: %w", err)
+		}
+		meta.buf = buf
+	}
+	view := func(off, n int) kernels.Buffer { return b.Slice(meta.buf, off, n) }
+	host := slices.Grow(meta.host[:0], size)[:tableLen+3*rows]
+	meta.table, meta.ids, meta.pos, meta.slots = view(0, tableLen), view(tableLen, rows), view(tableLen+rows, rows), view(tableLen+2*rows, rows)
+	ids, pos, slots := host[tableLen:tableLen+rows], host[tableLen+rows:tableLen+2*rows], host[tableLen+2*rows:]
+	meta.attnSeqs = meta.attnSeqs[:0]
+	meta.maxKeys = minKeyBucket
 	r0 := 0
 	for _, sq := range seqs {
 		depth := treeDepths(sq.Parents, len(sq.Tokens))
 		for j, t := range sq.Tokens {
-			ids = append(ids, t)
-			pos = append(pos, int32(sq.Start)+depth[j])
-			slots = append(slots, sq.KV.Slot(ps, sq.Start+j))
+			ids[r0+j] = t
+			pos[r0+j] = int32(sq.Start) + depth[j]
+			slots[r0+j] = sq.KV.Slot(ps, sq.Start+j)
 		}
 		attn := kernels.AttnSeq{QueryStart: r0, QueryLen: len(sq.Tokens), Prefix: sq.Start}
-		var err error
-		if attn.Pages, err = uploadI32(b, sq.KV.Pages); err != nil {
-			meta.free(b)
-			return nil, err
+		attn.Pages = view(len(host), max(len(sq.KV.Pages), 1))
+		host = append(host, sq.KV.Pages...)
+		if len(sq.KV.Pages) == 0 {
+			host = append(host, 0)
 		}
-		meta.owned = append(meta.owned, attn.Pages)
 		if sq.Parents != nil {
-			if attn.Mask, err = uploadI32(b, ddtree.AncestorMask(sq.Parents)); err != nil {
-				meta.free(b)
-				return nil, err
-			}
-			meta.owned = append(meta.owned, attn.Mask)
+			mask := ddtree.AncestorMask(sq.Parents)
+			attn.Mask = view(len(host), len(mask))
+			host = append(host, mask...)
 		}
 		meta.attnSeqs = append(meta.attnSeqs, attn)
+		for meta.maxKeys < sq.Start+len(sq.Tokens) {
+			meta.maxKeys *= 2
+		}
 		r0 += len(sq.Tokens)
 	}
-	var err error
-	for _, u := range []struct {
-		dst *kernels.Buffer
-		src []int32
-	}{{&meta.ids, ids}, {&meta.pos, pos}, {&meta.slots, slots}} {
-		if *u.dst, err = uploadI32(b, u.src); err != nil {
-			meta.free(b)
-			return nil, err
-		}
+	if replayer != nil {
+		replayer.EncodeAttnTable(host[:tableLen], meta.attnSeqs, ps)
 	}
-	return meta, nil
+	meta.host = host
+	if err := b.UploadI32(meta.buf, 0, host); err != nil {
+		return fmt.Errorf("engine: upload step metadata: %w", err)
+	}
+	return nil
 }
 
 func (meta *stepMeta) free(b kernels.Backend) {
-	for _, buf := range append([]kernels.Buffer{meta.ids, meta.pos, meta.slots}, meta.owned...) {
-		if buf != nil {
-			b.Free(buf)
-		}
+	if meta != nil && meta.buf != nil {
+		b.Free(meta.buf)
+		meta.buf = nil
 	}
 }
 
@@ -892,18 +1025,6 @@ func treeDepths(parents []int32, n int) []int32 {
 		}
 	}
 	return d
-}
-
-func uploadI32(b kernels.Backend, v []int32) (kernels.Buffer, error) {
-	buf, err := b.Alloc(kernels.I32, max(len(v), 1))
-	if err != nil {
-		return nil, fmt.Errorf("engine: index buffer: %w", err)
-	}
-	if err := b.UploadI32(buf, 0, v); err != nil {
-		b.Free(buf)
-		return nil, fmt.Errorf("engine: upload index buffer: %w", err)
-	}
-	return buf, nil
 }
 
 // scratch holds the step's activations, grown to the largest batch seen.

@@ -19,6 +19,17 @@ type DraftSession interface {
 	Close()
 }
 
+// TopDraftSession is a DraftSession that reduces its rows where it runs:
+// DraftTop drafts as Draft does and returns, for each of the BlockSize-1
+// proposal rows, its k most likely tokens among the first valid ids with
+// their log-probabilities, best first (ties: the lower id), as ddtree.TopK
+// computes them from Draft's logits. A drafter on the device brings home
+// those k candidates a row instead of the row.
+type TopDraftSession interface {
+	DraftSession
+	DraftTop(features []float32, anchor int32, valid, k int) ([][]ddtree.Candidate, error)
+}
+
 // LatticeSession is a DraftSession whose proposals are paths through a
 // candidate lattice (DFlash2's selector): its Lattice, for the latest
 // Draft, replaces the logits' argmax chain and top-k levels. The lattice
@@ -140,29 +151,54 @@ func (st *SpecStats) finish(blockSize int) {
 	}
 }
 
-// propose turns the drafter's output into the proposal to verify, rooted at
-// the anchor and at most depth tokens deep.
-func (e *Engine) propose(sess DraftSession, anchor int32, draft []float32, depth int) *ddtree.Tree {
-	if ls, ok := sess.(LatticeSession); ok {
-		lattice := ls.Lattice().Truncate(depth)
-		if e.Spec.Mode == SpecLinear {
-			return ddtree.Chain(anchor, lattice.GreedyPath())
-		}
-		return ddtree.BuildLattice(anchor, lattice, e.Spec.Budget, !e.Spec.NoChainSeed)
+// propose drafts and turns the drafter's output into the proposal to
+// verify, rooted at the anchor and at most depth tokens deep: a lattice
+// session's lattice (DFlash2), else the candidates DraftTop brings home
+// when the session has it (the budget's a row, or the best one for a
+// chain), else those of Draft's logits.
+func (e *Engine) propose(sess DraftSession, features []float32, anchor int32, depth int) (*ddtree.Tree, error) {
+	k := e.Spec.Budget
+	if e.Spec.Mode == SpecLinear {
+		k = 1
 	}
-	V := e.Model.Cfg.VocabSize
+	if ls, ok := sess.(LatticeSession); ok { // checked first: it may have DraftTop too
+		if _, err := sess.Draft(features, anchor); err != nil {
+			return nil, err
+		}
+		l := ls.Lattice().Truncate(depth)
+		if e.Spec.Mode == SpecLinear {
+			return ddtree.Chain(anchor, l.GreedyPath()), nil
+		}
+		return ddtree.BuildLattice(anchor, l, e.Spec.Budget, !e.Spec.NoChainSeed), nil
+	}
+	var levels [][]ddtree.Candidate
+	if ts, ok := sess.(TopDraftSession); ok {
+		var err error
+		if levels, err = ts.DraftTop(features, anchor, e.ValidVocab, k); err != nil {
+			return nil, err
+		}
+		levels = levels[:depth]
+	} else {
+		draft, err := sess.Draft(features, anchor)
+		if err != nil {
+			return nil, err
+		}
+		V := e.Model.Cfg.VocabSize
+		levels = make([][]ddtree.Candidate, depth)
+		for i := range levels {
+			levels[i] = ddtree.TopK(draft[i*V:(i+1)*V], e.ValidVocab, k)
+		}
+	}
 	if e.Spec.Mode == SpecLinear {
 		drafts := make([]int32, depth)
-		for i := range drafts {
-			drafts[i] = int32(Argmax(draft[i*V : i*V+e.ValidVocab]))
+		for i, l := range levels {
+			if len(l) > 0 { // none when a row is all NaN: token 0, as Argmax
+				drafts[i] = l[0].Token
+			}
 		}
-		return ddtree.Chain(anchor, drafts)
+		return ddtree.Chain(anchor, drafts), nil
 	}
-	levels := make([][]ddtree.Candidate, depth)
-	for i := range levels {
-		levels[i] = ddtree.TopK(draft[i*V:(i+1)*V], e.ValidVocab, e.Spec.Budget)
-	}
-	return ddtree.Build(anchor, levels, e.Spec.Budget, !e.Spec.NoChainSeed)
+	return ddtree.Build(anchor, levels, e.Spec.Budget, !e.Spec.NoChainSeed), nil
 }
 
 // commit keeps the accepted path of a verify: GDN states, KV compaction and

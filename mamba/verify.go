@@ -2,6 +2,7 @@ package mamba
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"ddflash/kernels"
 )
@@ -44,6 +45,7 @@ func ParseStrategy(name string) (Strategy, error) {
 // per tensor-parallel rank. The model forward fills it layer by layer;
 // Commit then sets the sequence's state to the state after an accepted path.
 type Verify struct {
+	id        uint64 // unique in the process (ID)
 	strategy  Strategy
 	maxTokens int
 	shards    []*verifyShard
@@ -65,13 +67,14 @@ type verifyShard struct {
 	finalState kernels.Buffer // where a chain verify's final state goes (discarded)
 	parentsBuf kernels.Buffer
 	gathered   [5]kernels.Buffer // Replay along a tree path: q, k, v, g, beta rows
+	pathBuf    kernels.Buffer    // Replay: the path's tokens, the rows to gather
 	bufs       []kernels.Buffer
 }
 
 // NewVerify allocates scratch for verifying up to maxTokens tokens of a
 // sequence whose state lives in pool (one part on each of its shards).
 func NewVerify(pool *Pool, strategy Strategy, maxTokens int) (*Verify, error) {
-	v := &Verify{strategy: strategy, maxTokens: maxTokens}
+	v := &Verify{id: verifyIDs.Add(1), strategy: strategy, maxTokens: maxTokens}
 	for r := range pool.Ranks() {
 		sh, err := newVerifyShard(pool.Shard(r), strategy, maxTokens)
 		if err != nil {
@@ -121,6 +124,10 @@ func newVerifyShard(shard Shard, strategy Strategy, maxTokens int) (*verifyShard
 			}
 			v.gathered[i] = extra[len(extra)-1]
 		}
+		if err := v.alloc(&extra, kernels.I32, maxTokens); err != nil {
+			return nil, err
+		}
+		v.pathBuf = extra[len(extra)-1]
 	}
 	return v, nil
 }
@@ -149,6 +156,19 @@ func (v *Verify) Close() {
 		sh.close()
 	}
 	v.shards = nil
+}
+
+// verifyIDs numbers the Verify scratches made.
+var verifyIDs atomic.Uint64
+
+// ID tells this scratch from every other made in the process (its buffers
+// from theirs, for a recorded step that writes them), never reused; 0 for
+// a nil Verify.
+func (v *Verify) ID() uint64 {
+	if v == nil {
+		return 0
+	}
+	return v.id
 }
 
 // MaxTokens is the longest proposal the scratch holds.
@@ -225,9 +245,15 @@ func (v *Verify) Commit(pool *Pool, slot int, path []int32) error {
 		return err
 	}
 	node := int(path[len(path)-1])
+	gather := v.strategy == Replay && !isPrefix(path)
 	for r, sh := range v.shards {
 		b, shape := sh.B, sh.Shape
 		stateLen := shape.GDN.StateLen()
+		if gather {
+			if err := b.UploadI32(sh.pathBuf, 0, path); err != nil {
+				return err
+			}
+		}
 		for l := 0; l < shape.Layers; l++ {
 			b.ConvCommit(pool.Conv(r, l, slot), sh.mixed[l], v.Parents(r), node, shape.ConvDim, shape.ConvKernel)
 			state := pool.SSM(r, l, slot)
@@ -235,33 +261,36 @@ func (v *Verify) Commit(pool *Pool, slot int, path []int32) error {
 				b.Copy(state, b.Slice(sh.nodeStates[l], node*stateLen, stateLen), 1, stateLen, 0, 0)
 				continue
 			}
-			ins := v.replayInputs(sh, l, path)
+			ins := v.replayInputs(sh, l, len(path), gather)
 			b.GDNRecurrence(nil, ins[0], ins[1], ins[2], ins[3], ins[4], state, state, nil, nil, len(path), shape.GDN)
 		}
 	}
 	return nil
 }
 
-// replayInputs returns a shard's layer-l recurrence inputs for the path's
-// tokens as contiguous rows: views when the path is a prefix 0..a, gathered
-// otherwise.
-func (v *Verify) replayInputs(sh *verifyShard, l int, path []int32) [5]kernels.Buffer {
+// replayInputs returns a shard's layer-l recurrence inputs for the n
+// tokens of the accepted path as contiguous rows: views of the saved rows
+// when the path is a prefix 0..n-1, else gathered, one gather per input,
+// by the path uploaded to sh.pathBuf.
+func (v *Verify) replayInputs(sh *verifyShard, l, n int, gather bool) [5]kernels.Buffer {
 	saved := [5]kernels.Buffer{sh.q[l], sh.k[l], sh.v[l], sh.g[l], sh.beta[l]}
-	isPrefix := true
-	for d, p := range path {
-		isPrefix = isPrefix && int(p) == d
-	}
-	if isPrefix {
+	if !gather {
 		return saved
 	}
-	b := sh.B
 	for i, src := range saved {
-		width := src.Len() / v.maxTokens
-		for d, p := range path {
-			b.Copy(b.Slice(sh.gathered[i], d*width, width), b.Slice(src, int(p)*width, width), 1, width, 0, 0)
-		}
+		sh.B.Embedding(sh.gathered[i], src, sh.pathBuf, n, src.Len()/v.maxTokens)
 	}
 	return sh.gathered
+}
+
+// isPrefix reports whether path is the chain 0, 1, 2, ….
+func isPrefix(path []int32) bool {
+	for d, p := range path {
+		if int(p) != d {
+			return false
+		}
+	}
+	return true
 }
 
 func (v *Verify) checkPath(path []int32) error {

@@ -28,21 +28,35 @@
 #                    attention and one GDN layer with their MLPs at
 #                    Qwen3.6-27B shapes, bf16, 4096 cached tokens, eager and
 #                    replayed as a CUDA graph, against the HBM bandwidth floor
+#   engine-step      the engine's recorded steps: replayed decode, linear
+#                    and DDTree verify equal the eager steps bit for bit
+#                    (tiny preset, 1 and 2 sequences); a steady decode
+#                    step's driver calls (≤ 2 launches, no allocation, one
+#                    download); a DDTree step's, logged; then the small
+#                    preset's whole step (LM head and device top-k in),
+#                    eager and replayed: decode of 1 and 8 sequences and a
+#                    DDTree-16 verify, wall time per step with its driver
+#                    calls
 #   tensor-parallel  NCCL collectives and TP 2/4/8 as the GPU count allows
 #                    (only when libnccl.so.2 is found)
-# It prints a table of the parts last, then the kernel and step-time tables.
+# It prints a table of the parts last, then the kernel, step-time and
+# engine-step tables.
 #
 # Not here yet (issue 34 item 8): the layer step with a bf16 KV cache (the
 # step harness keeps it in F32), split attention + merge at head dim 256
 # over 32K keys and chunked GDN at model widths (both exist only on the
 # emulation, at smaller sizes, in emu_test.go), step times at 32K and in
-# FP8, tok/s of a full step, and the engine's own replayed steps (issue 34
-# item 1: the engine does not capture its steps yet; step-time replays its
-# layer step only).
+# FP8, and tok/s of a full step at Qwen3.6-27B shapes (engine-step times
+# the small preset's).
 #
 # Run time, estimated (no GPU has run this yet): the limits below add up to
-# 330 s (360 s with NCCL), the most it can take besides the library search;
-# expected about half that. The device work is milliseconds per test (tiny
+# 390 s (420 s with NCCL), the most it can take besides the library search;
+# expected about half that. engine-step's device work is a few hundred
+# steps of the tiny and small presets (milliseconds each); its host work is
+# writing the small preset's random weights (about 110 M values) once and
+# loading them once per step kind, three times, a few seconds each, and the
+# tiny presets' steps and DDTree generations (about 15 CPU-s on the
+# emulation here, CPU side included). The device work is milliseconds per test (tiny
 # and small presets; each layer step a few ms; the step-time's 5 row counts
 # × 2 × 52 timed runs of 0.3-1 ms). What costs is host work: the PTX JIT on
 # each part's first backend (every part is a new process; the driver
@@ -142,6 +156,7 @@ parts=(
 	"spec 75 TestSpecGeneration|TestSpecLosslessBF16State|TestDraftLogits|TestDFlash2"
 	"layer-step 90 TestLayerStep"
 	"step-time 75 TestStepTime"
+	"engine-step 60 TestEngineStep"
 )
 if [ -n "$nccl" ]; then
 	parts+=("tensor-parallel 30 TestTensorParallel")
@@ -160,7 +175,8 @@ for part in "${parts[@]}"; do
 	t0=$(date +%s)
 	# -test.timeout a little under the limit: Go then prints the stuck
 	# test's goroutines before timeout kills the process.
-	DDFLASH_STEP_TABLE="$out/steptime.txt" DDFLASH_KERNEL_TABLE="$out/kernels.txt" timeout -k 5 "$limit" "$bin" -test.v \
+	DDFLASH_STEP_TABLE="$out/steptime.txt" DDFLASH_KERNEL_TABLE="$out/kernels.txt" \
+		DDFLASH_ENGINE_STEP_TABLE="$out/enginestep.txt" timeout -k 5 "$limit" "$bin" -test.v \
 		-test.timeout "$((limit - 5))s" -test.run "^($run)\$" >"$log" 2>&1
 	rc=$?
 	took=$(($(date +%s) - t0))
@@ -208,4 +224,6 @@ echo
 cat "$out/kernels.txt" 2>/dev/null || echo "no kernel table"
 echo
 cat "$out/steptime.txt" 2>/dev/null || echo "no step-time table"
+echo
+cat "$out/enginestep.txt" 2>/dev/null || echo "no engine-step table"
 exit $status

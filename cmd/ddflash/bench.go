@@ -258,7 +258,7 @@ func newInProcess(mf *modelFlags, draft2 string, plan *bench.Plan, fs *flag.Flag
 		}
 		return target.load(sizing)
 	}
-	ip := &bench.InProcess{Load: load, Prompter: bench.ChatPrompter{Dir: tok}, Rollback: rollback, Threads: mf.threads, Device: mf.device}
+	ip := &bench.InProcess{Load: load, Prompter: bench.ChatPrompter{Dir: tok}, Rollback: rollback, Threads: mf.threads, Device: mf.device, Log: os.Stderr}
 	if slices.ContainsFunc(plan.Modes, func(m bench.Mode) bool { return m.Drafter == bench.DFlash2Drafter }) {
 		ip.LoadDFlash2 = func(e *engine.Engine) (engine.Drafter, error) { return dflash.Load(e, draft2) }
 	}

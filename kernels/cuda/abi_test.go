@@ -38,6 +38,7 @@ func TestLaunchArguments(t *testing.T) {
 	floats := []kernels.DType{kernels.F32, kernels.BF16, kernels.F16}
 	gdn := kernels.GDNShape{KeyHeads: 2, ValueHeads: 4, KeyDim: 16, ValueDim: 8}
 	attn := kernels.AttnShape{NumHeads: 4, NumKVHeads: 2, HeadDim: 16, PageSize: 4, Scale: 0.25}
+	table := i32(attnTableLen(1))
 	ops := map[string]func(){
 		"Copy F32":   func() { be.Copy(f32(20), f32(20), 2, 3, 4, 5) },
 		"Copy BF16":  func() { be.Copy(fake(kernels.BF16, 20), fake(kernels.BF16, 20), 2, 3, 4, 5) },
@@ -55,19 +56,19 @@ func TestLaunchArguments(t *testing.T) {
 		"MoveKV":      func() { be.MoveKV(f32(320), f32(320), i32(2), i32(2), 2, 32) },
 		"MoveKV BF16": func() { be.MoveKV(fake(kernels.BF16, 320), fake(kernels.BF16, 320), i32(2), i32(2), 2, 32) },
 		"Attention BF16 cache": func() {
-			be.Attention(f32(128), f32(128), fake(kernels.BF16, 320), fake(kernels.BF16, 320), attn, []kernels.AttnSeq{{QueryLen: 2, Prefix: 3, Pages: i32(2)}})
+			be.AttentionTable(f32(128), f32(128), fake(kernels.BF16, 320), fake(kernels.BF16, 320), attn, []kernels.AttnSeq{{QueryLen: 2, Prefix: 3, Pages: i32(2)}}, table, 5)
 		},
 		"Attention causal": func() {
-			be.Attention(f32(128), f32(128), f32(320), f32(320), attn, []kernels.AttnSeq{{QueryLen: 2, Prefix: 3, Pages: i32(2)}})
+			be.AttentionTable(f32(128), f32(128), f32(320), f32(320), attn, []kernels.AttnSeq{{QueryLen: 2, Prefix: 3, Pages: i32(2)}}, table, 5)
 		},
 		"Attention masked": func() {
-			be.Attention(f32(128), f32(128), f32(320), f32(320), attn, []kernels.AttnSeq{{QueryLen: 2, Prefix: 3, Pages: i32(2), Mask: i32(4), Window: 2}})
+			be.AttentionTable(f32(128), f32(128), f32(320), f32(320), attn, []kernels.AttnSeq{{QueryLen: 2, Prefix: 3, Pages: i32(2), Mask: i32(4), Window: 2}}, table, 5)
 		},
 		"Attention split": func() {
-			be.Attention(f32(64), f32(64), f32(32*3000), f32(32*3000), attn, []kernels.AttnSeq{{QueryLen: 1, Prefix: 2999, Pages: i32(750)}})
+			be.AttentionTable(f32(64), f32(64), f32(32*3000), f32(32*3000), attn, []kernels.AttnSeq{{QueryLen: 1, Prefix: 2999, Pages: i32(750)}}, table, 3000)
 		},
 		"attention_merge": func() {
-			be.launch("attention_merge", d1(1), d1(32), 0, f32(64), devPtr(0), make([]byte, attnSeqsLen), int32(4), int32(16), int32(8))
+			be.launch("attention_merge", d1(1), d1(32), 0, f32(64), devPtr(0), devPtr(0), int32(4), int32(16), int32(8))
 		},
 		"ConvCommit tree": func() { be.ConvCommit(f32(30), f32(40), i32(4), 3, 10, 4) },
 		"ConvCommit":      func() { be.ConvCommit(f32(30), f32(40), nil, 3, 10, 4) },
@@ -194,9 +195,7 @@ func TestAttnSeqsLayout(t *testing.T) {
 	if u32(maxAttnSeqs*attnSeqDescLen) != 2 {
 		t.Errorf("count = %d", u32(maxAttnSeqs*attnSeqDescLen))
 	}
-	for _, name := range []string{"attention_f32", "attention_bf16"} {
-		if ps := kernelParams[name]; len(ps) < 5 || ps[4].size != attnSeqsLen {
-			t.Errorf("%s's AttnSeqs parameter %v, attention.go packs %d bytes", name, ps, attnSeqsLen)
-		}
+	if attnTableLen(33)*4 != 2*attnSeqsLen {
+		t.Errorf("a table for 33 sequences has %d elements, want two AttnSeqs", attnTableLen(33))
 	}
 }

@@ -2,6 +2,11 @@
 
 package cuda
 
+/*
+#include "driver.h"
+*/
+import "C"
+
 import (
 	"encoding/binary"
 	"fmt"
@@ -69,8 +74,82 @@ func caches(op string, kCache, vCache kernels.Buffer, kvDim int) (k, v *buffer, 
 }
 
 // Attention computes paged, masked softmax attention for every sequence:
-// one block per (query row, head), in launches of up to maxAttnSeqs sequences.
+// one block per (query row, head), in launches of up to maxAttnSeqs
+// sequences. The sequences' descriptors go to the device by an upload into
+// the backend's own table (so Attention cannot be captured in a graph: a
+// replayable step uploads its table with its other metadata and calls
+// AttentionTable).
 func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernels.AttnShape, seqs []kernels.AttnSeq) {
+	keys := 0
+	for _, sq := range seqs {
+		keys = max(keys, sq.Prefix+sq.QueryLen)
+	}
+	table := make([]int32, attnTableLen(len(seqs)))
+	be.EncodeAttnTable(table, seqs, shape.PageSize)
+	tb, err := be.attnTableBuffer(len(table))
+	if err == nil {
+		err = be.UploadI32(tb, 0, table)
+	}
+	if err != nil {
+		be.mu.Lock()
+		be.fail(err)
+		be.mu.Unlock()
+		return
+	}
+	be.AttentionTable(out, q, kCache, vCache, shape, seqs, tb, keys)
+}
+
+// attnTableBuffer returns the backend's table for Attention's descriptors,
+// grown to at least n elements. Like scratch memory it is the backend's
+// own (not a buffer BufferBytes counts), and a queued launch may still read
+// it: it is replaced only after a wait for the stream.
+func (be *Backend) attnTableBuffer(n int) (*buffer, error) {
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	if be.capturing {
+		return nil, errCapture
+	}
+	if bytes := 4 * n; bytes > be.attnTable.bytes {
+		if err := check("cuStreamSynchronize", C.dd_stream_sync(be.ctx, be.stream)); err != nil {
+			return nil, err
+		}
+		be.attnTable.free(be)
+		be.counts.Allocs++
+		var p C.CUdeviceptr
+		if err := check("cuMemAlloc for attention tables", C.dd_mem_alloc(be.ctx, &p, C.size_t(bytes))); err != nil {
+			return nil, err
+		}
+		be.attnTable = allocation{p, bytes}
+	}
+	return &buffer{mem: &be.attnTable, n: be.attnTable.bytes / 4, dt: kernels.I32, view: true}, nil
+}
+
+// AttnTableLen is the I32 elements of a device table for n sequences:
+// one attention.cu AttnSeqs per launch of up to maxAttnSeqs of them.
+func (be *Backend) AttnTableLen(n int) int { return attnTableLen(n) }
+
+func attnTableLen(n int) int { return (n + maxAttnSeqs - 1) / maxAttnSeqs * attnSeqsLen / 4 }
+
+// EncodeAttnTable writes the device form of seqs into dst (AttnTableLen
+// elements): their descriptors with their Pages and Mask buffers' device
+// addresses, so those buffers must stay allocated while the table is used.
+func (be *Backend) EncodeAttnTable(dst []int32, seqs []kernels.AttnSeq, pageSize int) {
+	for g, lo := 0, 0; lo < len(seqs); g, lo = g+1, lo+maxAttnSeqs {
+		b, _ := attnSeqs(seqs[lo:min(lo+maxAttnSeqs, len(seqs))], pageSize)
+		for i := range attnSeqsLen / 4 {
+			dst[g*attnSeqsLen/4+i] = int32(binary.LittleEndian.Uint32(b[4*i:]))
+		}
+	}
+}
+
+// AttentionTable is Attention over the sequences seqs describes on the
+// host, reading their descriptors from table (written by EncodeAttnTable
+// and uploaded; 8-byte aligned) at run time. The launches depend only on
+// the sequences' query lengths and on maxKeys, which bounds every
+// sequence's keys (Prefix+QueryLen) and sets how each row's keys split:
+// a graph captured from this call replays correctly for any step whose
+// table describes sequences of those query lengths within maxKeys keys.
+func (be *Backend) AttentionTable(out, q, kCache, vCache kernels.Buffer, shape kernels.AttnShape, seqs []kernels.AttnSeq, table kernels.Buffer, maxKeys int) {
 	if shape.NumKVHeads <= 0 || shape.NumHeads%shape.NumKVHeads != 0 || shape.PageSize <= 0 {
 		panic(fmt.Sprintf("cuda: Attention shape %+v: NumHeads must be a positive multiple of NumKVHeads and PageSize > 0", shape))
 	}
@@ -82,14 +161,24 @@ func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernel
 	qRows := 0
 	for _, sq := range seqs {
 		qRows = max(qRows, sq.QueryStart+sq.QueryLen)
+		if sq.Prefix+sq.QueryLen > maxKeys {
+			panic(fmt.Sprintf("cuda: Attention sequence of %d keys beyond maxKeys %d", sq.Prefix+sq.QueryLen, maxKeys))
+		}
 	}
 	qv, ov := f32s("Attention q", q, qRows*qDim), f32s("Attention out", out, qRows*qDim)
+	tb := i32s("Attention table", table, attnTableLen(len(seqs)))
+	if tb.addr()%8 != 0 {
+		panic("cuda: Attention table must be 8-byte aligned (it holds device pointers)")
+	}
 	be.mu.Lock()
 	defer be.mu.Unlock()
-	for lo := 0; lo < len(seqs); lo += maxAttnSeqs {
-		group := seqs[lo:min(lo+maxAttnSeqs, len(seqs))]
-		desc, rows := attnSeqs(group, shape.PageSize)
-		splits := be.attnSplits(group, rows*shape.NumHeads)
+	for g, lo := 0, 0; lo < len(seqs); g, lo = g+1, lo+maxAttnSeqs {
+		rows := 0
+		for _, sq := range seqs[lo:min(lo+maxAttnSeqs, len(seqs))] {
+			rows += sq.QueryLen
+		}
+		desc := tb.addr() + devPtr(g*attnSeqsLen)
+		splits := be.attnSplits(maxKeys, rows*shape.NumHeads)
 		var parts any
 		if splits > 1 {
 			p, err := be.scratchPtr(rows * shape.NumHeads * splits * (2 + shape.HeadDim) * 4)
@@ -110,12 +199,8 @@ func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernel
 }
 
 // attnSplits is how many parts to split each row's keys into, given the
-// launch's (row, head) block count.
-func (be *Backend) attnSplits(seqs []kernels.AttnSeq, blocks int) int {
-	keys := 0
-	for _, sq := range seqs {
-		keys = max(keys, sq.Prefix+sq.QueryLen)
-	}
+// most keys a row has and the launch's (row, head) block count.
+func (be *Backend) attnSplits(keys, blocks int) int {
 	if blocks == 0 || blocks >= 2*be.sms || keys < 2*attnSplitKeys {
 		return 1
 	}

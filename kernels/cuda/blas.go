@@ -43,6 +43,7 @@ func newBlas(be *Backend) (*blas, error) {
 		return nil, err
 	}
 	var p C.CUdeviceptr
+	be.counts.Allocs++
 	if err := check("cuMemAlloc for the cuBLASLt workspace", C.dd_mem_alloc(be.ctx, &p, ltWorkspace)); err != nil {
 		C.dd_lt_destroy(be.ctx, b.handle)
 		return nil, err
@@ -105,6 +106,9 @@ func (b *blas) version() string {
 
 // matmul queues the planned GEMM: d (F32) from the weights a and activations x.
 func (b *blas) matmul(p C.ddLtPlan, a, x, d devPtr) error {
+	if !b.be.capturing {
+		b.be.counts.Launches++
+	}
 	s := C.dd_lt_matmul(b.be.ctx, b.handle, p, C.CUdeviceptr(a), C.CUdeviceptr(x), C.CUdeviceptr(d),
 		b.workspace.ptr, ltWorkspace, b.be.stream)
 	return ltError("cublasLtMatmul", s)

@@ -52,6 +52,7 @@ func (be *Backend) Alloc(dt kernels.DType, n int) (kernels.Buffer, error) {
 		return nil, errCapture
 	}
 	bytes := n * dt.Size()
+	be.counts.Allocs++
 	var p C.CUdeviceptr
 	if err := check(fmt.Sprintf("cuMemAlloc(%d bytes)", bytes), C.dd_mem_alloc(be.ctx, &p, C.size_t(bytes))); err != nil {
 		return nil, err
@@ -135,6 +136,8 @@ func (be *Backend) upload(buf *buffer, off, n int, src unsafe.Pointer) error {
 		return errCapture
 	}
 	size := buf.dt.Size()
+	be.counts.Uploads++
+	be.counts.UploadBytes += int64(n * size)
 	return check("cuMemcpyHtoDAsync", C.dd_htod(be.ctx, C.CUdeviceptr(buf.addr())+C.CUdeviceptr(off*size), src, C.size_t(n*size), be.stream))
 }
 
@@ -155,6 +158,8 @@ func (be *Backend) DownloadF32(b kernels.Buffer, off int, dst []float32) error {
 		return err
 	}
 	size := buf.dt.Size()
+	be.counts.Downloads++
+	be.counts.DownloadBytes += int64(len(dst) * size)
 	src := C.CUdeviceptr(buf.addr()) + C.CUdeviceptr(off*size)
 	if buf.dt == kernels.F32 {
 		err := check("cuMemcpyDtoH", C.dd_dtoh(be.ctx, unsafe.Pointer(unsafe.SliceData(dst)), src, C.size_t(len(dst)*4), be.stream))

@@ -49,8 +49,10 @@ type Backend struct {
 	scratch    allocation   // grow-only device memory for ops' temporaries
 	retired    []allocation // outgrown scratch that live graphs may still use
 	graphs     int          // graphs not yet closed
+	attnTable  allocation   // Attention's descriptor table (attnTableBuffer)
 	capturing  bool
-	asyncError error // the first failure of an op, reported by Sync
+	asyncError error                // the first failure of an op, reported by Sync
+	counts     kernels.DriverCounts // the driver calls made (counts.go)
 }
 
 var _ kernels.Backend = (*Backend)(nil)
@@ -170,6 +172,7 @@ func (be *Backend) Close() {
 	}
 	be.releaseFreed(nil)
 	be.scratch.free(be)
+	be.attnTable.free(be)
 	for i := range be.retired {
 		be.retired[i].free(be)
 	}
@@ -290,6 +293,9 @@ func (be *Backend) launch(name string, grid, block dim3, smem int, args ...any) 
 	k := be.fn(name)
 	k.block, k.smem = block.x*block.y*block.z, smem
 	params := be.args.pack(args)
+	if !be.capturing {
+		be.counts.Launches++
+	}
 	r := C.dd_launch(be.ctx, k.f, C.uint(grid.x), C.uint(grid.y), C.uint(grid.z), C.uint(block.x), C.uint(block.y),
 		C.uint(block.z), C.uint(smem), be.stream, params)
 	be.fail(check("launching "+name, r))
@@ -334,6 +340,7 @@ func (be *Backend) scratchPtr(bytes int) (devPtr, error) {
 	}
 	size := max(bytes, 1<<20)
 	size += size / 2
+	be.counts.Allocs++
 	var p C.CUdeviceptr
 	if err := check(fmt.Sprintf("cuMemAlloc(%d) for scratch", size), C.dd_mem_alloc(be.ctx, &p, C.size_t(size))); err != nil {
 		return 0, err
@@ -344,3 +351,5 @@ func (be *Backend) scratchPtr(bytes int) (devPtr, error) {
 
 // errCapture is returned by calls that cannot be part of a graph.
 var errCapture = errors.New("cuda: allocations and host transfers cannot be captured in a graph; do them before BeginCapture")
+
+var _ kernels.Replayer = (*Backend)(nil)

@@ -49,8 +49,9 @@ static struct {
   CUresult (*GraphDestroy)(CUgraph);
 } cu;
 
+static void *lib;  // the loaded driver library
+
 int dd_cuda_open(char *err, size_t errlen) {
-  static void *lib;
   if (lib) return 0;
   const char *path = getenv("DDFLASH_LIBCUDA");
   if (!path || !*path) path = "libcuda.so.1";
@@ -100,6 +101,14 @@ int dd_cuda_open(char *err, size_t errlen) {
   SYM(GraphDestroy, "cuGraphDestroy")
 #undef SYM
   lib = h;
+  return 0;
+}
+
+int dd_emu_counts(uint64_t counts[DD_EMU_COUNTS]) {
+  void (*read)(uint64_t *) = NULL;
+  if (lib) *(void **)&read = dlsym(lib, "ddflash_emu_counts");
+  if (!read) return -1;
+  read(counts);
   return 0;
 }
 

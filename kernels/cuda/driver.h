@@ -22,6 +22,10 @@ typedef struct CUgraphExec_st *CUgraphExec;
 // libcuda.so.1) and its symbols; on failure it writes the reason to err and
 // returns -1. (The tests point DDFLASH_LIBCUDA at a CPU emulation, emu/.)
 int dd_cuda_open(char *err, size_t errlen);
+// dd_emu_counts reads the CPU emulation's counters (emu/driver.cc's
+// EmuCounts, DD_EMU_COUNTS uint64s); -1 when the driver is not the emulation.
+#define DD_EMU_COUNTS 8
+int dd_emu_counts(uint64_t counts[DD_EMU_COUNTS]);
 const char *dd_error_name(CUresult r);
 const char *dd_error_string(CUresult r);
 

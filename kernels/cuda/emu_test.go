@@ -22,8 +22,9 @@ import (
 // through DDFLASH_LIBCUDA and runs the TestEmulated* tests: the
 // kernels.Backend conformance suite, MatMul on both paths, split-key
 // attention, graph capture and replay, the benchmark's layer step, whole
-// tiny models against the CPU backend, and tensor parallelism over emulated
-// GPUs connected by the emulation's NCCL. This checks the kernels' logic
+// tiny models against the CPU backend, the engine's recorded steps and
+// their driver counts, and tensor parallelism over emulated GPUs connected
+// by the emulation's NCCL. This checks the kernels' logic
 // (indexing, masks, recurrences, top-k, the math) and the host code in CI;
 // the PTX itself, races between threads and timing need the GPU run
 // (scripts/gpu-check.sh).
@@ -38,7 +39,8 @@ func TestEmulator(t *testing.T) {
 	if err != nil {
 		t.Fatalf("emulated tests: %v\n%s", err, out)
 	}
-	for _, name := range []string{"TestEmulatedConformance", "TestEmulatedMatMul", "TestEmulatedMatMulFP8", "TestEmulatedAttentionSplit", "TestEmulatedGDNChunked", "TestEmulatedGraph", "TestEmulatedLayerStep", "TestEmulatedModel", "TestEmulatedTensorParallel", "TestEmulatedKernelResources", "TestEmulatedHeuristicMiss"} {
+	for _, name := range []string{"TestEmulatedConformance", "TestEmulatedMatMul", "TestEmulatedMatMulFP8", "TestEmulatedAttentionSplit", "TestEmulatedGDNChunked", "TestEmulatedGraph", "TestEmulatedLayerStep", "TestEmulatedModel", "TestEmulatedTensorParallel", "TestEmulatedKernelResources", "TestEmulatedHeuristicMiss",
+		"TestEmulatedCounts", "TestEmulatedGraphCuBLASLt", "TestEmulatedAttentionTable", "TestEmulatedTopKLSE", "TestEmulatedStep"} {
 		if !strings.Contains(string(out), "--- PASS: "+name) {
 			t.Errorf("the child process did not pass %s:\n%s", name, out)
 		}
@@ -245,7 +247,7 @@ func TestEmulatedAttentionSplit(t *testing.T) {
 			out[i] = make([]float32, c.rows*qDim)
 			must(t, b.DownloadF32(o, 0, out[i]))
 		}
-		if n := be.attnSplits([]kernels.AttnSeq{{QueryLen: c.rows, Prefix: prefix}}, c.rows*shape.NumHeads); n < 2 {
+		if n := be.attnSplits(prefix+c.rows, c.rows*shape.NumHeads); n < 2 {
 			t.Errorf("%s: %d (row, head) blocks on %d SMs run in %d split", c.name, c.rows*shape.NumHeads, be.sms, n)
 		}
 		if d := relNorm(out[1], out[0]); !(d < 1e-5) {

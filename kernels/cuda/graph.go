@@ -10,6 +10,8 @@ import "C"
 import (
 	"errors"
 	"time"
+
+	"ddflash/kernels"
 )
 
 // Graph is a captured sequence of ops that Launch replays with the same
@@ -69,8 +71,29 @@ func (be *Backend) EndCapture() (*Graph, error) {
 func (be *Backend) Launch(g *Graph) error {
 	be.mu.Lock()
 	defer be.mu.Unlock()
+	be.counts.Launches++
 	return check("cuGraphLaunch", C.dd_graph_launch(be.ctx, g.exec, be.stream))
 }
+
+// Capture records the ops record issues as a graph instead of running
+// them (kernels.Replayer): BeginCapture, record, EndCapture.
+func (be *Backend) Capture(record func() error) (kernels.Graph, error) {
+	if err := be.BeginCapture(); err != nil {
+		return nil, err
+	}
+	err := record()
+	g, endErr := be.EndCapture()
+	if err = errors.Join(err, endErr); err != nil {
+		if g != nil {
+			g.Close()
+		}
+		return nil, err
+	}
+	return g, nil
+}
+
+// Replay queues a replay of g (kernels.Graph).
+func (g *Graph) Replay() error { return g.be.Launch(g) }
 
 // Close frees the graph, and the scratch memory only closed graphs used.
 func (g *Graph) Close() {

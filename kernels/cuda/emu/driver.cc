@@ -7,7 +7,8 @@
 // blocks one after another, each block's threads as fibers that switch at
 // barriers and warp shuffles (a hand-written x86-64 context switch: ucontext
 // makes a system call per switch, which made the tests slow). Stream
-// capture records launches, with copies of their arguments, for graph replay.
+// capture records launches (and cuBLASLt matmuls), with copies of their
+// arguments, for graph replay; counters total the calls (EmuCounts).
 // There are emu_devices devices, each backend's its own stream; launches
 // from several threads (tensor-parallel ranks) take turns, as the fibers
 // and the kernels' `static` shared memory are global. The NCCL calls the
@@ -242,12 +243,14 @@ enum { OK = 0, ERR_INVALID_VALUE = 1, ERR_NOT_FOUND = 500, ERR_NOT_SUPPORTED = 8
 
 // ---- Launches and graphs ----
 
-// Launch is a kernel launch with its arguments bound.
+// Launch is a kernel launch with its arguments bound, or (host set) a
+// library call that runs on the host: an emulated cuBLASLt matmul.
 struct Launch {
   const char *name;
   std::function<void()> call;
   emu_dim3 grid, block;
   unsigned smem;
+  bool host;
 };
 typedef std::vector<Launch> Graph;
 static Graph *capture;         // non-null while capture_stream is being captured
@@ -257,7 +260,26 @@ static void *capture_stream;
 static std::mutex emu_mu;
 static bool captured(void *stream) { return capture && stream == capture_stream; }
 
+// ---- Counters: the work the backend asks of the driver, for the tests of a step's cost ----
+
+// EmuCounts mirrors emuCounts in kernels/cuda/counts.go. A graph launch
+// counts once, however many launches it replays; a download is a
+// synchronising one (the backend waits for the stream after each).
+struct EmuCounts {
+  uint64_t launches, graph_launches, lt_matmuls, allocs, uploads, upload_bytes, downloads, download_bytes;
+};
+static EmuCounts counts;  // guarded by emu_mu
+
+extern "C" __attribute__((visibility("default"))) void ddflash_emu_counts(EmuCounts *c) {
+  std::lock_guard<std::mutex> lock(emu_mu);
+  *c = counts;
+}
+
 static CUresult run(const Launch &l) {
+  if (l.host) {
+    l.call();
+    return OK;
+  }
   n_threads = (int)(l.block.x * l.block.y * l.block.z);
   if (n_threads < 1 || n_threads > 1024) return ERR_INVALID_VALUE;
   // A real GPU's grid limits, so that shapes as large as Qwen3.6-27B's (a
@@ -324,6 +346,10 @@ API cuDevicePrimaryCtxRetain(void **ctx, int) {
 API cuDevicePrimaryCtxRelease_v2(int) { return OK; }
 API cuCtxSetCurrent(void *) { return OK; }
 API cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(emu_mu);
+    counts.allocs++;
+  }
   void *m = aligned_alloc(256, (bytes + 255) & ~(size_t)255);
   if (!m) return 2;  // CUDA_ERROR_OUT_OF_MEMORY
   memset(m, 0xa5, bytes);  // garbage, as on a GPU
@@ -343,12 +369,16 @@ API cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, void *s) {
 API cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *stream) {
   std::lock_guard<std::mutex> lock(emu_mu);
   if (captured(stream)) return ERR_CAPTURE;  // only kernels are captured here
+  counts.uploads++;
+  counts.upload_bytes += n;
   memcpy((void *)d, s, n);
   return OK;
 }
 API cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *stream) {
   std::lock_guard<std::mutex> lock(emu_mu);
   if (captured(stream)) return ERR_CAPTURE;  // only kernels are captured here
+  counts.downloads++;
+  counts.download_bytes += n;
   memcpy(d, (const void *)s, n);
   return OK;
 }
@@ -397,12 +427,13 @@ API cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, const EmuKernel *, 
 }
 API cuLaunchKernel(const EmuKernel *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                    unsigned smem, void *stream, void **args, void **) {
-  Launch l{f->name, f->bind(args), {gx, gy, gz}, {bx, by, bz}, smem};
+  Launch l{f->name, f->bind(args), {gx, gy, gz}, {bx, by, bz}, smem, false};
   std::lock_guard<std::mutex> lock(emu_mu);
   if (captured(stream)) {
     capture->push_back(std::move(l));
     return OK;
   }
+  counts.launches++;
   return run(l);
 }
 struct Event {
@@ -445,6 +476,7 @@ API cuGraphInstantiateWithFlags(Graph **exec, Graph *g, unsigned long long) {
 }
 API cuGraphLaunch(Graph *exec, void *) {
   std::lock_guard<std::mutex> lock(emu_mu);
+  counts.graph_launches++;
   for (const Launch &l : *exec)
     if (CUresult r = run(l)) return r;
   return OK;
@@ -541,14 +573,13 @@ static void lt_column(const LtLayout *l, const void *p, uint64_t c, float *out) 
     }
 }
 
-// cublasLtMatmul widens op(B) (the activations: a few columns) once, laid
+// lt_matmul widens op(B) (the activations: a few columns) once, laid
 // out [k][m] with m padded to whole 16-column groups, and each row of op(A)
 // (a weight row) once, then runs 16 output columns' accumulations side by
 // side (one vector register); each element is still one fma chain over k
 // in order.
-LT cublasLtMatmul(void *, LtDesc *d, const float *alpha, const void *A, LtLayout *a, const void *B, LtLayout *b,
-                  const float *beta, const void *C, LtLayout *c, void *D, LtLayout *dl, const void *, void *, size_t,
-                  void *) {
+static void lt_matmul(const LtDesc *d, float alpha, const void *A, const LtLayout *a, const void *B, const LtLayout *b,
+                      float beta, const void *C, const LtLayout *c, void *D, const LtLayout *dl) {
   const uint64_t group = 16;
   uint64_t n = dl->rows, m = dl->cols, k = d->trans[0] ? a->rows : a->cols, mp = (m + group - 1) / group * group;
   std::vector<float> bt(k * mp, 0.0f), arow(k);
@@ -567,10 +598,27 @@ LT cublasLtMatmul(void *, LtDesc *d, const float *alpha, const void *A, LtLayout
       }
       for (uint64_t j = j0; j < m && j < j0 + group; j++) {
         float *out = (float *)D + i + j * (size_t)dl->ld;
-        *out = *alpha * acc[j - j0] + (*beta != 0 ? *beta * lt_load(c, C, i, j) : 0.0f);
+        *out = alpha * acc[j - j0] + (beta != 0 ? beta * lt_load(c, C, i, j) : 0.0f);
       }
     }
   }
+}
+
+// cublasLtMatmul runs at once, or joins the graph being captured on its
+// stream (as the real one's kernels do), with copies of its descriptors.
+LT cublasLtMatmul(void *, LtDesc *d, const float *alpha, const void *A, LtLayout *a, const void *B, LtLayout *b,
+                  const float *beta, const void *C, LtLayout *c, void *D, LtLayout *dl, const void *, void *, size_t,
+                  void *stream) {
+  std::function<void()> call = [d = *d, alpha = *alpha, A, a = *a, B, b = *b, beta = *beta, C, c = *c, D, dl = *dl] {
+    lt_matmul(&d, alpha, A, &a, B, &b, beta, C, &c, D, &dl);
+  };
+  std::lock_guard<std::mutex> lock(emu_mu);
+  if (captured(stream)) {
+    capture->push_back(Launch{"cublasLtMatmul", std::move(call), {}, {}, 0, true});
+    return 0;
+  }
+  counts.lt_matmuls++;
+  call();
   return 0;
 }
 

@@ -5,6 +5,8 @@
 #include "common.cuh"
 
 // Mirror of the Go attnSeqs struct (attention.go): one entry per sequence.
+// The kernels read it from device memory, so that a replayed graph picks up
+// each step's sequences (attention.go's AttentionTable).
 #define MAX_ATTN_SEQS 32
 struct AttnSeqDesc {
   const int *pages;  // page table
@@ -35,15 +37,15 @@ INLINE bool seq_row(const AttnSeqs &seqs, int block_row, int *s, int *i) {
 // idle) it writes its max, sum and unnormalised output to parts
 // [block row, head, split, 2 + head_dim], and attention_merge finishes.
 template <typename C>
-INLINE void attention(float *out, const float *q, const C *kc, const C *vc, AttnSeqs seqs, int num_heads,
+INLINE void attention(float *out, const float *q, const C *kc, const C *vc, const AttnSeqs *seqs, int num_heads,
                       int num_kv_heads, int head_dim, int page_size, i64 num_slots, float scale, float *parts,
                       int splits) {
   __shared__ float warp_m[ATTN_WARPS], warp_l[ATTN_WARPS];
   __shared__ float warp_acc[ATTN_WARPS][MAX_HEAD_DIM];
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int s, i;
-  if (!seq_row(seqs, blockIdx.x, &s, &i)) return;
-  const AttnSeqDesc sq = seqs.s[s];
+  if (!seq_row(*seqs, blockIdx.x, &s, &i)) return;
+  const AttnSeqDesc sq = seqs->s[s];
   int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
   i64 row = sq.query_start + i, kv_dim = (i64)num_kv_heads * head_dim;
 
@@ -112,17 +114,17 @@ INLINE void attention(float *out, const float *q, const C *kc, const C *vc, Attn
   KERNEL name##_bf16 params(bf16) { name<bf16> args; }
 
 #define ATTENTION_PARAMS(C)                                                                                   \
-  (float *out, const float *q, const C *kc, const C *vc, AttnSeqs seqs, int num_heads, int num_kv_heads,   \
+  (float *out, const float *q, const C *kc, const C *vc, const AttnSeqs *seqs, int num_heads, int num_kv_heads, \
    int head_dim, int page_size, i64 num_slots, float scale, float *parts, int splits)
 CACHE_KERNELS(attention, ATTENTION_PARAMS,
               (out, q, kc, vc, seqs, num_heads, num_kv_heads, head_dim, page_size, num_slots, scale, parts, splits))
 
 // attention_merge combines the splits' partial results: block (query row, head).
-KERNEL attention_merge(float *out, const float *parts, AttnSeqs seqs, int num_heads, int head_dim, int splits) {
+KERNEL attention_merge(float *out, const float *parts, const AttnSeqs *seqs, int num_heads, int head_dim, int splits) {
   int s, i;
-  if (!seq_row(seqs, blockIdx.x, &s, &i)) return;
+  if (!seq_row(*seqs, blockIdx.x, &s, &i)) return;
   int h = blockIdx.y;
-  i64 row = seqs.s[s].query_start + i;
+  i64 row = seqs->s[s].query_start + i;
   const float *part = parts + ((i64)blockIdx.x * num_heads + h) * splits * (2 + head_dim);
   float top = -__builtin_inff();
   for (int z = 0; z < splits; z++) top = __builtin_fmaxf(top, part[z * (2 + head_dim)]);

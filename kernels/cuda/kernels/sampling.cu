@@ -22,15 +22,15 @@ KERNEL LAUNCH_BOUNDS(1024) log_softmax(float *x, int n) {
 // beats orders candidates by value, then by lower index (the CPU order).
 INLINE bool beats(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
 
-// topk writes row blockIdx.x's k best values and indices in order. Each
-// thread keeps a sorted list of its best TOPK_LIST elements that come after
-// the last one it gave up; k rounds of a block-wide argmax over the list
-// heads pick the winners, and a thread whose list runs dry refills it from
-// its elements.
-KERNEL topk(float *vals, int *idx, const float *x, int n, int k) {
+// topk_row finds the k best of row's n values in order and hands the
+// o-th to emit(o, value, index) (on thread 0). Each thread keeps a sorted
+// list of its best TOPK_LIST elements that come after the last one it gave
+// up; k rounds of a block-wide argmax over the list heads pick the winners,
+// and a thread whose list runs dry refills it from its elements.
+template <typename Emit>
+INLINE void topk_row(const float *row, int n, int k, Emit emit) {
   __shared__ float win_v[TOPK_THREADS / 32];
   __shared__ int win_i[TOPK_THREADS / 32];
-  const float *row = x + (i64)blockIdx.x * n;
   float list_v[TOPK_LIST];
   int list_i[TOPK_LIST];
   int count = 0, head = 0;
@@ -68,6 +68,32 @@ KERNEL topk(float *vals, int *idx, const float *x, int n, int k) {
       if (beats(win_v[w], win_i[w], v, i)) v = win_v[w], i = win_i[w];
     sync_threads();  // win_* are rewritten next round
     if (head < count && list_i[head] == i) head++, last_v = v, last_i = i;
-    if (threadIdx.x == 0) vals[(i64)blockIdx.x * k + out] = v, idx[(i64)blockIdx.x * k + out] = i;
+    if (threadIdx.x == 0) emit(out, v, i);
   }
+}
+
+// topk writes row blockIdx.x's k best values and indices in order.
+KERNEL topk(float *vals, int *idx, const float *x, int n, int k) {
+  i64 r = blockIdx.x;
+  topk_row(x + r * n, n, k, [&](int o, float v, int i) { vals[r * k + o] = v, idx[r * k + o] = i; });
+}
+
+// topk_lse reduces row blockIdx.x of x (rows ld apart, the first n of each
+// scored) to out [rows, 2k+1]: its k best values in order, their indices
+// as floats (exact below 2^24), and the row's log-sum-exp. A device step
+// downloads this in one copy instead of the rows (a sampler's or DDTree's
+// top-k with the normaliser of the log-probabilities).
+KERNEL topk_lse(float *out, const float *x, int n, i64 ld, int k) {
+  __shared__ float max_scratch[32];
+  __shared__ double sum_scratch[32];
+  const float *row = x + blockIdx.x * ld;
+  float *o = out + (i64)blockIdx.x * (2 * k + 1);
+  topk_row(row, n, k, [&](int j, float v, int i) { o[j] = v, o[k + j] = (float)i; });
+  float top = -__builtin_inff();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) top = __builtin_fmaxf(top, row[i]);
+  top = block_max(top, max_scratch);
+  double sum = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) sum += expf_(row[i] - top);
+  sum = block_sum_d(sum, sum_scratch);
+  if (threadIdx.x == 0) o[2 * k] = top + (float)log_(sum);
 }

@@ -1,0 +1,150 @@
+package engine
+
+import (
+	"fmt"
+	"strings"
+
+	"ddflash/kernels"
+)
+
+// Recorded steps. On a backend that records ops (kernels.Replayer: CUDA
+// graphs), a decode or verify step runs op by op the first time its shape
+// is seen, is recorded the second time, and from then on is one replay:
+// one launch instead of one per op. A recording reads everything that
+// changes from step to step from device memory: the step's metadata
+// (uploadMeta, one upload) and the inputs the layers compute from it, in
+// buffers that stay where they are (activations, LM head, taps, top-k).
+// Whatever would move them (a step with more rows than before, a longer
+// page table than the metadata buffer holds) drops the recordings first.
+
+// maxStepGraphs bounds the recordings kept: past it they are all dropped
+// (a server whose batches keep changing shape records them again).
+const maxStepGraphs = 64
+
+// stepGraphs holds a model's recorded steps by shape (stepShape).
+type stepGraphs struct {
+	seen   map[string]bool // shapes run once, op by op
+	graphs map[string]kernels.Graph
+}
+
+// runStep runs step (which issues a Forward's ops) op by op, records it,
+// or replays its recording, as described above.
+func (m *Model) runStep(seqs []SeqInput, taps []int, step func() error) error {
+	rp, ok := m.ranks[0].b.(kernels.Replayer)
+	if !ok || m.Eager || len(m.ranks) > 1 || !replayable(seqs) {
+		return step()
+	}
+	key := m.stepShape(seqs, taps)
+	st := &m.steps
+	if g := st.graphs[key]; g != nil {
+		return g.Replay()
+	}
+	if !st.seen[key] {
+		if st.seen == nil {
+			st.seen = map[string]bool{}
+		}
+		st.seen[key] = true
+		return step() // sizes the backend's scratch memory for the recording
+	}
+	if len(st.graphs) >= maxStepGraphs {
+		m.dropGraphs()
+	}
+	g, err := rp.Capture(step)
+	if err != nil {
+		return fmt.Errorf("engine: recording a step: %w", err)
+	}
+	if st.graphs == nil {
+		st.graphs = map[string]kernels.Graph{}
+	}
+	st.graphs[key] = g
+	return g.Replay()
+}
+
+// replayable reports whether a step can be recorded: a decode or verify
+// step. A prefill chunk's GDN ops depend on where its tokens fall between
+// chunk boundaries (gdnChain), which the shape does not say.
+func replayable(seqs []SeqInput) bool {
+	for _, sq := range seqs {
+		if sq.Spec == nil && len(sq.Tokens) > 1 {
+			return false
+		}
+	}
+	return true
+}
+
+// stepShape names what a recording of a step depends on: per sequence its
+// token count, state slot, logit rows, top-k, verify scratch and whether
+// it is a tree; the taps; and the attention's key bound. Positions, KV
+// slots, page tables and masks are data the step uploads.
+func (m *Model) stepShape(seqs []SeqInput, taps []int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "keys %d taps %v", m.ranks[0].meta.maxKeys, taps)
+	for _, sq := range seqs {
+		fmt.Fprintf(&b, "|%d slot %d logits %d top %d verify %d tree %t", len(sq.Tokens), sq.Slot, sq.Logits, sq.Top,
+			sq.Spec.ID(), sq.Parents != nil)
+	}
+	return b.String()
+}
+
+// dropGraphs closes every recording, before a buffer one may use moves.
+func (m *Model) dropGraphs() {
+	for _, g := range m.steps.graphs {
+		g.Close()
+	}
+	m.steps = stepGraphs{}
+}
+
+// deviceTops is where a Replayer's step puts its top-k: each sequence i
+// that asks for Top gets its logit rows' TopKLSE records ([rows, 2·Top+1])
+// from element at[i] of buf (a view of Model.out); used elements in all.
+type deviceTops struct {
+	buf  kernels.Buffer
+	at   []int
+	used int
+}
+
+// layoutTops lays out m.tops for a step (but its buffer), or returns nil
+// when the backend is no Replayer or no sequence asks for a top-k.
+func (m *Model) layoutTops(seqs []SeqInput, logitRows int) *deviceTops {
+	if _, ok := m.ranks[0].b.(kernels.Replayer); !ok || logitRows == 0 {
+		return nil
+	}
+	t := &m.tops
+	t.at, t.used = t.at[:0], 0
+	for _, sq := range seqs {
+		t.at = append(t.at, t.used)
+		if sq.Top > 0 {
+			t.used += sq.Logits.count(len(sq.Tokens)) * (2*sq.Top + 1)
+		}
+	}
+	if t.used == 0 {
+		return nil
+	}
+	return t
+}
+
+// reduceTops queues each sequence's top-k over the real token ids of its
+// logit rows into t.
+func (m *Model) reduceTops(seqs []SeqInput, logits kernels.Buffer, t *deviceTops) {
+	b := m.ranks[0].b.(kernels.Replayer)
+	V, n := m.Cfg.VocabSize, 0
+	for i, sq := range seqs {
+		want := sq.Logits.count(len(sq.Tokens))
+		if sq.Top > 0 && want > 0 {
+			b.TopKLSE(b.Slice(t.buf, t.at[i], want*(2*sq.Top+1)), b.Slice(logits, n*V, want*V), want, m.validVocab(), V, sq.Top)
+		}
+		n += want
+	}
+}
+
+// unpackTop splits rows TopKLSE records of k into ids and logits, row by row.
+func unpackTop(rec []float32, rows, k int) ([]int32, []float32) {
+	ids, vals := make([]int32, rows*k), make([]float32, rows*k)
+	for r := range rows {
+		o := rec[r*(2*k+1):]
+		for j := range k {
+			vals[r*k+j], ids[r*k+j] = o[j], int32(o[k+j])
+		}
+	}
+	return ids, vals
+}

@@ -1,0 +1,379 @@
+//go:build cgo
+
+package cuda_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"ddflash/ddtree"
+	"ddflash/dflash"
+	"ddflash/engine"
+	"ddflash/engine/testmodel"
+	"ddflash/kernels"
+	"ddflash/kernels/cuda"
+	"ddflash/mamba"
+)
+
+// TestEmulatedStep runs the engine's recorded steps on the CPU emulation
+// (a child of TestEmulator): see checkEngineSteps.
+func TestEmulatedStep(t *testing.T) {
+	if os.Getenv("DDFLASH_LIBCUDA") == "" {
+		t.Skip("runs as a child of TestEmulator")
+	}
+	be, err := cuda.New(0)
+	must(t, err)
+	checkEngineSteps(t, be)
+	t.Run("StepTimes", func(t *testing.T) { t.Log("\n" + engineStepTimes(t, be, "tiny", 3)) })
+}
+
+// checkEngineSteps: replayed decode, linear-verify and DDTree-verify steps
+// give the eager steps' outputs bit for bit, one sequence and two at once;
+// a steady decode step costs what issue 34 allows; and what a DDTree step
+// costs is measured.
+func checkEngineSteps(t *testing.T, be kernels.Backend) {
+	p, err := testmodel.PresetByName("tiny")
+	must(t, err)
+	dir := t.TempDir()
+	must(t, testmodel.Write(dir, testmodel.Options{Preset: p, Seed: 7, DType: "bf16"}))
+	t.Run("ReplayEqualsEager", func(t *testing.T) {
+		for _, batch := range []int{1, 2} {
+			taps := []int{1, 3}
+			eager, replayed := newStepRun(t, be, dir, batch, true, taps), newStepRun(t, be, dir, batch, false, taps)
+			eager.script(t, replayed)
+		}
+	})
+	t.Run("DecodeCounts", func(t *testing.T) { checkDecodeCounts(t, be, dir) })
+	t.Run("DDTreeCounts", func(t *testing.T) { checkDDTreeCounts(t, be) })
+	t.Run("DraftTop", func(t *testing.T) { checkDraftTop(t, be) })
+}
+
+// checkDraftTop: the drafter's candidates reduced on the device (DraftTop)
+// are ddtree.TopK's over the same draft's logits brought home: the same
+// tokens in the same order, log-probabilities within 1e-5.
+func checkDraftTop(t *testing.T, be kernels.Backend) {
+	target, draft := tinyBF16Pair(t, 10)
+	spec := engine.SpecOptions{Mode: engine.SpecTree, Budget: 6}
+	verify, err := dflash.VerifyTokens(draft, spec)
+	must(t, err)
+	e, err := engine.Load(be, target, engine.Options{Context: 64, MaxSeqs: 2, VerifyTokens: verify})
+	must(t, err)
+	defer e.Close()
+	must(t, dflash.Attach(e, draft, spec))
+	slot, err := e.Model.States.Acquire()
+	must(t, err)
+	var kv engine.SeqKV
+	prompt := []int32{12, 40, 7, 99, 3, 250, 18}
+	must(t, e.Model.KV.Reserve(&kv, len(prompt)))
+	out, err := e.Model.Forward([]engine.SeqInput{{Tokens: prompt, KV: &kv, Slot: slot, Logits: engine.LastRow}}, e.Drafter.TapLayers())
+	must(t, err)
+	sessions := [2]engine.DraftSession{}
+	for i := range sessions {
+		sessions[i], err = e.Drafter.NewSession(prompt)
+		must(t, err)
+		defer sessions[i].Close()
+	}
+	logits, err := sessions[0].Draft(out[0].Features, 5)
+	must(t, err)
+	top, ok := sessions[1].(engine.TopDraftSession)
+	if !ok {
+		t.Fatal("the DFlash session has no DraftTop")
+	}
+	rows, err := top.DraftTop(out[0].Features, 5, e.ValidVocab, spec.Budget)
+	must(t, err)
+	V := e.Model.Cfg.VocabSize
+	if len(rows) != len(logits)/V {
+		t.Fatalf("%d rows of candidates for %d rows of logits", len(rows), len(logits)/V)
+	}
+	for i, got := range rows {
+		want := ddtree.TopK(logits[i*V:(i+1)*V], e.ValidVocab, spec.Budget)
+		if len(got) != len(want) {
+			t.Fatalf("row %d: %d candidates, want %d", i, len(got), len(want))
+		}
+		for j := range want {
+			if got[j].Token != want[j].Token || math.Abs(got[j].Logprob-want[j].Logprob) > 1e-5 {
+				t.Errorf("row %d candidate %d: %+v, want %+v", i, j, got[j], want[j])
+			}
+		}
+	}
+}
+
+// engineStepTimes times the engine's whole steps on a random model of the
+// preset (forward, LM head and device top-k; downloads included: wall time
+// per step), op by op and replayed: greedy decode of 1 and 8 sequences and
+// a DDTree-16 verify (17 rows, repeated at one position): the median of
+// steps timed steps each way, after three untimed ones (the replayed way's
+// are run, recorded and replayed), with the driver calls of a replayed
+// step. It returns a table.
+func engineStepTimes(t *testing.T, be kernels.Backend, preset string, steps int) string {
+	p, err := testmodel.PresetByName(preset)
+	must(t, err)
+	dir := t.TempDir()
+	must(t, testmodel.Write(dir, testmodel.Options{Preset: p, Seed: 9, DType: "bf16"}))
+	var table strings.Builder
+	fmt.Fprintf(&table, "engine-step: the %s preset's whole step (%d layers, hidden %d, vocab %d), %s\n", preset, p.Layers, p.Hidden, p.VocabSize, be.Name())
+	fmt.Fprintf(&table, "%-12s %5s %10s %10s %7s  %s\n", "step", "rows", "eager ms", "replay ms", "ratio", "driver calls per replayed step")
+	tree := []int32{-1}
+	for i := 1; i < 17; i++ {
+		tree = append(tree, int32((i-1)/2)) // a binary tree of 17 nodes
+	}
+	for _, c := range []struct {
+		name  string
+		batch int
+		tree  []int32
+	}{{"decode", 1, nil}, {"decode-b8", 8, nil}, {"ddtree-16", 1, tree}} {
+		r := newStepRun(t, be, dir, c.batch, true, nil)
+		prompt := make([][]int32, c.batch)
+		for s := range prompt {
+			prompt[s] = []int32{int32(s + 1), 7, 9}
+		}
+		r.step(t, prompt, nil, false, 0)
+		tokens := make([][]int32, c.batch)
+		for s := range tokens {
+			tokens[s] = make([]int32, max(len(c.tree), 1))
+			for j := range tokens[s] {
+				tokens[s][j] = int32((s*13 + j*5) % 300)
+			}
+		}
+		var ms [2]float64
+		var calls kernels.DriverCounts
+		for i, eager := range []bool{true, false} { // one engine: its sequences go on
+			r.e.Model.Eager = eager
+			var times []time.Duration
+			for k := range steps + 3 {
+				before := driverCounts(t, be)
+				t0 := time.Now()
+				r.step(t, tokens, c.tree, c.tree != nil, 1)
+				if k >= 3 {
+					times = append(times, time.Since(t0))
+					calls = driverCounts(t, be).Sub(before)
+				}
+			}
+			slices.Sort(times)
+			ms[i] = float64(times[len(times)/2]) / float64(time.Millisecond)
+		}
+		fmt.Fprintf(&table, "%-12s %5d %10.3f %10.3f %7.2f  %v\n", c.name, c.batch*max(len(c.tree), 1), ms[0], ms[1], ms[0]/ms[1], calls)
+	}
+	return table.String()
+}
+
+// stepRun is an engine with batch sequences that it steps by hand,
+// tapping layers taps (as a drafter would ask).
+type stepRun struct {
+	e    *engine.Engine
+	seqs []*stepSeq
+	taps []int
+}
+
+type stepSeq struct {
+	kv     engine.SeqKV
+	slot   int
+	len    int
+	verify *mamba.Verify
+}
+
+func newStepRun(t *testing.T, be kernels.Backend, dir string, batch int, eager bool, taps []int) *stepRun {
+	const verify = 17 // a DDTree-16 verify (engineStepTimes)
+	e, err := engine.Load(be, dir, engine.Options{PageSize: 4, Context: 96, MaxSeqs: batch, VerifyTokens: verify})
+	must(t, err)
+	t.Cleanup(e.Close)
+	e.Model.Eager = eager
+	r := &stepRun{e: e, taps: taps}
+	for range batch {
+		s := &stepSeq{}
+		s.slot, err = e.Model.States.Acquire()
+		must(t, err)
+		s.verify, err = mamba.NewVerify(e.Model.States, mamba.Replay, verify)
+		must(t, err)
+		t.Cleanup(s.verify.Close)
+		r.seqs = append(r.seqs, s)
+	}
+	return r
+}
+
+// step runs one forward of every sequence: tokens[i] for sequence i, as a
+// tree when parents is set, a verify when spec is, and returns the outputs.
+func (r *stepRun) step(t *testing.T, tokens [][]int32, parents []int32, spec bool, top int) []engine.SeqOutput {
+	t.Helper()
+	var in []engine.SeqInput
+	for i, s := range r.seqs {
+		must(t, r.e.Model.KV.Reserve(&s.kv, s.len+len(tokens[i])))
+		sq := engine.SeqInput{Tokens: tokens[i], Start: s.len, KV: &s.kv, Slot: s.slot, Logits: engine.AllRows, Parents: parents, Top: top}
+		if spec {
+			sq.Spec = s.verify
+		} else if len(tokens[i]) == 1 {
+			sq.Logits = engine.LastRow
+		}
+		in = append(in, sq)
+	}
+	out, err := r.e.Model.Forward(in, r.taps)
+	must(t, err)
+	if !spec {
+		for i, s := range r.seqs {
+			s.len += len(tokens[i])
+		}
+	}
+	return out
+}
+
+// commit keeps path of every sequence's verify.
+func (r *stepRun) commit(t *testing.T, path []int32) {
+	t.Helper()
+	for _, s := range r.seqs {
+		must(t, s.verify.Commit(r.e.Model.States, s.slot, path))
+		must(t, r.e.Model.CommitKV(&s.kv, s.len, path))
+		s.len += len(path)
+		r.e.Model.KV.Truncate(&s.kv, s.len)
+	}
+}
+
+// script runs the same steps on r (eager) and on o (recording and
+// replaying): a prefill, decode steps (full logits and device top-k), and
+// linear and tree verifies with commits between them, each kind three
+// times or more (run op by op, recorded, replayed), comparing every
+// output bit for bit; from the third time on a step of o must be one
+// launch, the replay.
+func (r *stepRun) script(t *testing.T, o *stepRun) {
+	batch := len(r.seqs)
+	toks := func(n, salt int) [][]int32 {
+		var out [][]int32
+		for i := range batch {
+			row := make([]int32, n)
+			for j := range row {
+				row[j] = int32((salt*31 + i*17 + j*7) % 300)
+			}
+			out = append(out, row)
+		}
+		return out
+	}
+	same := func(what string, step int, a, b []engine.SeqOutput) {
+		t.Helper()
+		for i := range a {
+			if !slices.Equal(bits(a[i].Logits), bits(b[i].Logits)) || !slices.Equal(a[i].TopIDs, b[i].TopIDs) ||
+				!slices.Equal(bits(a[i].TopLogits), bits(b[i].TopLogits)) || !slices.Equal(bits(a[i].Features), bits(b[i].Features)) {
+				t.Fatalf("batch %d, %s step %d, sequence %d: the replayed step's outputs differ from the eager step's", batch, what, step, i)
+			}
+		}
+	}
+	both := func(what string, step int, tokens [][]int32, parents []int32, spec bool, top int) {
+		t.Helper()
+		want := r.step(t, tokens, parents, spec, top)
+		before := driverCounts(t, o.e.Model.Backend())
+		got := o.step(t, tokens, parents, spec, top)
+		if c := driverCounts(t, o.e.Model.Backend()).Sub(before); step >= 2 && c.Launches != 1 {
+			t.Errorf("batch %d, %s step %d: %d launches, want the one replay", batch, what, step, c.Launches)
+		}
+		same(what, step, want, got)
+	}
+	both("prefill", 0, toks(9, 1), nil, false, 0)
+	for i := range 4 {
+		both("decode", i, toks(1, 10+i), nil, false, 0)
+	}
+	for i := range 3 {
+		both("greedy decode", i, toks(1, 20+i), nil, false, 1)
+	}
+	for i := range 3 {
+		both("linear verify", i, toks(4, 30+i), nil, true, 0)
+		for _, run := range []*stepRun{r, o} {
+			run.commit(t, []int32{0, 1, 2}[:1+i%3])
+		}
+	}
+	parents := []int32{-1, 0, 0, 1, 2} // five nodes a sequence: 10 rows on cuBLASLt when batched
+	for i := range 3 {
+		both("tree verify", i, toks(5, 40+i), parents, true, 3)
+		for _, run := range []*stepRun{r, o} {
+			run.commit(t, [][]int32{{0, 2, 4}, {0, 1, 3}, {0}}[i])
+		}
+	}
+}
+
+// checkDecodeCounts measures a steady greedy decode step, the top-k on the
+// device, with the emulated driver's counters: one launch (the replay), no
+// allocation, one synchronising download of a few bytes (issue 34: ≤ 2
+// launches, 0 allocations, ≤ 1 synchronising download). It logs what a
+// DDTree generation costs per verify step, drafting and commit included.
+func checkDecodeCounts(t *testing.T, be kernels.Backend, dir string) {
+	run := newStepRun(t, be, dir, 2, false, nil)
+	run.step(t, [][]int32{{5, 6, 7}, {8, 9, 10}}, nil, false, 0)
+	for i := range 3 { // op by op, recorded, replayed
+		run.step(t, [][]int32{{int32(11 + i)}, {int32(21 + i)}}, nil, false, 1)
+	}
+	before := driverCounts(t, be)
+	out := run.step(t, [][]int32{{14}, {24}}, nil, false, 1)
+	got := driverCounts(t, be).Sub(before)
+	t.Logf("a steady decode step of 2 sequences: %v", got)
+	if got.Launches > 2 || got.Allocs != 0 || got.Downloads > 1 || got.Uploads > 1 {
+		t.Errorf("a steady decode step cost %v; want ≤ 2 launches, no allocation, ≤ 1 download and 1 upload", got)
+	}
+	if len(out[0].TopIDs) != 1 || len(out[1].TopIDs) != 1 {
+		t.Errorf("the step returned %d and %d top ids, want 1 each", len(out[0].TopIDs), len(out[1].TopIDs))
+	}
+}
+
+// driverCounts reads the emulated driver's counters, or on a GPU the
+// backend's own tally of its driver calls (TestEmulatedCounts holds the
+// two to each other).
+func driverCounts(t *testing.T, be kernels.Backend) kernels.DriverCounts {
+	t.Helper()
+	if c, ok := cuda.EmulatorCounts(); ok {
+		return c
+	}
+	return be.(*cuda.Backend).Counts()
+}
+
+// bits is v's bit patterns, so that comparisons tell -0 from 0 and NaNs apart.
+func bits(v []float32) []uint32 {
+	out := make([]uint32, len(v))
+	for i, x := range v {
+		out[i] = math.Float32bits(x)
+	}
+	return out
+}
+
+// checkDDTreeCounts measures a steady DDTree step (draft, verify and
+// commit) of a greedy generation: the difference between a long and a
+// short generation of the same prompt, per extra verify step. It allocates
+// nothing and makes two synchronising downloads (the verify's taps and
+// top-k in one, the draft's candidates in the other), and the drafter's
+// rows come home as their budget's candidates (topk_lse), not as logits.
+// Issue 34's bound of 6 launches awaits a recorded drafter and commit (they
+// run op by op): the launches are logged.
+func checkDDTreeCounts(t *testing.T, be kernels.Backend) {
+	target, draft := tinyBF16Pair(t, 8)
+	spec := engine.SpecOptions{Mode: engine.SpecTree, Budget: 4}
+	verify, err := dflash.VerifyTokens(draft, spec)
+	must(t, err)
+	e, err := engine.Load(be, target, engine.Options{Context: 96, VerifyTokens: verify})
+	must(t, err)
+	defer e.Close()
+	must(t, dflash.Attach(e, draft, spec))
+	run := func(maxTokens int) (kernels.DriverCounts, int) {
+		before := driverCounts(t, be)
+		res, err := e.Generate(context.Background(), engine.Request{Prompt: []int32{12, 40, 7, 99, 3}, MaxTokens: maxTokens, IgnoreEOS: true})
+		must(t, err)
+		return driverCounts(t, be).Sub(before), res.Stats.SpecStats.VerifySteps
+	}
+	run(20) // records the steps
+	short, shortSteps := run(8)
+	long, longSteps := run(20)
+	steps := int64(longSteps - shortSteps)
+	if steps < 2 {
+		t.Fatalf("%d and %d verify steps: too few to measure", shortSteps, longSteps)
+	}
+	per := long.Sub(short).Per(steps)
+	t.Logf("a steady DDTree step (budget %d, draft + verify + commit): %v", spec.Budget, per)
+	cfg, err := dflash.LoadConfig(draft)
+	must(t, err)
+	if logits := int64(4 * (cfg.BlockSize - 1) * e.Model.Cfg.VocabSize); per.DownloadBytes >= logits {
+		t.Errorf("a DDTree step downloads %d bytes, as much as the draft's %d bytes of logits: the device top-k did not reduce them", per.DownloadBytes, logits)
+	}
+	if per.Allocs != 0 || per.Downloads > 2 {
+		t.Errorf("a steady DDTree step cost %v; want no allocation and ≤ 2 synchronising downloads", per)
+	}
+}
