@@ -379,11 +379,28 @@ func TestLoadModels(t *testing.T) {
 	if _, err := LoadDrafter(dir); err == nil || !strings.Contains(err.Error(), "field hidden_size: missing") {
 		t.Errorf("a target config as drafter: %v", err)
 	}
-	if got := TargetPresets(); !slices.Equal(got, []string{"qwen3.6-27b", "qwen3.6-27b-fp8"}) {
+	if got := TargetPresets(); !slices.Equal(got, []string{"qwen3.6-27b", "qwen3.6-27b-fp8", "qwen3.8-27b"}) {
 		t.Errorf("target presets %v", got)
 	}
 	if got := DrafterPresets(); len(got) != 1 || got[0] != "qwen3.6-27b-dflash" {
 		t.Errorf("drafter presets %v", got)
+	}
+}
+
+// TestQwen38Preset: Qwen3.8-27B is the qwen3_5 architecture of Qwen3.6-27B
+// (issue 35): 48 GDN and 16 attention layers, one MTP layer, the same
+// parameter counts as docs/qwen36-model.md §7 gives.
+func TestQwen38Preset(t *testing.T) {
+	m, err := LoadTarget("qwen3.8-27b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := m.Config
+	if c.NumLinear() != 48 || c.NumFull() != 16 || c.MTPLayers != 1 || c.HiddenSize != 5120 {
+		t.Errorf("qwen3.8-27b: %d GDN + %d attention layers, %d MTP, hidden %d; want 48 + 16, 1, 5120", c.NumLinear(), c.NumFull(), c.MTPLayers, c.HiddenSize)
+	}
+	if textParams(c) != qwenTextPar || m.Vision.Params != qwenVisionPa {
+		t.Errorf("params: text %d vision %d; want %d and %d", textParams(c), m.Vision.Params, int64(qwenTextPar), int64(qwenVisionPa))
 	}
 }
 
