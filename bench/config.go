@@ -3,19 +3,21 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
 )
 
 // Mode is one decoding method of a sweep: auto (autoregressive, the
-// baseline), linear (the DFlash chain), bN (a DDTree with N nodes) or
+// baseline), linear (the DFlash chain), bN (a DDTree with N nodes),
 // adaptive (each step's tree size, autoregressive included, chosen from
-// measured cost and predicted acceptance).
+// measured cost and predicted acceptance) or mtpN (the chain of the
+// target's own MTP head, N steps).
 type Mode struct {
-	Name   string // as on the command line and in file names: auto, linear, b15, adaptive
-	Kind   string // auto, linear, ddtree or adaptive
-	Budget int    // DDTree nodes per verify (adaptive: the most); 0 otherwise
+	Name   string // as on the command line and in file names: auto, linear, b15, adaptive, mtp3
+	Kind   string // auto, linear, ddtree, adaptive or mtp
+	Budget int    // DDTree nodes per verify (adaptive: the most; mtp: the head's steps); 0 otherwise
 	// NoPrefixCache runs the mode with the engine's prefix cache off (a
 	// name ending in NoCacheSuffix), to compare with the same mode with it.
 	NoPrefixCache bool
@@ -30,7 +32,7 @@ func ParseMode(s string) (Mode, error) {
 	base, off := strings.CutSuffix(s, NoCacheSuffix)
 	m, err := parseBaseMode(base)
 	if err != nil {
-		return Mode{}, fmt.Errorf("mode %q: want auto, linear, bN for a DDTree of N nodes (b8, b15, ...) or adaptive, optionally followed by %s", s, NoCacheSuffix)
+		return Mode{}, fmt.Errorf("mode %q: want auto, linear, bN for a DDTree of N nodes (b8, b15, ...), adaptive or mtpN for N steps of the MTP head (mtp1..mtp%d), optionally followed by %s", s, MaxMTPSteps, NoCacheSuffix)
 	}
 	m.Name, m.NoPrefixCache = s, off
 	return m, nil
@@ -38,6 +40,9 @@ func ParseMode(s string) (Mode, error) {
 
 // AdaptiveBudget is the largest tree the adaptive mode may choose.
 const AdaptiveBudget = 32
+
+// MaxMTPSteps is the most steps an mtpN mode runs the MTP head (mtp.MaxSteps).
+const MaxMTPSteps = 8
 
 // baseline reports whether the mode is the sweep's baseline: autoregressive
 // decoding with the engine's prefix cache as configured.
@@ -50,9 +55,14 @@ func parseBaseMode(s string) (Mode, error) {
 	case "adaptive":
 		return Mode{Name: s, Kind: s, Budget: AdaptiveBudget}, nil
 	}
-	if rest, ok := strings.CutPrefix(s, "b"); ok {
-		if n, err := strconv.Atoi(rest); err == nil && n >= 1 && rest == strconv.Itoa(n) {
-			return Mode{Name: s, Kind: "ddtree", Budget: n}, nil
+	for _, c := range []struct {
+		prefix, kind string
+		most         int
+	}{{"b", "ddtree", math.MaxInt}, {"mtp", "mtp", MaxMTPSteps}} {
+		if rest, ok := strings.CutPrefix(s, c.prefix); ok {
+			if n, err := strconv.Atoi(rest); err == nil && n >= 1 && n <= c.most && rest == strconv.Itoa(n) {
+				return Mode{Name: s, Kind: c.kind, Budget: n}, nil
+			}
 		}
 	}
 	return Mode{}, errors.New("unknown mode")

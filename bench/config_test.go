@@ -29,7 +29,10 @@ func TestParseModes(t *testing.T) {
 	if m, err := ParseMode("b8-nocache"); err != nil || m != (Mode{Name: "b8-nocache", Kind: "ddtree", Budget: 8, NoPrefixCache: true}) {
 		t.Errorf("b8-nocache = %+v, %v", m, err)
 	}
-	for _, bad := range []string{"", "b0", "b", "b-3", "b08", "tree", "auto,auto", "-nocache", "auto-nocache-nocache"} {
+	if m, err := ParseMode("mtp4"); err != nil || m != (Mode{Name: "mtp4", Kind: "mtp", Budget: 4}) {
+		t.Errorf("mtp4 = %+v, %v", m, err)
+	}
+	for _, bad := range []string{"", "b0", "b", "b-3", "b08", "tree", "auto,auto", "-nocache", "auto-nocache-nocache", "mtp", "mtp0", "mtp9", "mtp03"} {
 		if _, err := ParseModes(bad); err == nil {
 			t.Errorf("ParseModes(%q) accepted", bad)
 		}

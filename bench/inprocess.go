@@ -62,6 +62,10 @@ type InProcess struct {
 	Rollback mamba.Strategy
 	Threads  int    // 0: all cores
 	Device   string // the backend's name, for the record
+	// Drafter, when set, gives the drafter a speculative mode runs with on
+	// an engine Load returned (the DFlash drafter, or the target's MTP head
+	// as an mtpN mode's chain); nil keeps the engine's own.
+	Drafter func(e *engine.Engine, m Mode) (engine.Drafter, error)
 
 	// The latest degree's engines by weights (or why one failed to load):
 	// a degree's engines are closed before the next degree's load, so one
@@ -110,7 +114,7 @@ func (p *InProcess) engineFor(c Config) (*engine.Engine, error) {
 func (p *InProcess) Validate(plan *Plan) error {
 	for _, l := range p.engines {
 		for _, m := range plan.Modes {
-			if l.engine != nil && m.Kind != "auto" && l.engine.Drafter == nil {
+			if l.engine != nil && m.Kind != "auto" && p.Drafter == nil && l.engine.Drafter == nil {
 				return fmt.Errorf("mode %s speculates and needs a drafter: give --draft DIR, or --modes auto", m.Name)
 			}
 		}
@@ -123,8 +127,11 @@ func (p *InProcess) Validate(plan *Plan) error {
 // first request and keeps learning across the configuration's openings.
 func (p *InProcess) spec(c Config) engine.SpecOptions {
 	m := c.Mode
-	mode := map[string]engine.SpecMode{"auto": engine.SpecAuto, "linear": engine.SpecLinear, "ddtree": engine.SpecTree, "adaptive": engine.SpecTree}[m.Kind]
+	mode := map[string]engine.SpecMode{"auto": engine.SpecAuto, "linear": engine.SpecLinear, "ddtree": engine.SpecTree, "adaptive": engine.SpecTree, "mtp": engine.SpecLinear}[m.Kind]
 	o := engine.SpecOptions{Mode: mode, Budget: m.Budget, Rollback: p.Rollback}
+	if m.Kind == "mtp" {
+		o.Label = m.Kind
+	}
 	if m.Kind == "adaptive" {
 		o.Policy = cached(&p.policies, c.Name(), func() *adaptive.Policy { return &adaptive.Policy{Autoregressive: true} })
 	}
@@ -157,7 +164,10 @@ func (p *InProcess) Knobs(c Config) Knobs {
 		return k
 	}
 	k.Context, k.MaxRunning = e.Context, e.MaxSeqs()
-	if m.Kind != "auto" && e.Drafter != nil {
+	switch {
+	case m.Kind == "mtp":
+		k.Rollback, k.BlockSize = p.Rollback.String(), m.Budget+1
+	case m.Kind != "auto" && e.Drafter != nil:
 		k.Rollback = p.Rollback.String()
 		k.BlockSize = e.Drafter.BlockSize()
 	}
@@ -176,6 +186,11 @@ func (p *InProcess) Open(c Config) (Target, error) {
 	m := c.Mode
 	if err := p.Validate(&Plan{TP: []int{c.TP}, Modes: []Mode{m}}); err != nil {
 		return nil, err
+	}
+	if m.Kind != "auto" && p.Drafter != nil {
+		if e.Drafter, err = p.Drafter(e, m); err != nil {
+			return nil, err
+		}
 	}
 	e.Spec = p.spec(c)
 	e.SetPrefixCache(!m.NoPrefixCache)

@@ -379,13 +379,19 @@ func (s *scratch) ensure(b kernels.Backend, c *config.Config, rows int) error {
 	return nil
 }
 
-// Attach loads the MTP head of the engine's target checkpoint (dir) and
-// enables speculative decoding with it, steps proposals per draft. Its
-// cache holds as many tokens as the target's KV cache. The engine must
-// have been sized with Options.VerifyTokens >= spec.VerifyTokens(steps+1).
-func Attach(e *engine.Engine, dir string, steps int, spec engine.SpecOptions) error {
+// LoadFor loads the MTP head of the engine's target checkpoint (dir), its
+// cache holding as many tokens as the target's KV cache.
+func LoadFor(e *engine.Engine, dir string) (*Head, error) {
 	kv := e.Model.KV
-	h, err := Load(dir, e.Model, Options{Sequences: e.MaxSeqs(), Context: e.Context, Tokens: kv.Pages() * kv.PageSize(), PageSize: kv.PageSize()})
+	return Load(dir, e.Model, Options{Sequences: e.MaxSeqs(), Context: e.Context, Tokens: kv.Pages() * kv.PageSize(), PageSize: kv.PageSize()})
+}
+
+// Attach loads the MTP head of the engine's target checkpoint (dir) and
+// enables speculative decoding with it, steps proposals per draft. The
+// engine must have been sized with Options.VerifyTokens >=
+// spec.VerifyTokens(steps+1).
+func Attach(e *engine.Engine, dir string, steps int, spec engine.SpecOptions) error {
+	h, err := LoadFor(e, dir)
 	if err != nil {
 		return err
 	}

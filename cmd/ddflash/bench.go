@@ -18,6 +18,7 @@ import (
 	"ddflash/engine/fp8"
 	"ddflash/engine/gpu"
 	"ddflash/mamba"
+	"ddflash/mtp"
 	"ddflash/tokenizer"
 )
 
@@ -51,18 +52,18 @@ at once (DIR/tp1-b15.json, DIR/tp1-fp8-b15.json); failed runs go to
 DIR/tp1-b15.failure.json.`)
 		fs.PrintDefaults()
 	}
-	// The model flags, less --spec, --budget, --max-budget and --tp: a
-	// sweep's modes and degrees set those.
+	// The model flags, less --spec, --budget, --max-budget, --mtp-steps and
+	// --tp: a sweep's modes and degrees set those.
 	var mf modelFlags
 	all := flag.NewFlagSet("", flag.ContinueOnError)
 	mf.register(all)
 	all.VisitAll(func(f *flag.Flag) {
-		if !slices.Contains([]string{"spec", "budget", "max-budget", "tp"}, f.Name) {
+		if !slices.Contains([]string{"spec", "budget", "max-budget", "mtp-steps", "tp"}, f.Name) {
 			fs.Var(f.Value, f.Name, f.Usage)
 		}
 	})
 	mf.registerCacheDtypes(fs)
-	modes := fs.String("modes", "auto,linear,b8,b12,b15,b16,b32,b64", "decoding modes: auto (the baseline), linear (DFlash chain), bN (DDTree, N nodes), adaptive (tree size chosen every step, up to 32 nodes)")
+	modes := fs.String("modes", "auto,linear,b8,b12,b15,b16,b32,b64", "decoding modes: auto (the baseline), linear (DFlash chain), bN (DDTree, N nodes), adaptive (tree size chosen every step, up to 32 nodes), mtpN (the target's own MTP head, N steps; needs no --draft)")
 	tps := fs.String("tp", "1", "tensor-parallel degrees (in-process: each loads the target split over that many ranks; with --url, a label)")
 	weights := fs.String("weights", "checkpoint", "in-process: the target's weights, checkpoint (its own) and/or fp8 (quantised to block-scaled FP8 at load, as ddflash quantize writes it, into a temporary directory); several are loaded together and their runs interleaved pass by pass, and report compares each with the checkpoint's")
 	maxTokens := fs.String("max-tokens", "256,1024", "output lengths")
@@ -216,21 +217,30 @@ func newInProcess(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem str
 	if err != nil {
 		return nil, q, err
 	}
-	mf.spec, mf.budget = "auto", 0
+	// Each engine is sized for the sweep's largest verify: the DFlash
+	// drafter attached when a mode uses it (the MTP head loaded beside it
+	// for mtpN modes, by drafterFor), else the MTP head alone.
+	mf.spec, mf.budget, mf.mtpSteps = "auto", 0, 0
 	for _, m := range plan.Modes {
-		if m.Kind == "auto" {
-			continue
+		switch {
+		case m.Kind == "auto":
+		case m.Kind == "mtp":
+			mf.budget, mf.mtpSteps = max(mf.budget, m.Budget), max(mf.mtpSteps, m.Budget)
+			if mf.spec == "auto" {
+				mf.spec = "mtp-ddtree"
+			}
+		case mf.draft == "":
+			return nil, q, fmt.Errorf("mode %s speculates and needs a drafter: give --draft DIR, or --modes auto or mtpN", m.Name)
+		default:
+			cfg, err := dflash.LoadConfig(mf.draft)
+			if err != nil {
+				return nil, q, err
+			}
+			// A tree of block-1 nodes needs as many verify tokens as the chain.
+			mf.spec, mf.budget = "ddtree", max(mf.budget, m.Budget, cfg.BlockSize-1)
 		}
-		if mf.draft == "" {
-			return nil, q, fmt.Errorf("mode %s speculates and needs a drafter: give --draft DIR, or --modes auto", m.Name)
-		}
-		cfg, err := dflash.LoadConfig(mf.draft)
-		if err != nil {
-			return nil, q, err
-		}
-		// A tree of block-1 nodes needs as many verify tokens as the chain.
-		mf.spec, mf.budget = "ddtree", max(mf.budget, m.Budget, cfg.BlockSize-1)
 	}
+	dirs := map[*engine.Engine]string{}
 	tok, err := tokenizer.LoadDir(mf.model)
 	if err != nil {
 		return nil, q, err
@@ -249,9 +259,52 @@ func newInProcess(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem str
 		if err != nil {
 			return nil, err
 		}
-		return target.load(sizing)
+		e, err := target.load(sizing)
+		if err == nil {
+			dirs[e] = target.model
+		}
+		return e, err
 	}
-	return &bench.InProcess{Load: load, Prompter: bench.ChatPrompter{Dir: tok}, Rollback: rollback, Threads: mf.threads, Device: mf.device}, q, nil
+	return &bench.InProcess{Load: load, Prompter: bench.ChatPrompter{Dir: tok}, Rollback: rollback, Threads: mf.threads, Device: mf.device,
+		Drafter: drafterFor(dirs)}, q, nil
+}
+
+// drafterFor returns the InProcess hook that gives each speculative mode its
+// drafter on an engine: the DFlash drafter the engine was loaded with, or
+// for mtpN modes the target's MTP head (the one attached at load, or loaded
+// from the engine's checkpoint, dirs[e], at the first mtpN mode) as an
+// N-step chain.
+func drafterFor(dirs map[*engine.Engine]string) func(*engine.Engine, bench.Mode) (engine.Drafter, error) {
+	type drafters struct {
+		dflash engine.Drafter
+		head   *mtp.Head
+	}
+	loaded := map[*engine.Engine]*drafters{}
+	return func(e *engine.Engine, m bench.Mode) (engine.Drafter, error) {
+		ds, ok := loaded[e]
+		if !ok {
+			ds = &drafters{}
+			if d, isMTP := e.Drafter.(*mtp.Drafter); isMTP {
+				ds.head = d.Head
+			} else {
+				ds.dflash = e.Drafter
+			}
+			loaded[e] = ds
+		}
+		if m.Kind != "mtp" {
+			if ds.dflash == nil {
+				return nil, fmt.Errorf("mode %s needs a DFlash drafter: give --draft DIR", m.Name)
+			}
+			return ds.dflash, nil
+		}
+		if ds.head == nil {
+			var err error
+			if ds.head, err = mtp.LoadFor(e, dirs[e]); err != nil {
+				return nil, err
+			}
+		}
+		return ds.head.Drafter(m.Budget)
+	}
 }
 
 func runBenchVerify(args []string) error {

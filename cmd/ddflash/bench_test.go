@@ -282,3 +282,50 @@ func jsonText(v any) string {
 	data, _ := json.MarshalIndent(v, "", " ")
 	return string(data)
 }
+
+// TestBenchComparesMTPAndDFlash runs one sweep over the target's MTP head
+// (two step counts) and the DFlash drafter on a target that has both, and
+// one over MTP modes alone without a drafter: every run verifies, greedy
+// ones token for token against autoregressive, and each mtpN record says
+// its drafter and block.
+func TestBenchComparesMTPAndDFlash(t *testing.T) {
+	bin := buildDdflash(t)
+	dir := t.TempDir()
+	model, draft := filepath.Join(dir, "tiny"), filepath.Join(dir, "tiny-dflash")
+	if out, err := exec.Command(bin, "testmodel", "--out", model, "--draft-out", draft, "--mtp", "--seed", "5").CombinedOutput(); err != nil {
+		t.Fatalf("testmodel: %v\n%s", err, out)
+	}
+	common := []string{"--model", model, "--max-tokens", "24", "--workloads", "fibonacci", "--num-prompts", "2", "--repeats", "1", "--warmup", "0", "--raw"}
+	for _, c := range []struct {
+		args    []string
+		configs []string
+	}{
+		{[]string{"--draft", draft, "--modes", "auto,mtp2,mtp4,linear,b4", "--interleave"}, []string{"tp1-auto", "tp1-mtp2", "tp1-mtp4", "tp1-linear", "tp1-b4"}},
+		{[]string{"--modes", "auto,mtp3"}, []string{"tp1-auto", "tp1-mtp3"}},
+	} {
+		out := t.TempDir()
+		args := append(append([]string{"bench", "--out", out}, common...), c.args...)
+		if msg, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+			t.Fatalf("bench %v: %v\n%s", c.args, err, msg)
+		}
+		v, err := bench.Verify(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !v.OK() || len(v.Findings) != len(c.configs) {
+			var buf strings.Builder
+			v.Print(&buf)
+			t.Fatalf("bench %v: verify:\n%s", c.args, buf.String())
+		}
+		for _, name := range c.configs {
+			rec, err := bench.Store{Dir: out}.ReadRecord(name)
+			if err != nil || rec == nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			k := rec.Setup.Knobs
+			if steps, ok := strings.CutPrefix(name, "tp1-mtp"); ok && (k.Spec != "mtp" || k.Budget != int(steps[0]-'0') || k.BlockSize != k.Budget+1) {
+				t.Errorf("%s: spec %s, budget %d, block %d", name, k.Spec, k.Budget, k.BlockSize)
+			}
+		}
+	}
+}
