@@ -139,7 +139,7 @@ fi
 parts=(
 	"conformance 60 TestConformance|TestMatMulAgainstCPU|TestGraphReplay|TestKernelResources"
 	"model-logits 45 TestModelLogits"
-	"spec 60 TestSpecGeneration|TestSpecLosslessBF16State|TestDraftLogits"
+	"spec 60 TestSpecGeneration|TestSpecLosslessBF16State|TestDraftLogits|TestMTP"
 	"layer-step 90 TestLayerStep"
 	"step-time 75 TestStepTime"
 )
