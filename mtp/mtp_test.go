@@ -33,15 +33,15 @@ func load(t testing.TB, dir string, steps int, spec engine.SpecOptions) *engine.
 	return e
 }
 
-// writeTiny writes a random tiny target with an MTP head.
-func writeTiny(t testing.TB, seed uint64) string {
+// writeTiny writes a random tiny target in dtype with an MTP head.
+func writeTiny(t testing.TB, seed uint64, dtype string) string {
 	t.Helper()
 	p, err := testmodel.PresetByName("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	if err := testmodel.Write(dir, testmodel.Options{Preset: p, Seed: seed, MTP: true}); err != nil {
+	if err := testmodel.Write(dir, testmodel.Options{Preset: p, Seed: seed, DType: dtype, MTP: true}); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -137,7 +137,7 @@ func TestDraftMatchesFloat64Reference(t *testing.T) {
 // row at once: no speculative step's K/V leaks into a later round, and each
 // round pairs its rows with the right tokens.
 func TestCacheHoldsOnlyCommittedPositions(t *testing.T) {
-	e := load(t, writeTiny(t, 3), 5, engine.SpecOptions{Mode: engine.SpecLinear})
+	e := load(t, writeTiny(t, 3, "f32"), 5, engine.SpecOptions{Mode: engine.SpecLinear})
 	d := e.Drafter.(*Drafter)
 	rng := rand.New(rand.NewPCG(1, 2))
 	tokens := make([]int32, 40)
@@ -180,43 +180,102 @@ func TestCacheHoldsOnlyCommittedPositions(t *testing.T) {
 	}
 }
 
-// TestMTPIsLossless decodes greedily with the MTP head (random weights:
-// acceptance is rare, but every path runs) as a chain of 1, 3 and 8 steps
-// and as a DDTree, and compares the output with autoregressive decoding.
+// TestMTPIsLossless decodes with the MTP head (random weights: acceptance
+// is rare, but every path runs) as a chain of 1, 3 and 8 steps and as a
+// DDTree, on f32 and FP8 checkpoints, greedily and sampled, and compares
+// the output with autoregressive decoding. (Sampled runs match token for
+// token: the walk draws one sample per visited node, in position order,
+// with the same seeded random numbers as autoregressive decoding.)
 func TestMTPIsLossless(t *testing.T) {
-	dir := writeTiny(t, 5)
 	rng := rand.New(rand.NewPCG(3, 4))
+	for _, dtype := range []string{"f32", "fp8"} {
+		dir := writeTiny(t, 5, dtype)
+		base, err := engine.Load(cpu.New(2), dir, engine.Options{PageSize: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer base.Close()
+		for _, temp := range []float64{0, 0.9} {
+			prompt := make([]int32, 1+rng.IntN(30))
+			for i := range prompt {
+				prompt[i] = int32(rng.IntN(base.ValidVocab))
+			}
+			req := engine.Request{Prompt: prompt, MaxTokens: 40, Sampling: engine.SamplingParams{Temperature: temp, Seed: 7}}
+			want, err := base.Generate(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range []struct {
+				steps int
+				spec  engine.SpecOptions
+			}{
+				{1, engine.SpecOptions{Mode: engine.SpecLinear}},
+				{3, engine.SpecOptions{Mode: engine.SpecLinear, Rollback: mamba.Snapshot}},
+				{8, engine.SpecOptions{Mode: engine.SpecLinear}},
+				{4, engine.SpecOptions{Mode: engine.SpecTree, Budget: 8}},
+			} {
+				got, err := load(t, dir, c.steps, c.spec).Generate(context.Background(), req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(got.Tokens, want.Tokens) {
+					t.Fatalf("%s, T %g, %d steps, %v: output differs from autoregressive\n got %v\nwant %v", dtype, temp, c.steps, c.spec.Mode, got.Tokens, want.Tokens)
+				}
+			}
+		}
+	}
+}
+
+// TestSchedulerBatchesMTPRequests runs requests through the scheduler at
+// once (their verifies batched, each drafting in its own session): each
+// output equals the request decoded alone autoregressively.
+func TestSchedulerBatchesMTPRequests(t *testing.T) {
+	dir := writeTiny(t, 6, "f32")
 	base, err := engine.Load(cpu.New(2), dir, engine.Options{PageSize: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer base.Close()
-	for range 3 {
-		prompt := make([]int32, 1+rng.IntN(30))
-		for i := range prompt {
-			prompt[i] = int32(rng.IntN(base.ValidVocab))
+	spec := engine.SpecOptions{Mode: engine.SpecLinear}
+	e, err := engine.Load(cpu.New(2), dir, engine.Options{VerifyTokens: spec.VerifyTokens(4), PageSize: 4, MaxSeqs: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if err := Attach(e, dir, 3, spec); err != nil {
+		t.Fatal(err)
+	}
+	s := engine.NewScheduler(e, engine.SchedulerOptions{})
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	defer func() { stop(); <-done }()
+	rng := rand.New(rand.NewPCG(5, 6))
+	var reqs []engine.Request
+	var streams []*engine.Stream
+	for i := range 3 {
+		prompt := make([]int32, 3+rng.IntN(20))
+		for j := range prompt {
+			prompt[j] = int32(rng.IntN(e.ValidVocab))
 		}
-		req := engine.Request{Prompt: prompt, MaxTokens: 40}
-		want, err := base.Generate(context.Background(), req)
+		req := engine.Request{Prompt: prompt, MaxTokens: 20 + 5*i, IgnoreEOS: true}
+		st, err := s.Submit(context.Background(), req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, c := range []struct {
-			steps int
-			spec  engine.SpecOptions
-		}{
-			{1, engine.SpecOptions{Mode: engine.SpecLinear}},
-			{3, engine.SpecOptions{Mode: engine.SpecLinear, Rollback: mamba.Snapshot}},
-			{8, engine.SpecOptions{Mode: engine.SpecLinear}},
-			{4, engine.SpecOptions{Mode: engine.SpecTree, Budget: 8}},
-		} {
-			got, err := load(t, dir, c.steps, c.spec).Generate(context.Background(), req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !slices.Equal(got.Tokens, want.Tokens) {
-				t.Fatalf("%d steps, %v: output differs from autoregressive\n got %v\nwant %v", c.steps, c.spec.Mode, got.Tokens, want.Tokens)
-			}
+		reqs, streams = append(reqs, req), append(streams, st)
+	}
+	for i, st := range streams {
+		got, err := st.Wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := base.Generate(context.Background(), reqs[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got.Tokens, want.Tokens) || got.Stats.SpecStats == nil || got.Stats.Mode != "linear" {
+			t.Fatalf("request %d: batched MTP output differs from autoregressive (stats %+v)\n got %v\nwant %v", i, got.Stats.SpecStats, got.Tokens, want.Tokens)
 		}
 	}
 }
