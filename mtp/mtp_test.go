@@ -12,6 +12,7 @@ import (
 	"ddflash/engine"
 	"ddflash/engine/testmodel"
 	"ddflash/internal/closeness"
+	"ddflash/kernels"
 	"ddflash/kernels/cpu"
 	"ddflash/mamba"
 )
@@ -298,5 +299,38 @@ func TestLoadRefusesHeadlessCheckpoint(t *testing.T) {
 	defer e.Close()
 	if err := Attach(e, dir, 3, engine.SpecOptions{Mode: engine.SpecLinear}); err == nil || !strings.Contains(err.Error(), "mtp_num_hidden_layers 0") {
 		t.Errorf("Attach on a checkpoint without an MTP head: %v", err)
+	}
+}
+
+// TestTensorParallelDraftsMatch drafts with the head of a target split over
+// two ranks (the head whole on rank 0, scored through the split LM head)
+// and over one: the logits agree to F32 rounding.
+func TestTensorParallelDraftsMatch(t *testing.T) {
+	dir := writeTiny(t, 7, "f32")
+	tokens := []int32{4, 80, 15, 16, 23, 42, 108, 7, 9, 200, 31}
+	var drafts [][]float32
+	for _, ranks := range [][]kernels.Backend{{cpu.New(2)}, {cpu.New(1), cpu.New(1)}} {
+		e, err := engine.LoadParallel(ranks, dir, engine.Options{PageSize: 4, VerifyTokens: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if err := Attach(e, dir, 3, engine.SpecOptions{Mode: engine.SpecLinear}); err != nil {
+			t.Fatal(err)
+		}
+		d := e.Drafter.(*Drafter)
+		s, err := d.NewSession(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.(engine.TokenDraftSession).DraftTokens(tappedFeatures(t, e, tokens, d.TapLayers()), tokens, 77)
+		s.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		drafts = append(drafts, got)
+	}
+	if diff, scale := closeness.MaxAbsDiff(drafts[1], drafts[0]), closeness.Scale(drafts[0]); diff > 1e-5*scale {
+		t.Fatalf("TP 2 draft logits differ from TP 1's by %g (scale %g)", diff, scale)
 	}
 }
