@@ -164,12 +164,16 @@ func (p *InProcess) Knobs(c Config) Knobs {
 		return k
 	}
 	k.Context, k.MaxRunning = e.Context, e.MaxSeqs()
-	switch {
-	case m.Kind == "mtp":
-		k.Rollback, k.BlockSize = p.Rollback.String(), m.Budget+1
-	case m.Kind != "auto" && e.Drafter != nil:
-		k.Rollback = p.Rollback.String()
-		k.BlockSize = e.Drafter.BlockSize()
+	if m.Kind != "auto" {
+		d := e.Drafter
+		if p.Drafter != nil {
+			if d, err = p.Drafter(e, m); err != nil {
+				return k
+			}
+		}
+		if d != nil {
+			k.Rollback, k.BlockSize = p.Rollback.String(), d.BlockSize()
+		}
 	}
 	if m.Kind == "linear" {
 		k.Budget = k.BlockSize - 1

@@ -273,7 +273,8 @@ func newInProcess(mf *modelFlags, plan *bench.Plan, fs *flag.FlagSet, gpuMem str
 // drafter on an engine: the DFlash drafter the engine was loaded with, or
 // for mtpN modes the target's MTP head (the one attached at load, or loaded
 // from the engine's checkpoint, dirs[e], at the first mtpN mode) as an
-// N-step chain.
+// N-step chain. The drafter it returns closes both, so that the engine's
+// Close releases the one not in use too.
 func drafterFor(dirs map[*engine.Engine]string) func(*engine.Engine, bench.Mode) (engine.Drafter, error) {
 	type drafters struct {
 		dflash engine.Drafter
@@ -291,19 +292,45 @@ func drafterFor(dirs map[*engine.Engine]string) func(*engine.Engine, bench.Mode)
 			}
 			loaded[e] = ds
 		}
-		if m.Kind != "mtp" {
-			if ds.dflash == nil {
-				return nil, fmt.Errorf("mode %s needs a DFlash drafter: give --draft DIR", m.Name)
+		var chosen engine.Drafter
+		switch {
+		case m.Kind != "mtp" && ds.dflash == nil:
+			return nil, fmt.Errorf("mode %s needs a DFlash drafter: give --draft DIR", m.Name)
+		case m.Kind != "mtp":
+			chosen = ds.dflash
+		default:
+			if ds.head == nil {
+				var err error
+				if ds.head, err = mtp.LoadFor(e, dirs[e]); err != nil {
+					return nil, err
+				}
 			}
-			return ds.dflash, nil
-		}
-		if ds.head == nil {
-			var err error
-			if ds.head, err = mtp.LoadFor(e, dirs[e]); err != nil {
+			d, err := ds.head.Drafter(m.Budget)
+			if err != nil {
 				return nil, err
 			}
+			chosen = d
 		}
-		return ds.head.Drafter(m.Budget)
+		both := closingBoth{Drafter: chosen}
+		if c, ok := ds.dflash.(interface{ Close() }); ok {
+			both.closers = append(both.closers, c)
+		}
+		if ds.head != nil {
+			both.closers = append(both.closers, ds.head)
+		}
+		return both, nil
+	}
+}
+
+// closingBoth is a drafter whose Close releases every drafter of its engine.
+type closingBoth struct {
+	engine.Drafter
+	closers []interface{ Close() }
+}
+
+func (c closingBoth) Close() {
+	for _, d := range c.closers {
+		d.Close()
 	}
 }
 
