@@ -450,7 +450,24 @@ func TestInProcessSweepRunsDFlash2Modes(t *testing.T) {
 		t.Fatal(err)
 	}
 	backend := inProcess(t, model, draft, 6, 1)
-	backend.LoadDFlash2 = func(e *engine.Engine) (engine.Drafter, error) { return dflash.Load(e, draft2) }
+	dflash2 := map[*engine.Engine]engine.Drafter{}
+	own := map[*engine.Engine]engine.Drafter{}
+	backend.Drafter = func(e *engine.Engine, m Mode) (engine.Drafter, error) {
+		if _, ok := own[e]; !ok {
+			own[e] = e.Drafter // the one Load attached: the pair's
+		}
+		if m.Drafter != DFlash2Drafter {
+			return own[e], nil
+		}
+		if dflash2[e] == nil {
+			d, err := dflash.Load(e, draft2)
+			if err != nil {
+				return nil, err
+			}
+			dflash2[e] = d
+		}
+		return dflash2[e], nil
+	}
 	plan := testPlan(t, "auto,linear,dflash2,d2b6", "fibonacci", []int{10}, []int{1}, 1)
 	dir := t.TempDir()
 	opts := Options{Plan: plan, Backend: backend, Store: Store{Dir: dir}, ModelDir: model, DraftDir: draft, DFlash2Dir: draft2, IgnoreEOS: true, GPUs: &fakeGPUs{}}

@@ -178,7 +178,7 @@ func (e *Engine) measureDraft(p *adaptive.Policy) error {
 	row := make([]float32, e.featureWidth())
 	for range 2 {
 		start := time.Now()
-		if _, err := sess.Draft(row, 0); err != nil {
+		if _, err := draft(sess, row, []int32{0}, 0); err != nil {
 			return err
 		}
 		p.Cost.ObserveDraft(time.Since(start), true)

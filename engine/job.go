@@ -42,6 +42,8 @@ type job struct {
 	// last draft (spec): their rows of the target's features. Its memory is
 	// reused from draft to draft.
 	context []float32
+	// contextTokens are the tokens of context's rows.
+	contextTokens []int32
 
 	sess   DraftSession
 	verify *mamba.Verify
@@ -103,6 +105,9 @@ func (e *Engine) startJob(r Request, checkpointOnly bool) (*job, error) {
 		return j, nil
 	}
 	j.stats = &SpecStats{Mode: e.Spec.Mode.String()}
+	if e.Spec.Label != "" {
+		j.stats.Mode = e.Spec.Label
+	}
 	if e.Spec.Mode == SpecTree {
 		j.stats.Budget = e.Spec.Budget
 	}
@@ -184,13 +189,13 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 		if j.drafted {
 			// A verify commits at most a block: more context rows are catch-up.
 			steady = len(j.context) <= e.Drafter.BlockSize()*e.featureWidth()
-			draft, err := j.sess.Draft(j.context, j.last)
+			rows, err := draft(j.sess, j.context, j.contextTokens, j.last)
 			if err != nil {
 				return in, err
 			}
-			j.context = j.context[:0]
+			j.context, j.contextTokens = j.context[:0], j.contextTokens[:0]
 			// Positions start..start+depth must stay inside the context.
-			j.tree = e.propose(j.sess, j.last, draft, min(e.Drafter.BlockSize()-1, e.Context-1-j.seq.len))
+			j.tree = e.propose(j.sess, j.last, rows, min(e.Drafter.BlockSize()-1, e.Context-1-j.seq.len))
 		} else {
 			// An autoregressive step: the drafter sees its features with the next draft.
 			j.tree = ddtree.Chain(j.last, nil)
@@ -251,6 +256,7 @@ func (j *job) complete(out *SeqOutput) error {
 		j.seq.len += n
 		if j.taps() != nil {
 			j.context = append(j.context, out.Features...)
+			j.contextTokens = append(j.contextTokens, prompt[j.prefilled-n:j.prefilled]...)
 		}
 		if j.prefilled == j.checkpointAt {
 			e.prefix.store(e, j)
@@ -331,6 +337,7 @@ func (j *job) completeVerify(out *SeqOutput) error {
 	width := e.featureWidth()
 	for _, r := range path {
 		j.context = append(j.context, out.Features[int(r)*width:int(r+1)*width]...)
+		j.contextTokens = append(j.contextTokens, tree.Tokens[r])
 	}
 	j.last = bonus
 	if j.finished {

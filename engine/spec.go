@@ -28,6 +28,23 @@ type LatticeSession interface {
 	Lattice() *ddtree.Lattice
 }
 
+// TokenDraftSession is a DraftSession that also reads the tokens of its
+// feature rows: an MTP head pairs each committed token's hidden state with
+// the token after it (the next row's token, the anchor for the last row).
+// The engine calls DraftTokens instead of Draft on such a session.
+type TokenDraftSession interface {
+	DraftSession
+	DraftTokens(features []float32, tokens []int32, anchor int32) ([]float32, error)
+}
+
+// draft runs one draft of sess over the committed rows' features and tokens.
+func draft(sess DraftSession, features []float32, tokens []int32, anchor int32) ([]float32, error) {
+	if ts, ok := sess.(TokenDraftSession); ok {
+		return ts.DraftTokens(features, tokens, anchor)
+	}
+	return sess.Draft(features, anchor)
+}
+
 // Drafter proposes blocks of tokens conditioned on the target's hidden states.
 type Drafter interface {
 	TapLayers() []int
@@ -74,6 +91,9 @@ type SpecOptions struct {
 	// Policy, with Mode SpecTree, chooses each step's tree size up to
 	// Budget (see adaptive.go); nil verifies Budget nodes every step.
 	Policy *adaptive.Policy
+	// Label names the decoding in SpecStats when Mode's name does not say
+	// which drafter proposes (mtp); empty means Mode's name.
+	Label string
 }
 
 // VerifyTokens is the most tokens one verify step feeds the target.

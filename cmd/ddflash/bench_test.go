@@ -282,3 +282,62 @@ func jsonText(v any) string {
 	data, _ := json.MarshalIndent(v, "", " ")
 	return string(data)
 }
+
+// TestBenchComparesMTPAndDFlash runs one sweep over the target's MTP head
+// (two step counts), the DFlash drafter, a DFlash2 drafter (--draft2) and
+// adaptive on a target that has all of them, and one over MTP modes alone
+// without a drafter: every run verifies, greedy ones token for token
+// against autoregressive, and each record says its drafter and that
+// drafter's block (the modes share one engine and swap its drafter).
+func TestBenchComparesMTPAndDFlash(t *testing.T) {
+	bin := buildDdflash(t)
+	dir := t.TempDir()
+	model, draft, draft2 := filepath.Join(dir, "tiny"), filepath.Join(dir, "tiny-dflash"), filepath.Join(dir, "tiny-dflash2")
+	if out, err := exec.Command(bin, "testmodel", "--out", model, "--draft-out", draft, "--mtp", "--seed", "5").CombinedOutput(); err != nil {
+		t.Fatalf("testmodel: %v\n%s", err, out)
+	}
+	// The same target (same seed) with a DFlash2 drafter of block 8.
+	if out, err := exec.Command(bin, "testmodel", "--out", filepath.Join(dir, "tiny-again"), "--draft-out", draft2, "--draft-dflash2", "--draft-block", "8", "--seed", "5").CombinedOutput(); err != nil {
+		t.Fatalf("testmodel --draft-dflash2: %v\n%s", err, out)
+	}
+	common := []string{"--model", model, "--max-tokens", "24", "--workloads", "fibonacci", "--num-prompts", "2", "--repeats", "1", "--warmup", "0", "--raw"}
+	for _, c := range []struct {
+		args    []string
+		configs []string
+	}{
+		{[]string{"--draft", draft, "--draft2", draft2, "--modes", "auto,mtp2,mtp4,linear,dflash2,b8,b16,adaptive"},
+			[]string{"tp1-auto", "tp1-mtp2", "tp1-mtp4", "tp1-linear", "tp1-dflash2", "tp1-b8", "tp1-b16", "tp1-adaptive"}},
+		{[]string{"--modes", "auto,mtp3"}, []string{"tp1-auto", "tp1-mtp3"}},
+	} {
+		out := t.TempDir()
+		args := append(append([]string{"bench", "--out", out}, common...), c.args...)
+		if msg, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+			t.Fatalf("bench %v: %v\n%s", c.args, err, msg)
+		}
+		v, err := bench.Verify(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !v.OK() || len(v.Findings) != len(c.configs) {
+			var buf strings.Builder
+			v.Print(&buf)
+			t.Fatalf("bench %v: verify:\n%s", c.args, buf.String())
+		}
+		for _, name := range c.configs {
+			rec, err := bench.Store{Dir: out}.ReadRecord(name)
+			if err != nil || rec == nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			k := rec.Setup.Knobs
+			block, drafter := 16, "" // the DFlash drafter's
+			if steps, ok := strings.CutPrefix(name, "tp1-mtp"); ok {
+				block, drafter = int(steps[0]-'0')+1, bench.MTPDrafter
+			} else if name == "tp1-dflash2" {
+				block, drafter = 8, bench.DFlash2Drafter
+			}
+			if name != "tp1-auto" && (k.BlockSize != block || k.Drafter != drafter) {
+				t.Errorf("%s: drafter %q, block %d; want %q, %d", name, k.Drafter, k.BlockSize, drafter, block)
+			}
+		}
+	}
+}

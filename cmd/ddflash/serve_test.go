@@ -202,3 +202,42 @@ func waitHealthy(t *testing.T, base string) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestServeMTP serves a target with its MTP head (--spec mtp, planned with
+// the head's weights and KV): a greedy completion equals the one served
+// without speculation.
+func TestServeMTP(t *testing.T) {
+	p, err := testmodel.PresetByName("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := t.TempDir()
+	if err := testmodel.Write(target, testmodel.Options{Preset: p, Seed: 4, MTP: true}); err != nil {
+		t.Fatal(err)
+	}
+	complete := func(spec ...string) string {
+		ctx, cancel := context.WithCancel(context.Background())
+		var log bytes.Buffer
+		base, done := startServe(ctx, t, append([]string{"--model", target, "--gpu-mem", "1GiB", "--addr", "127.0.0.1:0",
+			"--max-running-requests", "2", "--threads", "1"}, spec...), &log)
+		resp, err := http.Post(base+"/v1/completions", "application/json",
+			strings.NewReader(`{"prompt": "the fox", "max_tokens": 12, "temperature": 0, "ignore_eos": true}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got struct{ Choices []struct{ Text string } }
+		err = json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		cancel()
+		if doneErr := <-done; err != nil || doneErr != nil || resp.StatusCode != http.StatusOK || len(got.Choices) != 1 {
+			t.Fatalf("serve %v: status %d, %+v, %v, %v\n%s", spec, resp.StatusCode, got, err, doneErr, log.String())
+		}
+		if spec[1] == "mtp" && !strings.Contains(log.String(), "--spec mtp --mtp-steps 3") {
+			t.Errorf("serve %v planned without the MTP head:\n%s", spec, log.String())
+		}
+		return got.Choices[0].Text
+	}
+	if mtp, auto := complete("--spec", "mtp", "--mtp-steps", "3"), complete("--spec", "auto"); mtp != auto {
+		t.Fatalf("--spec mtp completed %q, --spec auto %q", mtp, auto)
+	}
+}
