@@ -104,10 +104,7 @@ func (e *Engine) startJob(r Request, checkpointOnly bool) (*job, error) {
 		built = true
 		return j, nil
 	}
-	j.stats = &SpecStats{Mode: e.Spec.Mode.String()}
-	if e.Spec.Label != "" {
-		j.stats.Mode = e.Spec.Label
-	}
+	j.stats = &SpecStats{Mode: e.Spec.Name()}
 	if e.Spec.Mode == SpecTree {
 		j.stats.Budget = e.Spec.Budget
 	}

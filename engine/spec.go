@@ -96,6 +96,14 @@ type SpecOptions struct {
 	Label string
 }
 
+// Name names the decoding: Label, or else Mode's name.
+func (o SpecOptions) Name() string {
+	if o.Label != "" {
+		return o.Label
+	}
+	return o.Mode.String()
+}
+
 // VerifyTokens is the most tokens one verify step feeds the target.
 func (o SpecOptions) VerifyTokens(blockSize int) int {
 	switch o.Mode {

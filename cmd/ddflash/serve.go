@@ -173,7 +173,7 @@ func serveTo(ctx context.Context, args []string, ready func(addr string), stderr
 	engineDone := make(chan struct{})
 	go func() { srv.Run(runCtx, model); close(engineDone) }()
 	sched := model.Scheduler.Options()
-	log.Info("serving", "model", c.name, "spec", model.Engine.Spec.Mode, "max_running_requests", sched.MaxRunning,
+	log.Info("serving", "model", c.name, "spec", model.Engine.Spec.Name(), "max_running_requests", sched.MaxRunning,
 		"max_queue", sched.MaxQueue, "context", model.Engine.Context)
 
 	select {

@@ -204,8 +204,8 @@ func waitHealthy(t *testing.T, base string) {
 }
 
 // TestServeMTP serves a target with its MTP head (--spec mtp, planned with
-// the head's weights and KV): a greedy completion equals the one served
-// without speculation.
+// the head's weights and KV, and logged as spec=mtp): a greedy completion
+// equals the one served without speculation.
 func TestServeMTP(t *testing.T) {
 	p, err := testmodel.PresetByName("tiny")
 	if err != nil {
@@ -234,6 +234,9 @@ func TestServeMTP(t *testing.T) {
 		}
 		if spec[1] == "mtp" && !strings.Contains(log.String(), "--spec mtp --mtp-steps 3") {
 			t.Errorf("serve %v planned without the MTP head:\n%s", spec, log.String())
+		}
+		if !strings.Contains(log.String(), "msg=serving model=") || !strings.Contains(log.String(), " spec="+spec[1]+" ") {
+			t.Errorf("serve %v: the serving line does not name spec=%s:\n%s", spec, spec[1], log.String())
 		}
 		return got.Choices[0].Text
 	}
