@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -115,6 +116,11 @@ func (e *Engine) startJob(r Request, checkpointOnly bool) (*job, error) {
 	if j.sess, err = e.Drafter.NewSession(r.Prompt); err != nil {
 		return nil, err
 	}
+	if cs, ok := j.sess.(*choiceSession); ok {
+		if cs.policy = e.Spec.Policy; cs.policy == nil {
+			return nil, errors.New("a choice among drafters needs an adaptive policy (--spec adaptive)")
+		}
+	}
 	built = true
 	return j, nil
 }
@@ -192,7 +198,10 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 			}
 			j.context, j.contextTokens = j.context[:0], j.contextTokens[:0]
 			// Positions start..start+depth must stay inside the context.
-			j.tree = e.propose(j.sess, j.last, rows, min(e.Drafter.BlockSize()-1, e.Context-1-j.seq.len))
+			j.tree = e.propose(j.sess, j.last, rows, min(len(rows)/e.Model.Cfg.VocabSize, e.Context-1-j.seq.len))
+			if o, ok := j.sess.(*choiceSession); ok {
+				o.proposed(j.tree)
+			}
 		} else {
 			// An autoregressive step: the drafter sees its features with the next draft.
 			j.tree = ddtree.Chain(j.last, nil)
@@ -323,6 +332,9 @@ func (j *job) completeVerify(out *SeqOutput) error {
 	j.stats.record(path, tree.Len()-1)
 	if j.drafted {
 		e.observeVerify(tree, len(path)-1, time.Since(tc))
+		if o, ok := j.sess.(*choiceSession); ok {
+			o.verified(tree, len(path)-1)
+		}
 	}
 	for i := 1; i <= len(path) && !j.finished; i++ {
 		tok := bonus

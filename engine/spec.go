@@ -21,7 +21,8 @@ type DraftSession interface {
 
 // LatticeSession is a DraftSession whose proposals are paths through a
 // candidate lattice (DFlash2's selector): its Lattice, for the latest
-// Draft, replaces the logits' argmax chain and top-k levels. The lattice
+// Draft, replaces the logits' argmax chain and top-k levels (nil: the
+// latest draft has none). The lattice
 // is deterministic given the drafter's input, so at T > 0 the proposal is
 // a point mass and the sample-and-match verify stays exact (docs/dflash2.md).
 type LatticeSession interface {
@@ -171,7 +172,7 @@ func (st *SpecStats) finish(blockSize int) {
 // propose turns the drafter's output into the proposal to verify, rooted at
 // the anchor and at most depth tokens deep.
 func (e *Engine) propose(sess DraftSession, anchor int32, draft []float32, depth int) *ddtree.Tree {
-	if ls, ok := sess.(LatticeSession); ok {
+	if ls, ok := sess.(LatticeSession); ok && ls.Lattice() != nil {
 		lattice := ls.Lattice().Truncate(depth)
 		if e.Spec.Mode == SpecLinear {
 			return ddtree.Chain(anchor, lattice.GreedyPath())
