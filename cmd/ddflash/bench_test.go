@@ -341,3 +341,32 @@ func TestBenchComparesMTPAndDFlash(t *testing.T) {
 		}
 	}
 }
+
+// TestGenerateAdaptiveWithMTP: generate --spec adaptive --with-mtp (the
+// target's MTP head and a DFlash drafter, chosen between per step) gives
+// the autoregressive tokens, greedy and sampled with a seed.
+func TestGenerateAdaptiveWithMTP(t *testing.T) {
+	bin := buildDdflash(t)
+	dir := t.TempDir()
+	model, draft := filepath.Join(dir, "tiny"), filepath.Join(dir, "tiny-dflash")
+	if out, err := exec.Command(bin, "testmodel", "--out", model, "--draft-out", draft, "--mtp", "--seed", "6").CombinedOutput(); err != nil {
+		t.Fatalf("testmodel: %v\n%s", err, out)
+	}
+	for _, temp := range []string{"0", "0.8"} {
+		generate := func(spec ...string) string {
+			args := append([]string{"generate", "--model", model, "--draft", draft, "--tokens", "5,17,99,3", "--max-tokens", "40", "--temperature", temp, "--seed", "4", "--json"}, spec...)
+			out, err := exec.Command(bin, args...).Output()
+			if err != nil {
+				t.Fatalf("generate %v: %v", spec, err)
+			}
+			var res struct{ Tokens []int32 }
+			if err := json.Unmarshal(out, &res); err != nil || len(res.Tokens) == 0 {
+				t.Fatalf("generate %v: %v\n%s", spec, err, out)
+			}
+			return fmt.Sprint(res.Tokens)
+		}
+		if got, want := generate("--spec", "adaptive", "--with-mtp", "--mtp-steps", "3"), generate("--spec", "auto"); got != want {
+			t.Errorf("temperature %s: --spec adaptive --with-mtp gave %s, autoregressive %s", temp, got, want)
+		}
+	}
+}

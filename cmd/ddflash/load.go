@@ -23,6 +23,9 @@ type modelFlags struct {
 	model, draft, spec, rollback, device string
 	budget, context, threads, tp         int
 	mtpSteps                             int // --mtp-steps: proposals per draft of the MTP head
+	// withMTP (--with-mtp): --spec adaptive also loads the MTP head and
+	// chooses between it and --draft's drafter per request and step.
+	withMTP bool
 	// The cache dtype flags of the commands that size an engine without
 	// serve's memory flags (generate, bench; see registerCacheDtypes).
 	kvDtype, convDtype, ssmDtype string
@@ -60,7 +63,8 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.model, "model", "", "target model directory (Hugging Face layout; default: the embedded default model)")
 	fs.StringVar(&m.draft, "draft", "", "DFlash or DFlash2 drafter directory (z-lab layout; DFlash2 is read from its config), for --spec linear|ddtree|adaptive (default with the default model: its drafter)")
 	fs.StringVar(&m.spec, "spec", "auto", "decoding: auto (autoregressive), linear (DFlash chain), ddtree, adaptive (a DDTree whose size, autoregressive included, is chosen every step from measured cost and predicted acceptance), mtp (the chain of the checkpoint's own MTP head) or mtp-ddtree (a DDTree from the MTP head's steps)")
-	fs.IntVar(&m.mtpSteps, "mtp-steps", 3, fmt.Sprintf("--spec mtp: proposals per draft, the MTP head applied this many times (1..%d)", mtp.MaxSteps))
+	fs.IntVar(&m.mtpSteps, "mtp-steps", 3, fmt.Sprintf("--spec mtp (and --with-mtp): proposals per draft, the MTP head applied this many times (1..%d)", mtp.MaxSteps))
+	fs.BoolVar(&m.withMTP, "with-mtp", false, "--spec adaptive: also load the checkpoint's own MTP head (--mtp-steps steps) and draft, per request and step, with whichever of it and --draft's drafter is expected to commit more tokens per second")
 	m.budget = 15
 	fs.Var(budgetFlag{m}, "budget", "DDTree node budget B (non-root nodes per verify), or auto: chosen every step up to --max-budget")
 	fs.IntVar(&m.maxBudget, "max-budget", 32, "the largest tree --budget auto and --spec adaptive choose")
@@ -99,10 +103,15 @@ func (m *modelFlags) usesMTP() bool { _, ok := mtpSpecs[m.spec]; return ok }
 func (m *modelFlags) specOptions() (engine.SpecOptions, error) {
 	var policy *adaptive.Policy
 	spec, label := m.spec, ""
-	if mode, ok := mtpSpecs[spec]; ok {
+	if m.withMTP && spec != "adaptive" {
+		return engine.SpecOptions{}, fmt.Errorf("--with-mtp chooses between drafters under --spec adaptive, not %s", spec)
+	}
+	if _, ok := mtpSpecs[spec]; ok || m.withMTP {
 		if m.mtpSteps < 1 || m.mtpSteps > mtp.MaxSteps {
 			return engine.SpecOptions{}, fmt.Errorf("--mtp-steps %d: want 1..%d", m.mtpSteps, mtp.MaxSteps)
 		}
+	}
+	if mode, ok := mtpSpecs[spec]; ok {
 		spec, label = mode, m.spec
 	}
 	switch {
@@ -207,13 +216,32 @@ func (m *modelFlags) load(opts engine.Options) (*engine.Engine, error) {
 	case m.usesMTP():
 		err = mtp.Attach(e, m.model, m.mtpSteps, spec)
 	case spec.Mode != engine.SpecAuto:
-		err = dflash.Attach(e, m.draft, spec)
+		if err = dflash.Attach(e, m.draft, spec); err == nil && m.withMTP {
+			err = chooseWithMTP(e, m.model, m.mtpSteps)
+		}
 	}
 	if err != nil {
 		e.Close()
 		return nil, err
 	}
 	return e, nil
+}
+
+// chooseWithMTP loads the MTP head of the engine's checkpoint (dir) and
+// makes the engine choose between it, steps proposals per draft, and its
+// drafter (--with-mtp).
+func chooseWithMTP(e *engine.Engine, dir string, steps int) error {
+	head, err := mtp.LoadFor(e, dir)
+	if err != nil {
+		return err
+	}
+	d, err := head.Drafter(steps)
+	if err != nil {
+		head.Close()
+		return err
+	}
+	e.Drafter = engine.NewChoiceDrafter(e.Drafter, d)
+	return nil
 }
 
 // registerCacheDtypes registers --kv-dtype, --conv-dtype and --ssm-dtype

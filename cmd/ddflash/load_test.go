@@ -28,6 +28,9 @@ func TestSpecFlags(t *testing.T) {
 		{"--spec mtp-ddtree --budget 6", 6, "", ""},
 		{"--spec mtp --mtp-steps 9", 0, "", "--mtp-steps 9: want 1..8"},
 		{"--spec mtp --mtp-steps 0", 0, "", "--mtp-steps 0"},
+		{"--spec adaptive --with-mtp --mtp-steps 4", 32, "adaptive", ""},
+		{"--spec ddtree --with-mtp", 0, "", "--with-mtp chooses between drafters under --spec adaptive, not ddtree"},
+		{"--spec adaptive --with-mtp --mtp-steps 9", 0, "", "--mtp-steps 9: want 1..8"},
 		{"--budget many", 0, "", "want a node count or auto"},
 	} {
 		var m modelFlags
