@@ -14,7 +14,8 @@ import (
 // adaptive (each step's tree size, autoregressive included, chosen from
 // measured cost and predicted acceptance); dflash2 and d2bN are linear and
 // bN with the sweep's DFlash2 drafter, mtpN the chain of N steps of the
-// target's own MTP head.
+// target's own MTP head, adaptive-mtp adaptive choosing between the DFlash
+// drafter and the MTP head every step.
 type Mode struct {
 	Name string // as on the command line and in file names: auto, linear, b15, adaptive, mtp3
 	Kind string // auto, linear, ddtree or adaptive
@@ -23,7 +24,8 @@ type Mode struct {
 	// chain (its drafter's block size decides).
 	Budget int
 	// Drafter names the drafter the mode speculates with: "" for the
-	// sweep's DFlash drafter (--draft), DFlash2Drafter or MTPDrafter.
+	// sweep's DFlash drafter (--draft), DFlash2Drafter, MTPDrafter or
+	// ChoiceDrafters.
 	Drafter string
 	// NoPrefixCache runs the mode with the engine's prefix cache off (a
 	// name ending in NoCacheSuffix), to compare with the same mode with it.
@@ -37,15 +39,24 @@ const NoCacheSuffix = "-nocache"
 const (
 	DFlash2Drafter = "dflash2" // the sweep's DFlash2 drafter (--draft2)
 	MTPDrafter     = "mtp"     // the target checkpoint's own MTP head
+	// ChoiceDrafters is the choice, per request and step, between the
+	// DFlash drafter and the MTP head (ChoiceMTPSteps steps), as
+	// --spec adaptive --with-mtp makes it.
+	ChoiceDrafters = "dflash+mtp"
 )
 
-// ParseMode reads auto, linear, bN (N ≥ 1), adaptive, dflash2, d2bN or
-// mtpN (1 ≤ N ≤ MaxMTPSteps), each optionally followed by NoCacheSuffix.
+// ChoiceMTPSteps is the MTP head's steps in the adaptive-mtp mode (SGLang's
+// default for Qwen3.5/3.6 MTP).
+const ChoiceMTPSteps = 3
+
+// ParseMode reads auto, linear, bN (N ≥ 1), adaptive, adaptive-mtp,
+// dflash2, d2bN or mtpN (1 ≤ N ≤ MaxMTPSteps), each optionally followed by
+// NoCacheSuffix.
 func ParseMode(s string) (Mode, error) {
 	base, off := strings.CutSuffix(s, NoCacheSuffix)
 	m, err := parseBaseMode(base)
 	if err != nil {
-		return Mode{}, fmt.Errorf("mode %q: want auto, linear, bN for a DDTree of N nodes (b8, b15, ...), adaptive, dflash2 or d2bN (the DFlash2 drafter linear or as a DDTree of N nodes) or mtpN for N steps of the MTP head (mtp1..mtp%d), optionally followed by %s", s, MaxMTPSteps, NoCacheSuffix)
+		return Mode{}, fmt.Errorf("mode %q: want auto, linear, bN for a DDTree of N nodes (b8, b15, ...), adaptive, adaptive-mtp (choosing between the DFlash drafter and the MTP head), dflash2 or d2bN (the DFlash2 drafter linear or as a DDTree of N nodes) or mtpN for N steps of the MTP head (mtp1..mtp%d), optionally followed by %s", s, MaxMTPSteps, NoCacheSuffix)
 	}
 	m.Name, m.NoPrefixCache = s, off
 	return m, nil
@@ -67,6 +78,8 @@ func parseBaseMode(s string) (Mode, error) {
 		return Mode{Name: s, Kind: s}, nil
 	case "adaptive":
 		return Mode{Name: s, Kind: s, Budget: AdaptiveBudget}, nil
+	case "adaptive-mtp":
+		return Mode{Name: s, Kind: "adaptive", Budget: AdaptiveBudget, Drafter: ChoiceDrafters}, nil
 	case DFlash2Drafter:
 		return Mode{Name: s, Kind: "linear", Drafter: DFlash2Drafter}, nil
 	}

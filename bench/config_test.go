@@ -30,9 +30,10 @@ func TestParseModes(t *testing.T) {
 		t.Errorf("b8-nocache = %+v, %v", m, err)
 	}
 	for name, want := range map[string]Mode{
-		"dflash2": {Name: "dflash2", Kind: "linear", Drafter: DFlash2Drafter},
-		"d2b8":    {Name: "d2b8", Kind: "ddtree", Budget: 8, Drafter: DFlash2Drafter},
-		"mtp4":    {Name: "mtp4", Kind: "linear", Budget: 4, Drafter: MTPDrafter},
+		"dflash2":      {Name: "dflash2", Kind: "linear", Drafter: DFlash2Drafter},
+		"d2b8":         {Name: "d2b8", Kind: "ddtree", Budget: 8, Drafter: DFlash2Drafter},
+		"mtp4":         {Name: "mtp4", Kind: "linear", Budget: 4, Drafter: MTPDrafter},
+		"adaptive-mtp": {Name: "adaptive-mtp", Kind: "adaptive", Budget: AdaptiveBudget, Drafter: ChoiceDrafters},
 	} {
 		if m, err := ParseMode(name); err != nil || m != want {
 			t.Errorf("%s = %+v, %v; want %+v", name, m, err, want)

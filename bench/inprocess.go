@@ -152,7 +152,7 @@ func (p *InProcess) Validate(plan *Plan) error {
 		switch m.Drafter {
 		case DFlash2Drafter:
 			return fmt.Errorf("mode %s runs a DFlash2 drafter: give --draft2 DIR", m.Name)
-		case MTPDrafter:
+		case MTPDrafter, ChoiceDrafters:
 			return fmt.Errorf("mode %s runs the target's MTP head, which this backend does not load", m.Name)
 		}
 		for _, l := range p.engines {

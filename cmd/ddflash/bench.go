@@ -271,6 +271,11 @@ func sizeForModes(mf *modelFlags, dirs map[string]string, modes []bench.Mode) (v
 			mtpSteps = max(mtpSteps, m.Budget)
 			verify = max(verify, m.Budget+1)
 			continue
+		case m.Drafter == bench.ChoiceDrafters:
+			mtpSteps = max(mtpSteps, bench.ChoiceMTPSteps)
+			m.Drafter = "" // and the DFlash drafter's tree
+		}
+		switch {
 		case dirs[m.Drafter] == "" && m.Drafter == bench.DFlash2Drafter:
 			return 0, "", fmt.Errorf("mode %s runs a DFlash2 drafter: give --draft2 DIR", m.Name)
 		case dirs[m.Drafter] == "":
@@ -300,7 +305,8 @@ func sizeForModes(mf *modelFlags, dirs map[string]string, modes []bench.Mode) (v
 // drafter on an engine, loaded at the first mode that runs it. DFlash and
 // DFlash2 drafters come from dirs (by Mode.Drafter), the MTP head from the
 // engine's own checkpoint (models[e]), one head per engine whatever the
-// step counts of its chains.
+// step counts of its chains; adaptive-mtp's choice is between the engine's
+// DFlash drafter and a chain of that head.
 func drafterFor(dirs map[string]string, models map[*engine.Engine]string) func(*engine.Engine, bench.Mode) (engine.Drafter, error) {
 	type key struct {
 		e       *engine.Engine
@@ -309,16 +315,15 @@ func drafterFor(dirs map[string]string, models map[*engine.Engine]string) func(*
 	}
 	drafters := map[key]engine.Drafter{}
 	heads := map[*engine.Engine]*mtp.Head{}
-	return func(e *engine.Engine, m bench.Mode) (engine.Drafter, error) {
-		k := key{e: e, drafter: m.Drafter}
-		if m.Drafter == bench.MTPDrafter {
-			k.steps = m.Budget
-		}
+	var get func(e *engine.Engine, drafter string, steps int) (engine.Drafter, error)
+	get = func(e *engine.Engine, drafter string, steps int) (engine.Drafter, error) {
+		k := key{e, drafter, steps}
 		if d, ok := drafters[k]; ok {
 			return d, nil
 		}
 		var d engine.Drafter
-		if m.Drafter == bench.MTPDrafter {
+		switch drafter {
+		case bench.MTPDrafter:
 			h := heads[e]
 			if h == nil {
 				var err error
@@ -327,13 +332,23 @@ func drafterFor(dirs map[string]string, models map[*engine.Engine]string) func(*
 				}
 				heads[e] = h
 			}
-			chain, err := h.Drafter(m.Budget)
+			chain, err := h.Drafter(steps)
 			if err != nil {
 				return nil, err
 			}
 			d = chain
-		} else {
-			loaded, err := dflash.Load(e, dirs[m.Drafter])
+		case bench.ChoiceDrafters:
+			dfl, err := get(e, "", 0)
+			if err != nil {
+				return nil, err
+			}
+			head, err := get(e, bench.MTPDrafter, bench.ChoiceMTPSteps)
+			if err != nil {
+				return nil, err
+			}
+			d = engine.NewChoiceDrafter(dfl, head)
+		default:
+			loaded, err := dflash.Load(e, dirs[drafter])
 			if err != nil {
 				return nil, err
 			}
@@ -341,6 +356,13 @@ func drafterFor(dirs map[string]string, models map[*engine.Engine]string) func(*
 		}
 		drafters[k] = d
 		return d, nil
+	}
+	return func(e *engine.Engine, m bench.Mode) (engine.Drafter, error) {
+		steps := 0
+		if m.Drafter == bench.MTPDrafter {
+			steps = m.Budget
+		}
+		return get(e, m.Drafter, steps)
 	}
 }
 

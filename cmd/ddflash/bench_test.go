@@ -284,8 +284,9 @@ func jsonText(v any) string {
 }
 
 // TestBenchComparesMTPAndDFlash runs one sweep over the target's MTP head
-// (two step counts), the DFlash drafter, a DFlash2 drafter (--draft2) and
-// adaptive on a target that has all of them, and one over MTP modes alone
+// (two step counts), the DFlash drafter, a DFlash2 drafter (--draft2),
+// adaptive and adaptive choosing between the DFlash drafter and the head
+// on a target that has all of them, and one over MTP modes alone
 // without a drafter: every run verifies, greedy ones token for token
 // against autoregressive, and each record says its drafter and that
 // drafter's block (the modes share one engine and swap its drafter).
@@ -305,8 +306,8 @@ func TestBenchComparesMTPAndDFlash(t *testing.T) {
 		args    []string
 		configs []string
 	}{
-		{[]string{"--draft", draft, "--draft2", draft2, "--modes", "auto,mtp2,mtp4,linear,dflash2,b8,b16,adaptive"},
-			[]string{"tp1-auto", "tp1-mtp2", "tp1-mtp4", "tp1-linear", "tp1-dflash2", "tp1-b8", "tp1-b16", "tp1-adaptive"}},
+		{[]string{"--draft", draft, "--draft2", draft2, "--modes", "auto,mtp2,mtp4,linear,dflash2,b8,b16,adaptive,adaptive-mtp"},
+			[]string{"tp1-auto", "tp1-mtp2", "tp1-mtp4", "tp1-linear", "tp1-dflash2", "tp1-b8", "tp1-b16", "tp1-adaptive", "tp1-adaptive-mtp"}},
 		{[]string{"--modes", "auto,mtp3"}, []string{"tp1-auto", "tp1-mtp3"}},
 	} {
 		out := t.TempDir()
@@ -334,6 +335,8 @@ func TestBenchComparesMTPAndDFlash(t *testing.T) {
 				block, drafter = int(steps[0]-'0')+1, bench.MTPDrafter
 			} else if name == "tp1-dflash2" {
 				block, drafter = 8, bench.DFlash2Drafter
+			} else if name == "tp1-adaptive-mtp" {
+				drafter = bench.ChoiceDrafters // the larger block: the DFlash drafter's
 			}
 			if name != "tp1-auto" && (k.BlockSize != block || k.Drafter != drafter) {
 				t.Errorf("%s: drafter %q, block %d; want %q, %d", name, k.Drafter, k.BlockSize, drafter, block)
