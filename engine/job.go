@@ -109,9 +109,6 @@ func (e *Engine) startJob(r Request, checkpointOnly bool) (*job, error) {
 	if e.Spec.Mode == SpecTree {
 		j.stats.Budget = e.Spec.Budget
 	}
-	if p := e.Spec.Policy; p != nil {
-		j.stats.Mode = p.Name()
-	}
 	j.out.res.Stats.SpecStats = j.stats
 	if j.sess, err = e.Drafter.NewSession(r.Prompt); err != nil {
 		return nil, err

@@ -97,10 +97,13 @@ type SpecOptions struct {
 	Label string
 }
 
-// Name names the decoding: Label, or else Mode's name.
+// Name names the decoding: Label, the policy's name, or else Mode's.
 func (o SpecOptions) Name() string {
-	if o.Label != "" {
+	switch {
+	case o.Label != "":
 		return o.Label
+	case o.Policy != nil:
+		return o.Policy.Name()
 	}
 	return o.Mode.String()
 }

@@ -231,8 +231,11 @@ func planEngine(m *modelFlags, f planFlags, fs *flag.FlagSet, maxRunning int, de
 	}
 	f.model, f.draft, f.spec, f.rollback, f.compat = m.model, m.draft, m.spec, m.rollback, "ddflash"
 	f.tp, f.maxRunning, f.context, f.mtpSteps = m.tp, maxRunning, m.context, m.mtpSteps
+	if m.spec == "adaptive" {
+		f.spec = "ddtree" // planned for its largest tree
+	}
 	if spec.Mode == engine.SpecTree {
-		f.budget = m.budget
+		f.budget = spec.Budget
 	}
 	s, err := f.resolveOn(fs, device)
 	if err != nil {

@@ -204,15 +204,20 @@ func waitHealthy(t *testing.T, base string) {
 }
 
 // TestServeMTP serves a target with its MTP head (--spec mtp, planned with
-// the head's weights and KV, and logged as spec=mtp): a greedy completion
-// equals the one served without speculation.
+// the head's weights and KV, and logged as spec=mtp), and with the head
+// beside a DFlash drafter under --spec adaptive --with-mtp (planned as its
+// largest tree): a greedy completion equals the one served without
+// speculation.
 func TestServeMTP(t *testing.T) {
 	p, err := testmodel.PresetByName("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
-	target := t.TempDir()
+	target, draft := t.TempDir(), t.TempDir()
 	if err := testmodel.Write(target, testmodel.Options{Preset: p, Seed: 4, MTP: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: 4}); err != nil {
 		t.Fatal(err)
 	}
 	complete := func(spec ...string) string {
@@ -240,7 +245,11 @@ func TestServeMTP(t *testing.T) {
 		}
 		return got.Choices[0].Text
 	}
-	if mtp, auto := complete("--spec", "mtp", "--mtp-steps", "3"), complete("--spec", "auto"); mtp != auto {
+	auto := complete("--spec", "auto")
+	if mtp := complete("--spec", "mtp", "--mtp-steps", "3"); mtp != auto {
 		t.Fatalf("--spec mtp completed %q, --spec auto %q", mtp, auto)
+	}
+	if adaptive := complete("--spec", "adaptive", "--with-mtp", "--draft", draft); adaptive != auto {
+		t.Fatalf("--spec adaptive --with-mtp completed %q, --spec auto %q", adaptive, auto)
 	}
 }
