@@ -244,7 +244,7 @@ func newInProcess(mf *modelFlags, draft2 string, plan *bench.Plan, fs *flag.Flag
 		}
 		// The engine attaches no drafter: drafterFor loads each at its
 		// first mode.
-		sizing.VerifyTokens, target.spec = verifyTokens, "auto"
+		sizing.VerifyTokens, target.spec, target.withMTP = verifyTokens, "auto", false
 		e, err := target.load(sizing)
 		if err == nil {
 			models[e] = target.model
@@ -258,8 +258,9 @@ func newInProcess(mf *modelFlags, draft2 string, plan *bench.Plan, fs *flag.Flag
 // sizeForModes returns the most tokens one verify of the sweep's modes
 // feeds the target, and sets mf's spec flags to plan memory for them (see
 // benchSizing): a DDTree of that size over the drafter it returns (the
-// DFlash drafter when a mode runs it, else the DFlash2 one), over the MTP
-// head when only mtpN modes speculate. dirs are the DFlash drafters'
+// DFlash drafter when a mode runs it, else the DFlash2 one) and the MTP
+// head beside it when a mode runs the head, over the head alone when only
+// mtpN modes speculate. dirs are the DFlash drafters'
 // directories by Mode.Drafter.
 func sizeForModes(mf *modelFlags, dirs map[string]string, modes []bench.Mode) (verify int, planned string, err error) {
 	mtpSteps := 0
@@ -291,8 +292,10 @@ func sizeForModes(mf *modelFlags, dirs map[string]string, modes []bench.Mode) (v
 			planned = dirs[m.Drafter]
 		}
 	}
-	mf.spec, mf.budget, mf.mtpSteps = "auto", 0, 0
+	mf.spec, mf.budget, mf.mtpSteps, mf.withMTP = "auto", 0, 0, false
 	switch {
+	case planned != "" && mtpSteps > 0: // both, as --with-mtp plans them
+		mf.spec, mf.maxBudget, mf.mtpSteps, mf.withMTP = "adaptive", verify-1, mtpSteps, true
 	case planned != "":
 		mf.spec, mf.budget = "ddtree", verify-1
 	case mtpSteps > 0:

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"ddflash/bench"
+	"ddflash/engine/testmodel"
 )
 
 func buildDdflash(t *testing.T) string {
@@ -371,5 +373,50 @@ func TestGenerateAdaptiveWithMTP(t *testing.T) {
 		if got, want := generate("--spec", "adaptive", "--with-mtp", "--mtp-steps", "3"), generate("--spec", "auto"); got != want {
 			t.Errorf("temperature %s: --spec adaptive --with-mtp gave %s, autoregressive %s", temp, got, want)
 		}
+	}
+}
+
+// TestBenchPlansEveryDrafter: under --gpu-mem, bench's memory plan counts
+// the MTP head beside the DFlash drafter when mtpN and DFlash modes run
+// together (fewer KV tokens than for the DFlash modes alone, which plan
+// fewer than autoregressive decoding).
+func TestBenchPlansEveryDrafter(t *testing.T) {
+	p, err := testmodel.PresetByName("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	model, draft := filepath.Join(dir, "tiny"), filepath.Join(dir, "draft")
+	if err := testmodel.Write(model, testmodel.Options{Preset: p, Seed: 3, MTP: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: 3}); err != nil {
+		t.Fatal(err)
+	}
+	kvTokens := func(modes string) int {
+		var mf modelFlags
+		fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+		mf.register(fs)
+		if err := fs.Parse([]string{"--model", model, "--draft", draft, "--context", "256"}); err != nil {
+			t.Fatal(err)
+		}
+		plan, err := bench.ParseModes(modes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, planned, err := sizeForModes(&mf, map[string]string{"": draft}, plan)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mf.draft = planned
+		opts, err := benchSizing(&mf, fs, 2, "1GiB", 0)
+		if err != nil {
+			t.Fatalf("%s: %v", modes, err)
+		}
+		return opts.KVTokens
+	}
+	auto, dflashOnly, both := kvTokens("auto"), kvTokens("auto,linear,b8"), kvTokens("auto,mtp2,linear,b8")
+	if !(both < dflashOnly && dflashOnly < auto) {
+		t.Errorf("KV tokens planned: %d with the head and the drafter, %d with the drafter, %d with neither", both, dflashOnly, auto)
 	}
 }

@@ -21,11 +21,14 @@ func init() {
 
 // planFlags are the settings plan and tune share (and serve can reuse).
 type planFlags struct {
-	model, draft                 string
-	gpuName, gpuMem, gpuFree     string
-	tp, maxRunning, budget       int
-	context, prefixSlots         int
-	mtpSteps                     int
+	model, draft             string
+	gpuName, gpuMem, gpuFree string
+	tp, maxRunning, budget   int
+	context, prefixSlots     int
+	mtpSteps                 int
+	// withMTP plans the target's MTP head beside the DFlash drafter (serve
+	// --with-mtp, bench's mtpN modes beside DFlash ones).
+	withMTP                      bool
 	spec, rollback, compat       string
 	kvDtype, ssmDtype, convDtype string
 	memFraction                  float64
@@ -112,11 +115,14 @@ func (f *planFlags) resolveOn(fs *flag.FlagSet, device func() (gpu.Device, error
 		return nil, errors.New("--reserve is ddflash's knob: SGLang's is --mem-fraction-static")
 	}
 	spec := f.spec
-	if mode, ok := mtpSpecs[spec]; ok {
-		spec, k.MTPSteps = mode, f.mtpSteps
+	if _, ok := mtpSpecs[spec]; ok || f.withMTP {
+		k.MTPSteps = f.mtpSteps
 		if k.MTPSteps < 1 || k.MTPSteps > mtp.MaxSteps {
 			return nil, fmt.Errorf("--mtp-steps %d: want 1..%d", k.MTPSteps, mtp.MaxSteps)
 		}
+	}
+	if mode, ok := mtpSpecs[spec]; ok {
+		spec = mode
 	}
 	if k.Spec, err = planner.ParseSpec(spec); err != nil {
 		return nil, fmt.Errorf("%w, mtp or mtp-ddtree", err)
@@ -153,7 +159,7 @@ func (f *planFlags) resolveOn(fs *flag.FlagSet, device func() (gpu.Device, error
 	if s.models.Target, err = planner.LoadTarget(f.model); err != nil {
 		return nil, err
 	}
-	if k.Spec != planner.SpecAutoregressive && k.MTPSteps == 0 {
+	if k.Spec != planner.SpecAutoregressive && (k.MTPSteps == 0 || f.withMTP) {
 		s.draftRef = f.draft
 		if s.models.Drafter, err = planner.LoadDrafter(f.draft); err != nil {
 			return nil, err
@@ -451,7 +457,13 @@ func serveFlags(s *planSetup, p *planner.Plan) string {
 	if s.gpuMem != "" {
 		add("gpu-mem", s.gpuMem)
 	}
+	choice := k.MTPSteps > 0 && s.draftRef != "" // the head beside the drafter, planned as the choice's largest tree
 	switch {
+	case choice:
+		add("draft", s.draftRef)
+		add("spec", "adaptive --with-mtp")
+		add("mtp-steps", k.MTPSteps)
+		add("max-budget", k.Budget)
 	case k.MTPSteps > 0:
 		add("spec", map[planner.Spec]string{planner.SpecLinear: "mtp", planner.SpecDDTree: "mtp-ddtree"}[k.Spec])
 		add("mtp-steps", k.MTPSteps)
@@ -461,7 +473,7 @@ func serveFlags(s *planSetup, p *planner.Plan) string {
 	default:
 		add("spec", k.Spec)
 	}
-	if k.Spec == planner.SpecDDTree {
+	if k.Spec == planner.SpecDDTree && !choice {
 		add("budget", k.Budget)
 	}
 	add("tp", k.TP)

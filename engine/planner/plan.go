@@ -106,7 +106,13 @@ func Compute(m Models, k Knobs) (*Plan, error) {
 		if m.Target.Config.MTPLayers < 1 {
 			return nil, fmt.Errorf("--spec mtp needs the target's MTP head; %s has mtp_num_hidden_layers 0", m.Target.Name)
 		}
-		m.Drafter = nil // the head is the drafter
+		// With a DFlash drafter too, both are loaded (--with-mtp, a bench
+		// of mtpN and DFlash modes).
+		if m.Drafter != nil {
+			if err := m.Drafter.CheckTarget(m.Target.Config); err != nil {
+				return nil, err
+			}
+		}
 	case k.Spec != SpecAutoregressive:
 		if m.Drafter == nil {
 			return nil, fmt.Errorf("--spec %s needs a DFlash drafter: pass --draft NAME|DIR", k.Spec)
@@ -178,20 +184,21 @@ func (p *Plan) unitCosts(m Models, k Knobs, r rank) {
 			p.Bytes.DraftWeights = d.WeightParams() * int64(dtypeBytes(d.Dtype))
 		}
 	}
-	switch {
-	case k.MTPSteps > 0:
+	if d == nil && k.MTPSteps == 0 {
+		return
+	}
+	if d != nil {
+		p.unitDraftCosts(d, k, r, kvPerLayer)
+	}
+	if k.MTPSteps > 0 {
 		// The head's one attention layer pages every token; ddflash runs
 		// it whole on rank 0, SGLang shards it like the target.
-		p.Bytes.DraftWeights = mtpBytes(t)
-		p.Bytes.DraftKVPerToken = kvPerLayer(t.NumKVHeads, t.HeadDim)
+		weights, kv := mtpBytes(t), kvPerLayer(t.NumKVHeads, t.HeadDim)
 		if k.Mode == ModeSGLang {
-			p.Bytes.DraftWeights /= int64(k.TP)
-			p.Bytes.DraftKVPerToken = kvPerLayer(r.kvHeads, t.HeadDim)
+			weights, kv = weights/int64(k.TP), kvPerLayer(r.kvHeads, t.HeadDim)
 		}
-	case d == nil:
-		return
-	default:
-		p.unitDraftCosts(d, k, r, kvPerLayer)
+		p.Bytes.DraftWeights += weights
+		p.Bytes.DraftKVPerToken += kv
 	}
 	rollback := k.Rollback
 	if k.Mode == ModeSGLang {

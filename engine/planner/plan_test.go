@@ -430,6 +430,16 @@ func TestMTPPlan(t *testing.T) {
 	if auto.KVTokens <= p.KVTokens {
 		t.Errorf("the MTP head's weights and KV leave %d KV tokens, as many as without it (%d)", p.KVTokens, auto.KVTokens)
 	}
+	// Beside a DFlash drafter (--with-mtp, bench's mtpN and DFlash modes)
+	// both are counted.
+	both := qwen(t)
+	dflashOnly := mustPlan(t, both, Knobs{GPUTotal: rtxPro6000, MaxRunningRequests: 4, Spec: SpecDDTree, Budget: 15})
+	withHead := mustPlan(t, both, Knobs{GPUTotal: rtxPro6000, MaxRunningRequests: 4, Spec: SpecDDTree, Budget: 15, MTPSteps: 3})
+	if withHead.Bytes.DraftWeights != dflashOnly.Bytes.DraftWeights+p.Bytes.DraftWeights ||
+		withHead.Bytes.DraftKVPerToken != dflashOnly.Bytes.DraftKVPerToken+p.Bytes.DraftKVPerToken ||
+		withHead.Bytes.DraftKVPerRequest != dflashOnly.Bytes.DraftKVPerRequest || withHead.DraftTokens != 16 {
+		t.Errorf("the head beside the DFlash drafter: %+v, %d verify tokens; the drafter alone %+v", withHead.Bytes, withHead.DraftTokens, dflashOnly.Bytes)
+	}
 }
 
 func TestPlanJSON(t *testing.T) {
