@@ -3,22 +3,29 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
 )
 
 // Mode is one decoding method of a sweep: auto (autoregressive, the
-// baseline), linear (the DFlash chain), bN (a DDTree with N nodes) or
+// baseline), linear (the DFlash chain), bN (a DDTree with N nodes),
 // adaptive (each step's tree size, autoregressive included, chosen from
 // measured cost and predicted acceptance); dflash2 and d2bN are linear and
-// bN with the sweep's DFlash2 drafter (DFlash2Drafter).
+// bN with the sweep's DFlash2 drafter, mtpN the chain of N steps of the
+// target's own MTP head, adaptive-mtp adaptive choosing between the DFlash
+// drafter and the MTP head every step.
 type Mode struct {
-	Name   string // as on the command line and in file names: auto, linear, b15, adaptive
-	Kind   string // auto, linear, ddtree or adaptive
-	Budget int    // DDTree nodes per verify (adaptive: the most); 0 otherwise
+	Name string // as on the command line and in file names: auto, linear, b15, adaptive, mtp3
+	Kind string // auto, linear, ddtree or adaptive
+	// Budget is the nodes verified per step beyond the root: DDTree nodes
+	// (adaptive: the most), an MTP chain's steps; 0 for auto and a DFlash
+	// chain (its drafter's block size decides).
+	Budget int
 	// Drafter names the drafter the mode speculates with: "" for the
-	// sweep's drafter, DFlash2Drafter for its DFlash2 drafter.
+	// sweep's DFlash drafter (--draft), DFlash2Drafter, MTPDrafter or
+	// ChoiceDrafters.
 	Drafter string
 	// NoPrefixCache runs the mode with the engine's prefix cache off (a
 	// name ending in NoCacheSuffix), to compare with the same mode with it.
@@ -28,16 +35,28 @@ type Mode struct {
 // NoCacheSuffix marks a mode run without the prefix cache: auto-nocache.
 const NoCacheSuffix = "-nocache"
 
-// DFlash2Drafter is Mode.Drafter of the modes that run the sweep's DFlash2 drafter.
-const DFlash2Drafter = "dflash2"
+// The drafters a mode may name besides the sweep's DFlash drafter.
+const (
+	DFlash2Drafter = "dflash2" // the sweep's DFlash2 drafter (--draft2)
+	MTPDrafter     = "mtp"     // the target checkpoint's own MTP head
+	// ChoiceDrafters is the choice, per request and step, between the
+	// DFlash drafter and the MTP head (ChoiceMTPSteps steps), as
+	// --spec adaptive --with-mtp makes it.
+	ChoiceDrafters = "dflash+mtp"
+)
 
-// ParseMode reads auto, linear, bN (N ≥ 1), adaptive, dflash2 or d2bN,
-// each optionally followed by NoCacheSuffix.
+// ChoiceMTPSteps is the MTP head's steps in the adaptive-mtp mode (SGLang's
+// default for Qwen3.5/3.6 MTP).
+const ChoiceMTPSteps = 3
+
+// ParseMode reads auto, linear, bN (N ≥ 1), adaptive, adaptive-mtp,
+// dflash2, d2bN or mtpN (1 ≤ N ≤ MaxMTPSteps), each optionally followed by
+// NoCacheSuffix.
 func ParseMode(s string) (Mode, error) {
 	base, off := strings.CutSuffix(s, NoCacheSuffix)
 	m, err := parseBaseMode(base)
 	if err != nil {
-		return Mode{}, fmt.Errorf("mode %q: want auto, linear, bN for a DDTree of N nodes (b8, b15, ...), adaptive, dflash2 or d2bN (the DFlash2 drafter linear or as a DDTree of N nodes), optionally followed by %s", s, NoCacheSuffix)
+		return Mode{}, fmt.Errorf("mode %q: want auto, linear, bN for a DDTree of N nodes (b8, b15, ...), adaptive, adaptive-mtp (choosing between the DFlash drafter and the MTP head), dflash2 or d2bN (the DFlash2 drafter linear or as a DDTree of N nodes) or mtpN for N steps of the MTP head (mtp1..mtp%d), optionally followed by %s", s, MaxMTPSteps, NoCacheSuffix)
 	}
 	m.Name, m.NoPrefixCache = s, off
 	return m, nil
@@ -45,6 +64,9 @@ func ParseMode(s string) (Mode, error) {
 
 // AdaptiveBudget is the largest tree the adaptive mode may choose.
 const AdaptiveBudget = 32
+
+// MaxMTPSteps is the most steps an mtpN mode runs the MTP head (mtp.MaxSteps).
+const MaxMTPSteps = 8
 
 // baseline reports whether the mode is the sweep's baseline: autoregressive
 // decoding with the engine's prefix cache as configured.
@@ -56,16 +78,19 @@ func parseBaseMode(s string) (Mode, error) {
 		return Mode{Name: s, Kind: s}, nil
 	case "adaptive":
 		return Mode{Name: s, Kind: s, Budget: AdaptiveBudget}, nil
+	case "adaptive-mtp":
+		return Mode{Name: s, Kind: "adaptive", Budget: AdaptiveBudget, Drafter: ChoiceDrafters}, nil
 	case DFlash2Drafter:
 		return Mode{Name: s, Kind: "linear", Drafter: DFlash2Drafter}, nil
 	}
-	prefix, drafter := "b", ""
-	if strings.HasPrefix(s, "d2b") {
-		prefix, drafter = "d2b", DFlash2Drafter
-	}
-	if rest, ok := strings.CutPrefix(s, prefix); ok {
-		if n, err := strconv.Atoi(rest); err == nil && n >= 1 && rest == strconv.Itoa(n) {
-			return Mode{Name: s, Kind: "ddtree", Budget: n, Drafter: drafter}, nil
+	for _, c := range []struct {
+		prefix, kind, drafter string
+		most                  int
+	}{{"b", "ddtree", "", math.MaxInt}, {"d2b", "ddtree", DFlash2Drafter, math.MaxInt}, {"mtp", "linear", MTPDrafter, MaxMTPSteps}} {
+		if rest, ok := strings.CutPrefix(s, c.prefix); ok {
+			if n, err := strconv.Atoi(rest); err == nil && n >= 1 && n <= c.most && rest == strconv.Itoa(n) {
+				return Mode{Name: s, Kind: c.kind, Budget: n, Drafter: c.drafter}, nil
+			}
 		}
 	}
 	return Mode{}, errors.New("unknown mode")

@@ -30,14 +30,16 @@ func TestParseModes(t *testing.T) {
 		t.Errorf("b8-nocache = %+v, %v", m, err)
 	}
 	for name, want := range map[string]Mode{
-		"dflash2": {Name: "dflash2", Kind: "linear", Drafter: DFlash2Drafter},
-		"d2b8":    {Name: "d2b8", Kind: "ddtree", Budget: 8, Drafter: DFlash2Drafter},
+		"dflash2":      {Name: "dflash2", Kind: "linear", Drafter: DFlash2Drafter},
+		"d2b8":         {Name: "d2b8", Kind: "ddtree", Budget: 8, Drafter: DFlash2Drafter},
+		"mtp4":         {Name: "mtp4", Kind: "linear", Budget: 4, Drafter: MTPDrafter},
+		"adaptive-mtp": {Name: "adaptive-mtp", Kind: "adaptive", Budget: AdaptiveBudget, Drafter: ChoiceDrafters},
 	} {
 		if m, err := ParseMode(name); err != nil || m != want {
 			t.Errorf("%s = %+v, %v; want %+v", name, m, err, want)
 		}
 	}
-	for _, bad := range []string{"", "b0", "b", "b-3", "b08", "tree", "auto,auto", "-nocache", "auto-nocache-nocache", "d2b", "d2b0", "d2", "d2linear"} {
+	for _, bad := range []string{"", "b0", "b", "b-3", "b08", "tree", "auto,auto", "-nocache", "auto-nocache-nocache", "d2b", "d2b0", "d2", "d2linear", "mtp", "mtp0", "mtp9", "mtp03"} {
 		if _, err := ParseModes(bad); err == nil {
 			t.Errorf("ParseModes(%q) accepted", bad)
 		}

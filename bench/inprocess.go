@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -53,20 +54,23 @@ func (c ChatPrompter) Text(tokens []int32) (string, error) { return c.Dir.Decode
 
 // InProcess runs configurations on engines loaded in this process, one
 // tensor-parallel degree at a time. Load must size each engine (sequences,
-// verify tokens) for the largest configuration of the sweep and attach the
-// drafter when any mode speculates; Open switches the engine's spec mode
-// while no request is in flight.
+// verify tokens) for the largest configuration of the sweep; Open gives the
+// engine the mode's drafter and switches its spec mode while no request is
+// in flight.
 type InProcess struct {
 	// Load loads the target split over tp ranks with weights ("" for the
 	// checkpoint's own, or a Plan.Weights value).
 	Load func(tp int, weights string) (*engine.Engine, error)
-	// LoadDFlash2, when set, loads the sweep's DFlash2 drafter for an
-	// engine Load returned (the modes whose Drafter is DFlash2Drafter).
-	LoadDFlash2 func(e *engine.Engine) (engine.Drafter, error)
-	Prompter    Prompter
-	Rollback    mamba.Strategy
-	Threads     int    // 0: all cores
-	Device      string // the backend's name, for the record
+	// Drafter gives a speculative mode its drafter (Mode.Drafter) on an
+	// engine Load returned. Every drafter it returns for an engine is
+	// closed when the engine is (drafters sharing weights, such as an MTP
+	// head's step counts, must tolerate a second Close). Nil: every mode
+	// runs the drafter Load attached, and a mode naming another is refused.
+	Drafter  func(e *engine.Engine, m Mode) (engine.Drafter, error)
+	Prompter Prompter
+	Rollback mamba.Strategy
+	Threads  int    // 0: all cores
+	Device   string // the backend's name, for the record
 	// Log, when set, gets each pass's driver calls per target step on a
 	// backend that counts them (CUDA): launches, allocations, transfers.
 	Log io.Writer
@@ -76,7 +80,7 @@ type InProcess struct {
 	// degree's are in memory at a time (all its weights: their runs
 	// interleave).
 	tp      int
-	engines map[string]loaded
+	engines map[string]*loaded
 	// Per configuration, what lives as long as its engine would in a
 	// server, across the configuration's openings (a sweep opens it for
 	// every pass): the adaptive mode's policy (its measured costs and
@@ -88,21 +92,34 @@ type InProcess struct {
 type loaded struct {
 	engine *engine.Engine
 	err    error
-	// drafters are the engine's drafters by Mode.Drafter: "" the one Load
-	// attached, DFlash2Drafter LoadDFlash2's. Open attaches the mode's.
-	drafters map[string]engine.Drafter
+	// drafters are the engine's drafters: the one Load attached and each
+	// the Drafter hook gave.
+	drafters []engine.Drafter
+}
+
+// drafter returns the drafter mode m runs with on the engine.
+func (p *InProcess) drafter(l *loaded, m Mode) (engine.Drafter, error) {
+	if p.Drafter == nil {
+		return l.engine.Drafter, nil
+	}
+	d, err := p.Drafter(l.engine, m)
+	if err == nil && !slices.Contains(l.drafters, d) {
+		l.drafters = append(l.drafters, d)
+	}
+	return d, err
 }
 
 // close closes the engine and every drafter of it.
-func (l loaded) close() {
+func (l *loaded) close() {
 	if l.engine == nil {
 		return
 	}
 	for _, d := range l.drafters {
-		if c, ok := d.(interface{ Close() }); ok && d != l.engine.Drafter { // Close closes the attached one
+		if c, ok := d.(interface{ Close() }); ok {
 			c.Close()
 		}
 	}
+	l.engine.Drafter = nil // closed above
 	l.engine.Close()
 }
 
@@ -111,61 +128,42 @@ func (p *InProcess) Info() BackendInfo { return BackendInfo{Kind: "in-process"} 
 
 // engineFor returns the engine of a configuration's degree and weights,
 // loading it on first use.
-func (p *InProcess) engineFor(c Config) (*engine.Engine, error) {
+func (p *InProcess) engineFor(c Config) (*loaded, error) {
 	if p.tp != c.TP {
 		for _, l := range p.engines {
 			l.close() // its device memory goes back before the next degree loads
 		}
-		p.tp, p.engines = c.TP, map[string]loaded{}
+		p.tp, p.engines = c.TP, map[string]*loaded{}
 	}
 	l, ok := p.engines[c.Weights]
 	if !ok {
-		l = p.load(c)
+		l = &loaded{}
+		if l.engine, l.err = p.Load(c.TP, c.Weights); l.engine != nil && l.engine.Drafter != nil {
+			l.drafters = []engine.Drafter{l.engine.Drafter}
+		}
 		p.engines[c.Weights] = l
 	}
-	if l.err != nil {
-		return nil, l.err
-	}
-	if d, ok := l.drafters[c.Mode.Drafter]; ok {
-		l.engine.Drafter = d
-	}
-	return l.engine, nil
-}
-
-// load loads a configuration's engine and its drafters.
-func (p *InProcess) load(c Config) loaded {
-	var l loaded
-	if l.engine, l.err = p.Load(c.TP, c.Weights); l.err != nil {
-		return l
-	}
-	l.drafters = map[string]engine.Drafter{}
-	if l.engine.Drafter != nil {
-		l.drafters[""] = l.engine.Drafter
-	}
-	if p.LoadDFlash2 != nil {
-		d, err := p.LoadDFlash2(l.engine)
-		if err != nil {
-			l.engine.Close()
-			return loaded{err: fmt.Errorf("DFlash2 drafter: %w", err)}
-		}
-		l.drafters[DFlash2Drafter] = d
-	}
-	return l
+	return l, l.err
 }
 
 // Validate implements Backend. Degrees are checked when their engine loads
 // (a degree that does not divide the model becomes that configuration's
 // recorded failure); here only what a loaded engine already tells.
 func (p *InProcess) Validate(plan *Plan) error {
-	for _, l := range p.engines {
-		for _, m := range plan.Modes {
-			if l.engine == nil || m.Kind == "auto" || l.drafters[m.Drafter] != nil {
-				continue
+	for _, m := range plan.Modes {
+		if m.Kind == "auto" || p.Drafter != nil {
+			continue
+		}
+		switch m.Drafter {
+		case DFlash2Drafter:
+			return fmt.Errorf("mode %s runs a DFlash2 drafter: give --draft2 DIR", m.Name)
+		case MTPDrafter, ChoiceDrafters:
+			return fmt.Errorf("mode %s runs the target's MTP head, which this backend does not load", m.Name)
+		}
+		for _, l := range p.engines {
+			if l.engine != nil && l.engine.Drafter == nil {
+				return fmt.Errorf("mode %s speculates and needs a drafter: give --draft DIR, or --modes auto", m.Name)
 			}
-			if m.Drafter == DFlash2Drafter {
-				return fmt.Errorf("mode %s runs a DFlash2 drafter: give --draft2 DIR", m.Name)
-			}
-			return fmt.Errorf("mode %s speculates and needs a drafter: give --draft DIR, or --modes auto", m.Name)
 		}
 	}
 	return nil
@@ -178,6 +176,9 @@ func (p *InProcess) spec(c Config) engine.SpecOptions {
 	m := c.Mode
 	mode := map[string]engine.SpecMode{"auto": engine.SpecAuto, "linear": engine.SpecLinear, "ddtree": engine.SpecTree, "adaptive": engine.SpecTree}[m.Kind]
 	o := engine.SpecOptions{Mode: mode, Budget: m.Budget, Rollback: p.Rollback}
+	if m.Drafter == MTPDrafter {
+		o.Label = MTPDrafter // SpecStats say which drafter proposed
+	}
 	if m.Kind == "adaptive" {
 		o.Policy = cached(&p.policies, c.Name(), func() *adaptive.Policy { return &adaptive.Policy{Autoregressive: true} })
 	}
@@ -201,18 +202,19 @@ func cached[V any](m *map[string]*V, name string, newValue func() *V) *V {
 // when that fails the knobs lack them and Open reports the error.
 func (p *InProcess) Knobs(c Config) Knobs {
 	m := c.Mode
-	k := Knobs{TP: c.TP, Mode: m.Name, Spec: m.Kind, Budget: m.Budget, Weights: c.Weights, Threads: p.Threads, Device: p.Device}
+	k := Knobs{TP: c.TP, Mode: m.Name, Spec: m.Kind, Drafter: m.Drafter, Budget: m.Budget, Weights: c.Weights, Threads: p.Threads, Device: p.Device}
 	if k.Threads <= 0 {
 		k.Threads = runtime.NumCPU()
 	}
-	e, err := p.engineFor(c)
+	l, err := p.engineFor(c)
 	if err != nil {
 		return k
 	}
-	k.Context, k.MaxRunning = e.Context, e.MaxSeqs()
-	if m.Kind != "auto" && e.Drafter != nil {
-		k.Rollback = p.Rollback.String()
-		k.BlockSize = e.Drafter.BlockSize()
+	k.Context, k.MaxRunning = l.engine.Context, l.engine.MaxSeqs()
+	if m.Kind != "auto" {
+		if d, err := p.drafter(l, m); err == nil && d != nil {
+			k.Rollback, k.BlockSize = p.Rollback.String(), d.BlockSize()
+		}
 	}
 	if m.Kind == "linear" {
 		k.Budget = k.BlockSize - 1
@@ -220,15 +222,21 @@ func (p *InProcess) Knobs(c Config) Knobs {
 	return k
 }
 
-// Open implements Backend: it sets the engine's spec mode and starts a scheduler.
+// Open implements Backend: it gives the engine the mode's drafter, sets its
+// spec mode and starts a scheduler.
 func (p *InProcess) Open(c Config) (Target, error) {
-	e, err := p.engineFor(c)
+	l, err := p.engineFor(c)
 	if err != nil {
 		return nil, err
 	}
-	m := c.Mode
+	m, e := c.Mode, l.engine
 	if err := p.Validate(&Plan{TP: []int{c.TP}, Modes: []Mode{m}}); err != nil {
 		return nil, err
+	}
+	if m.Kind != "auto" {
+		if e.Drafter, err = p.drafter(l, m); err != nil {
+			return nil, err
+		}
 	}
 	e.Spec = p.spec(c)
 	e.SetPrefixCache(!m.NoPrefixCache)

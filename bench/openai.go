@@ -114,7 +114,7 @@ func (o *OpenAI) Validate(p *Plan) error {
 
 // Knobs implements Backend; the server's own settings are not visible here.
 func (o *OpenAI) Knobs(c Config) Knobs {
-	return Knobs{TP: c.TP, Mode: c.Mode.Name, Spec: c.Mode.Kind, Budget: c.Mode.Budget}
+	return Knobs{TP: c.TP, Mode: c.Mode.Name, Spec: c.Mode.Kind, Drafter: c.Mode.Drafter, Budget: c.Mode.Budget}
 }
 
 // Open implements Backend.

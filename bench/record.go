@@ -112,7 +112,10 @@ type Knobs struct {
 	// Weights is "" for the checkpoint's own weights, fp8 for the
 	// checkpoint quantised at load (Plan.Weights).
 	Weights string `json:"weights,omitempty"`
-	Spec    string `json:"spec"` // auto, linear or ddtree
+	Spec    string `json:"spec"` // auto, linear, ddtree or adaptive
+	// Drafter is the mode's Drafter: "" for the DFlash drafter (--draft),
+	// dflash2 or mtp.
+	Drafter string `json:"drafter,omitempty"`
 	// Budget is the nodes verified per step beyond the root: the tree budget,
 	// the chain's drafts for linear (block size - 1), 0 for the baseline.
 	Budget         int     `json:"budget"`

@@ -97,17 +97,20 @@ func LoadResults(dirs []string) (*Results, error) {
 	return res, nil
 }
 
-// modeRank orders modes: the baseline, the chain, trees by budget, then adaptive.
+// modeRank orders modes: the baseline, MTP chains by steps, the DFlash
+// chains, trees by budget, then adaptive.
 func modeRank(k Knobs) (int, int) {
-	switch k.Spec {
-	case "auto":
+	switch {
+	case k.Spec == "auto":
 		return 0, 0
-	case "linear":
-		return 1, 0
-	case "adaptive":
-		return 3, 0
+	case k.Drafter == MTPDrafter:
+		return 1, k.Budget
+	case k.Spec == "linear":
+		return 2, 0
+	case k.Spec == "adaptive":
+		return 4, 0
 	}
-	return 2, k.Budget
+	return 3, k.Budget
 }
 
 func compareRows(a, b Row) int {

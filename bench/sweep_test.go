@@ -450,7 +450,24 @@ func TestInProcessSweepRunsDFlash2Modes(t *testing.T) {
 		t.Fatal(err)
 	}
 	backend := inProcess(t, model, draft, 6, 1)
-	backend.LoadDFlash2 = func(e *engine.Engine) (engine.Drafter, error) { return dflash.Load(e, draft2) }
+	dflash2 := map[*engine.Engine]engine.Drafter{}
+	own := map[*engine.Engine]engine.Drafter{}
+	backend.Drafter = func(e *engine.Engine, m Mode) (engine.Drafter, error) {
+		if _, ok := own[e]; !ok {
+			own[e] = e.Drafter // the one Load attached: the pair's
+		}
+		if m.Drafter != DFlash2Drafter {
+			return own[e], nil
+		}
+		if dflash2[e] == nil {
+			d, err := dflash.Load(e, draft2)
+			if err != nil {
+				return nil, err
+			}
+			dflash2[e] = d
+		}
+		return dflash2[e], nil
+	}
 	plan := testPlan(t, "auto,linear,dflash2,d2b6", "fibonacci", []int{10}, []int{1}, 1)
 	dir := t.TempDir()
 	opts := Options{Plan: plan, Backend: backend, Store: Store{Dir: dir}, ModelDir: model, DraftDir: draft, DFlash2Dir: draft2, IgnoreEOS: true, GPUs: &fakeGPUs{}}
@@ -479,5 +496,71 @@ func TestInProcessSweepRunsDFlash2Modes(t *testing.T) {
 	opts.Backend, opts.Store = inProcess(t, model, draft, 6, 1), Store{Dir: t.TempDir()}
 	if _, err := Sweep(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "--draft2") {
 		t.Fatalf("a DFlash2 mode without a DFlash2 drafter: %v", err)
+	}
+}
+
+// closeCounted is a drafter that counts its Closes.
+type closeCounted struct {
+	engine.Drafter
+	closes int
+}
+
+func (c *closeCounted) Close() {
+	c.closes++
+	c.Drafter.(interface{ Close() }).Close()
+}
+
+// TestInProcessClosesEveryDrafter: when the next degree's engine loads, the
+// previous one's drafters, the one Load attached and each the Drafter hook
+// gave (here a DFlash2 drafter, the engine's when its engine closes), are
+// closed once each.
+func TestInProcessClosesEveryDrafter(t *testing.T) {
+	model, draft := tinyPair(t)
+	draft2 := filepath.Join(t.TempDir(), "tiny-dflash2")
+	p, err := testmodel.PresetByName("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.WriteDrafter(draft2, testmodel.DraftOptions{Target: p, Seed: 4, BlockSize: 8, DFlash2: true}); err != nil {
+		t.Fatal(err)
+	}
+	backend := inProcess(t, model, draft, 6, 1)
+	drafters := map[*engine.Engine]map[string]*closeCounted{}
+	var engines []*engine.Engine // in load order: TP 1's, then TP 2's
+	load := backend.Load
+	backend.Load = func(tp int, weights string) (*engine.Engine, error) {
+		e, err := load(tp, weights)
+		if err == nil {
+			own := &closeCounted{Drafter: e.Drafter}
+			e.Drafter, engines = own, append(engines, e)
+			drafters[e] = map[string]*closeCounted{"": own}
+		}
+		return e, err
+	}
+	backend.Drafter = func(e *engine.Engine, m Mode) (engine.Drafter, error) {
+		ds := drafters[e]
+		if ds[m.Drafter] == nil {
+			d, err := dflash.Load(e, draft2)
+			if err != nil {
+				return nil, err
+			}
+			ds[m.Drafter] = &closeCounted{Drafter: d}
+		}
+		return ds[m.Drafter], nil
+	}
+	plan := testPlan(t, "auto,linear,dflash2", "fibonacci", []int{4}, []int{1}, 1)
+	plan.TP = []int{1, 2}
+	if _, err := Sweep(context.Background(), Options{Plan: plan, Backend: backend, Store: Store{Dir: t.TempDir()}, IgnoreEOS: true, GPUs: &fakeGPUs{}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(engines) != 2 {
+		t.Fatalf("%d engines loaded, want 2", len(engines))
+	}
+	for i, e := range engines {
+		for name, d := range drafters[e] {
+			if want := 1 - i; d.closes != want { // TP 2's engine is still open
+				t.Errorf("TP %d engine's drafter %q: closed %d times, want %d", i+1, name, d.closes, want)
+			}
+		}
 	}
 }

@@ -227,21 +227,25 @@ func (d *Drafter) allocCaches(opts Options) error {
 func (d *Drafter) ringed(i int) bool { return d.ring != nil && d.Cfg.Layers[i] == SlidingAttention }
 
 // Close releases the drafter's weights, caches and constants (the shared
-// embedding and LM head belong to the target).
+// embedding and LM head belong to the target). Closing again does
+// nothing: a choice among drafters and a bench engine may both close it.
 func (d *Drafter) Close() {
 	for _, s := range d.tensorSpecs() {
 		if *s.Dst != nil {
 			d.b.Free(*s.Dst)
+			*s.Dst = nil
 		}
 	}
-	for _, c := range []*engine.KVCache{d.kv, d.ring} {
-		if c != nil {
-			c.Close()
+	for _, c := range []**engine.KVCache{&d.kv, &d.ring} {
+		if *c != nil {
+			(*c).Close()
+			*c = nil
 		}
 	}
-	for _, buf := range []kernels.Buffer{d.allVisible, d.nearVisible, d.invFreq} {
-		if buf != nil {
-			d.b.Free(buf)
+	for _, buf := range []*kernels.Buffer{&d.allVisible, &d.nearVisible, &d.invFreq} {
+		if *buf != nil {
+			d.b.Free(*buf)
+			*buf = nil
 		}
 	}
 	d.scratch.free()

@@ -122,6 +122,11 @@ func (e *Engine) observeVerify(tree *ddtree.Tree, accepted int, commit time.Dura
 // probeCap), three times each, on a scratch sequence, after an untimed warm-up.
 // Without a free state slot it leaves the curve to the first steps.
 func (e *Engine) measureCost(p *adaptive.Policy) error {
+	if c, ok := e.Drafter.(*ChoiceDrafter); ok && !c.measured() {
+		if err := c.measureDrafts(e.Model.Cfg.HiddenSize); err != nil {
+			return err
+		}
+	}
 	if c := p.Cost.Costs(); len(c.Plain) > 0 && len(c.Extra) > 0 {
 		return nil
 	}
@@ -175,10 +180,13 @@ func (e *Engine) measureDraft(p *adaptive.Policy) error {
 		return err
 	}
 	defer sess.Close()
+	if cs, ok := sess.(*choiceSession); ok {
+		cs.policy = p
+	}
 	row := make([]float32, e.featureWidth())
 	for range 2 {
 		start := time.Now()
-		if _, err := sess.Draft(row, 0); err != nil {
+		if _, err := draft(sess, row, []int32{0}, 0); err != nil {
 			return err
 		}
 		p.Cost.ObserveDraft(time.Since(start), true)

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -42,6 +43,8 @@ type job struct {
 	// last draft (spec): their rows of the target's features. Its memory is
 	// reused from draft to draft.
 	context []float32
+	// contextTokens are the tokens of context's rows.
+	contextTokens []int32
 
 	sess   DraftSession
 	verify *mamba.Verify
@@ -102,16 +105,18 @@ func (e *Engine) startJob(r Request, checkpointOnly bool) (*job, error) {
 		built = true
 		return j, nil
 	}
-	j.stats = &SpecStats{Mode: e.Spec.Mode.String()}
+	j.stats = &SpecStats{Mode: e.Spec.Name()}
 	if e.Spec.Mode == SpecTree {
 		j.stats.Budget = e.Spec.Budget
-	}
-	if p := e.Spec.Policy; p != nil {
-		j.stats.Mode = p.Name()
 	}
 	j.out.res.Stats.SpecStats = j.stats
 	if j.sess, err = e.Drafter.NewSession(r.Prompt); err != nil {
 		return nil, err
+	}
+	if cs, ok := j.sess.(*choiceSession); ok {
+		if cs.policy = e.Spec.Policy; cs.policy == nil {
+			return nil, errors.New("a choice among drafters needs an adaptive policy (--spec adaptive)")
+		}
 	}
 	built = true
 	return j, nil
@@ -184,13 +189,15 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 		if j.drafted {
 			// A verify commits at most a block: more context rows are catch-up.
 			steady = len(j.context) <= e.Drafter.BlockSize()*e.featureWidth()
-			// Positions start..start+depth must stay inside the context.
 			var err error
-			j.tree, err = e.propose(j.sess, j.context, j.last, min(e.Drafter.BlockSize()-1, e.Context-1-j.seq.len))
+			j.tree, err = e.propose(j.sess, j.context, j.contextTokens, j.last, e.Context-1-j.seq.len)
 			if err != nil {
 				return in, err
 			}
-			j.context = j.context[:0]
+			j.context, j.contextTokens = j.context[:0], j.contextTokens[:0]
+			if o, ok := j.sess.(*choiceSession); ok {
+				o.proposed(j.tree)
+			}
 		} else {
 			// An autoregressive step: the drafter sees its features with the next draft.
 			j.tree = ddtree.Chain(j.last, nil)
@@ -251,6 +258,7 @@ func (j *job) complete(out *SeqOutput) error {
 		j.seq.len += n
 		if j.taps() != nil {
 			j.context = append(j.context, out.Features...)
+			j.contextTokens = append(j.contextTokens, prompt[j.prefilled-n:j.prefilled]...)
 		}
 		if j.prefilled == j.checkpointAt {
 			e.prefix.store(e, j)
@@ -320,6 +328,9 @@ func (j *job) completeVerify(out *SeqOutput) error {
 	j.stats.record(path, tree.Len()-1)
 	if j.drafted {
 		e.observeVerify(tree, len(path)-1, time.Since(tc))
+		if o, ok := j.sess.(*choiceSession); ok {
+			o.verified(tree, len(path)-1)
+		}
 	}
 	for i := 1; i <= len(path) && !j.finished; i++ {
 		tok := bonus
@@ -331,6 +342,7 @@ func (j *job) completeVerify(out *SeqOutput) error {
 	width := e.featureWidth()
 	for _, r := range path {
 		j.context = append(j.context, out.Features[int(r)*width:int(r+1)*width]...)
+		j.contextTokens = append(j.contextTokens, tree.Tokens[r])
 	}
 	j.last = bonus
 	if j.finished {

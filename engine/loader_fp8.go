@@ -25,6 +25,11 @@ func markQuantized(specs []TensorSpec, cfg *config.Config, prefix string) {
 	}
 }
 
+// MarkQuantized flags the specs' matrices that cfg's quantization_config
+// stores in FP8, for tensors a drafter loads from the target's checkpoint
+// (the MTP head's).
+func MarkQuantized(specs []TensorSpec, cfg *config.Config) { markQuantized(specs, cfg, "") }
+
 // checkQuantized reports a tensor whose dtype disagrees with the
 // quantization_config, and for an FP8 matrix a missing or misshapen scale
 // tensor (marking it expected) or a tensor-parallel shard that splits a

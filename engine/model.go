@@ -200,6 +200,10 @@ func (m *Model) Backend() kernels.Backend { return m.ranks[0].b }
 // rank holds a replica).
 func (m *Model) Embeddings() kernels.Buffer { return m.ranks[0].w.Embed }
 
+// FinalNorm is the final norm's weight [hidden] on rank 0, (1+w): the
+// norm before the LM head.
+func (m *Model) FinalNorm() kernels.Buffer { return m.ranks[0].w.FinalNorm }
+
 // onRanks runs f on every rank at once (each rank its own goroutine, as
 // collectives need) and joins their errors.
 func (m *Model) onRanks(f func(r *rank) error) error {

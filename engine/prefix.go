@@ -133,6 +133,7 @@ func (c *prefixCache) reuse(e *Engine, j *job) {
 	j.seq.len, j.prefilled = h.Tokens, h.Tokens
 	if width > 0 {
 		j.context = append(j.context, h.Features...)
+		j.contextTokens = append(j.contextTokens, prompt[:h.Tokens]...)
 	}
 	c.tree.Lock(h.Node)
 	j.cacheNode = h.Node

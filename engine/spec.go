@@ -32,11 +32,29 @@ type TopDraftSession interface {
 
 // LatticeSession is a DraftSession whose proposals are paths through a
 // candidate lattice (DFlash2's selector): its Lattice, for the latest
-// Draft, replaces the logits' argmax chain and top-k levels. The lattice
+// Draft, replaces the logits' argmax chain and top-k levels (nil: the
+// latest draft has none). The lattice
 // is deterministic given the drafter's input, so at T > 0 the proposal is
 // a point mass and the sample-and-match verify stays exact (docs/dflash2.md).
 type LatticeSession interface {
 	Lattice() *ddtree.Lattice
+}
+
+// TokenDraftSession is a DraftSession that also reads the tokens of its
+// feature rows: an MTP head pairs each committed token's hidden state with
+// the token after it (the next row's token, the anchor for the last row).
+// The engine calls DraftTokens instead of Draft on such a session.
+type TokenDraftSession interface {
+	DraftSession
+	DraftTokens(features []float32, tokens []int32, anchor int32) ([]float32, error)
+}
+
+// draft runs one draft of sess over the committed rows' features and tokens.
+func draft(sess DraftSession, features []float32, tokens []int32, anchor int32) ([]float32, error) {
+	if ts, ok := sess.(TokenDraftSession); ok {
+		return ts.DraftTokens(features, tokens, anchor)
+	}
+	return sess.Draft(features, anchor)
 }
 
 // Drafter proposes blocks of tokens conditioned on the target's hidden states.
@@ -85,6 +103,20 @@ type SpecOptions struct {
 	// Policy, with Mode SpecTree, chooses each step's tree size up to
 	// Budget (see adaptive.go); nil verifies Budget nodes every step.
 	Policy *adaptive.Policy
+	// Label names the decoding in SpecStats when Mode's name does not say
+	// which drafter proposes (mtp); empty means Mode's name.
+	Label string
+}
+
+// Name names the decoding: Label, the policy's name, or else Mode's.
+func (o SpecOptions) Name() string {
+	switch {
+	case o.Label != "":
+		return o.Label
+	case o.Policy != nil:
+		return o.Policy.Name()
+	}
+	return o.Mode.String()
 }
 
 // VerifyTokens is the most tokens one verify step feeds the target.
@@ -152,45 +184,45 @@ func (st *SpecStats) finish(blockSize int) {
 }
 
 // propose drafts and turns the drafter's output into the proposal to
-// verify, rooted at the anchor and at most depth tokens deep: a lattice
-// session's lattice (DFlash2), else the candidates DraftTop brings home
-// when the session has it (the budget's a row, or the best one for a
-// chain), else those of Draft's logits.
-func (e *Engine) propose(sess DraftSession, features []float32, anchor int32, depth int) (*ddtree.Tree, error) {
+// verify, rooted at the anchor and at most room tokens deep (a proposal is
+// as deep as its draft): a lattice session's lattice (DFlash2), else the
+// candidates DraftTop brings home when the session has it (the budget's a
+// row, or the best one for a chain), else those of the draft's logits.
+// features and tokens are the rows committed since the last draft.
+func (e *Engine) propose(sess DraftSession, features []float32, tokens []int32, anchor int32, room int) (*ddtree.Tree, error) {
 	k := e.Spec.Budget
 	if e.Spec.Mode == SpecLinear {
 		k = 1
 	}
-	if ls, ok := sess.(LatticeSession); ok { // checked first: it may have DraftTop too
-		if _, err := sess.Draft(features, anchor); err != nil {
-			return nil, err
-		}
-		l := ls.Lattice().Truncate(depth)
-		if e.Spec.Mode == SpecLinear {
-			return ddtree.Chain(anchor, l.GreedyPath()), nil
-		}
-		return ddtree.BuildLattice(anchor, l, e.Spec.Budget, !e.Spec.NoChainSeed), nil
-	}
+	ls, isLattice := sess.(LatticeSession)
+	_, readsTokens := sess.(TokenDraftSession)
 	var levels [][]ddtree.Candidate
-	if ts, ok := sess.(TopDraftSession); ok {
+	if ts, ok := sess.(TopDraftSession); ok && !isLattice && !readsTokens {
 		var err error
 		if levels, err = ts.DraftTop(features, anchor, e.ValidVocab, k); err != nil {
 			return nil, err
 		}
-		levels = levels[:depth]
+		levels = levels[:min(len(levels), room)]
 	} else {
-		draft, err := sess.Draft(features, anchor)
+		rows, err := draft(sess, features, tokens, anchor)
 		if err != nil {
 			return nil, err
 		}
+		if isLattice && ls.Lattice() != nil {
+			lattice := ls.Lattice().Truncate(room)
+			if e.Spec.Mode == SpecLinear {
+				return ddtree.Chain(anchor, lattice.GreedyPath()), nil
+			}
+			return ddtree.BuildLattice(anchor, lattice, e.Spec.Budget, !e.Spec.NoChainSeed), nil
+		}
 		V := e.Model.Cfg.VocabSize
-		levels = make([][]ddtree.Candidate, depth)
+		levels = make([][]ddtree.Candidate, min(len(rows)/V, room))
 		for i := range levels {
-			levels[i] = ddtree.TopK(draft[i*V:(i+1)*V], e.ValidVocab, k)
+			levels[i] = ddtree.TopK(rows[i*V:(i+1)*V], e.ValidVocab, k)
 		}
 	}
 	if e.Spec.Mode == SpecLinear {
-		drafts := make([]int32, depth)
+		drafts := make([]int32, len(levels))
 		for i, l := range levels {
 			if len(l) > 0 { // none when a row is all NaN: token 0, as Argmax
 				drafts[i] = l[0].Token

@@ -23,6 +23,7 @@ type oracleDrafter struct {
 	noise  float64
 	rng    *rand.Rand
 	taps   []int
+	drafts int // Draft calls
 }
 
 func (o *oracleDrafter) TapLayers() []int { return o.taps }
@@ -45,6 +46,7 @@ func (s *oracleSession) Close() {}
 // then any autoregressive steps).
 func (s *oracleSession) Draft(features []float32, anchor int32) ([]float32, error) {
 	o := s.o
+	o.drafts++
 	rows := len(features) / (len(o.taps) * o.hidden)
 	var n int
 	if s.proposed == nil {

@@ -19,7 +19,10 @@
 #                    backend; with a BF16 recurrent state, speculative
 #                    decoding (chain and tree, replay and snapshot rollback)
 #                    against autoregressive decoding on the GPU; the drafter
-#                    in the published Qwen3.6-27B layout against the CPU
+#                    in the published Qwen3.6-27B layout against the CPU; a
+#                    DFlash2 drafter (logits, selector lattice) and the MTP
+#                    head (draft logits) against the CPU, and their greedy
+#                    decoding against autoregressive
 #   layer-step       one attention and one GDN layer with their MLPs at
 #                    Qwen3.6-27B shapes (random weights, 4096 cached tokens,
 #                    F32 KV cache), bf16 and FP8, 1/9/17 rows, against the
@@ -153,7 +156,7 @@ fi
 parts=(
 	"conformance 60 TestConformance|TestMatMulAgainstCPU|TestGraphReplay|TestKernelResources"
 	"model-logits 45 TestModelLogits"
-	"spec 75 TestSpecGeneration|TestSpecLosslessBF16State|TestDraftLogits|TestDFlash2"
+	"spec 90 TestSpecGeneration|TestSpecLosslessBF16State|TestDraftLogits|TestDFlash2|TestMTP"
 	"layer-step 90 TestLayerStep"
 	"step-time 75 TestStepTime"
 	"engine-step 60 TestEngineStep"

@@ -16,4 +16,6 @@ export DDFLASH_TORCH_THREADS=${DDFLASH_TORCH_THREADS:-2}
 [ -f models/demo/target/model.safetensors.index.json ] || $python tools/train/train_target.py --preset demo --resume
 [ -f models/demo/draft/model.safetensors ] || $python tools/train/train_draft.py --preset demo --resume
 [ -f models/demo/heldout.jsonl ] || $python tools/train/evaluate.py --preset demo
+# The target's MTP head (docs/mtp.md), written into models/demo/target/: done once its index names it.
+grep -qs '"mtp.fc.weight"' models/demo/target/model.safetensors.index.json || $python tools/train/train_mtp.py --preset demo --resume
 echo "demo pair trained: models/demo/ (metrics in ${DDFLASH_TRAIN_CACHE:-/var/tmp/ddflash-train}/demo/*_metrics.json)"

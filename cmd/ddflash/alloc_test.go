@@ -5,20 +5,24 @@ import (
 	"flag"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
 	"ddflash/engine"
+	"ddflash/engine/testmodel"
 	"ddflash/kernels"
 )
 
 // countingBackend counts the bytes its backend holds in buffers made by
-// Alloc, and the peak.
+// Alloc, and the peak, and the Frees of buffers it does not hold.
 type countingBackend struct {
 	kernels.Backend
-	mu         sync.Mutex
-	live, peak int64
+	mu          sync.Mutex
+	live, peak  int64
+	held        map[kernels.Buffer]bool
+	doubleFrees int
 }
 
 func (c *countingBackend) Alloc(dt kernels.DType, n int) (kernels.Buffer, error) {
@@ -27,6 +31,10 @@ func (c *countingBackend) Alloc(dt kernels.DType, n int) (kernels.Buffer, error)
 		c.mu.Lock()
 		c.live += int64(n * dt.Size())
 		c.peak = max(c.peak, c.live)
+		if c.held == nil {
+			c.held = map[kernels.Buffer]bool{}
+		}
+		c.held[b] = true
 		c.mu.Unlock()
 	}
 	return b, err
@@ -34,6 +42,12 @@ func (c *countingBackend) Alloc(dt kernels.DType, n int) (kernels.Buffer, error)
 
 func (c *countingBackend) Free(b kernels.Buffer) {
 	c.mu.Lock()
+	if !c.held[b] {
+		c.doubleFrees++
+		c.mu.Unlock()
+		return
+	}
+	delete(c.held, b)
 	c.live -= int64(b.Len() * b.DType().Size())
 	c.mu.Unlock()
 	c.Backend.Free(b)
@@ -146,5 +160,56 @@ func TestBenchSizingFollowsThePlan(t *testing.T) {
 	mf.ssmDtype = "fp16"
 	if _, err := benchSizing(&mf, fs, 3, "", 0); err == nil || !strings.Contains(err.Error(), "--ssm-dtype fp16") {
 		t.Errorf("--ssm-dtype fp16: %v, want a refusal naming it", err)
+	}
+}
+
+// TestWithMTPClosesBothDrafters loads --spec adaptive --with-mtp on a
+// counting backend: closing the engine returns every byte, the MTP head's
+// and the DFlash drafter's included, and closing the choice of drafters
+// again (as a bench engine's drafters may be) frees nothing twice.
+func TestWithMTPClosesBothDrafters(t *testing.T) {
+	p, err := testmodel.PresetByName("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	target, draft := filepath.Join(dir, "tiny"), filepath.Join(dir, "draft")
+	if err := testmodel.Write(target, testmodel.Options{Preset: p, Seed: 3, MTP: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: 3}); err != nil {
+		t.Fatal(err)
+	}
+	var m modelFlags
+	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
+	m.register(fs)
+	if err := fs.Parse([]string{"--model", target, "--draft", draft, "--spec", "adaptive", "--with-mtp", "--threads", "1", "--context", "128"}); err != nil {
+		t.Fatal(err)
+	}
+	counter := &countingBackend{}
+	m.wrapBackend = func(b kernels.Backend) kernels.Backend { counter.Backend = b; return counter }
+	opts, err := m.unplannedSizing(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := m.load(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	choice, ok := e.Drafter.(*engine.ChoiceDrafter)
+	if !ok || len(choice.Drafters) != 2 {
+		t.Fatalf("--with-mtp attached %T, want a choice of two drafters", e.Drafter)
+	}
+	res, err := e.Generate(context.Background(), engine.Request{Prompt: []int32{5, 17, 99}, MaxTokens: 12, IgnoreEOS: true})
+	if err != nil || len(res.Tokens) != 12 {
+		t.Fatalf("generate: %v, %d tokens", err, len(res.Tokens))
+	}
+	e.Close()
+	if counter.live != 0 {
+		t.Fatalf("%d bytes still allocated after Close", counter.live)
+	}
+	choice.Close()
+	if counter.doubleFrees != 0 {
+		t.Errorf("closing the drafters again freed %d buffers twice", counter.doubleFrees)
 	}
 }

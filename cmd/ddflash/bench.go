@@ -18,6 +18,7 @@ import (
 	"ddflash/engine/fp8"
 	"ddflash/engine/gpu"
 	"ddflash/mamba"
+	"ddflash/mtp"
 	"ddflash/tokenizer"
 )
 
@@ -51,18 +52,18 @@ at once (DIR/tp1-b15.json, DIR/tp1-fp8-b15.json); failed runs go to
 DIR/tp1-b15.failure.json.`)
 		fs.PrintDefaults()
 	}
-	// The model flags, less --spec, --budget, --max-budget and --tp: a
-	// sweep's modes and degrees set those.
+	// The model flags, less --spec, --budget, --max-budget, --mtp-steps and
+	// --tp: a sweep's modes and degrees set those.
 	var mf modelFlags
 	all := flag.NewFlagSet("", flag.ContinueOnError)
 	mf.register(all)
 	all.VisitAll(func(f *flag.Flag) {
-		if !slices.Contains([]string{"spec", "budget", "max-budget", "tp"}, f.Name) {
+		if !slices.Contains([]string{"spec", "budget", "max-budget", "mtp-steps", "tp"}, f.Name) {
 			fs.Var(f.Value, f.Name, f.Usage)
 		}
 	})
 	mf.registerCacheDtypes(fs)
-	modes := fs.String("modes", "auto,linear,b8,b12,b15,b16,b32,b64", "decoding modes: auto (the baseline), linear (DFlash chain), bN (DDTree, N nodes), adaptive (tree size chosen every step, up to 32 nodes), dflash2 and d2bN (linear and bN with the --draft2 drafter)")
+	modes := fs.String("modes", "auto,linear,b8,b12,b15,b16,b32,b64", "decoding modes: auto (the baseline), linear (DFlash chain), bN (DDTree, N nodes), adaptive (tree size chosen every step, up to 32 nodes), dflash2 and d2bN (linear and bN with the --draft2 drafter), mtpN (the target's own MTP head, N steps; needs no --draft)")
 	draft2 := fs.String("draft2", "", "in-process: a DFlash2 drafter directory for the dflash2 and d2bN modes, measured beside --draft's")
 	tps := fs.String("tp", "1", "tensor-parallel degrees (in-process: each loads the target split over that many ranks; with --url, a label)")
 	weights := fs.String("weights", "checkpoint", "in-process: the target's weights, checkpoint (its own) and/or fp8 (quantised to block-scaled FP8 at load, as ddflash quantize writes it, into a temporary directory); several are loaded together and their runs interleaved pass by pass, and report compares each with the checkpoint's")
@@ -217,34 +218,19 @@ func newInProcess(mf *modelFlags, draft2 string, plan *bench.Plan, fs *flag.Flag
 	if err != nil {
 		return nil, q, err
 	}
-	mf.spec, mf.budget = "auto", 0
-	for _, m := range plan.Modes {
-		if m.Kind == "auto" {
-			continue
-		}
-		dir := mf.draft
-		if m.Drafter == bench.DFlash2Drafter {
-			if dir = draft2; dir == "" {
-				return nil, q, fmt.Errorf("mode %s runs a DFlash2 drafter: give --draft2 DIR", m.Name)
-			}
-		}
-		if dir == "" {
-			return nil, q, fmt.Errorf("mode %s speculates and needs a drafter: give --draft DIR, or --modes auto", m.Name)
-		}
-		cfg, err := dflash.LoadConfig(dir)
-		if err != nil {
-			return nil, q, err
-		}
-		// A tree of block-1 nodes needs as many verify tokens as the chain.
-		mf.spec, mf.budget = "ddtree", max(mf.budget, m.Budget, cfg.BlockSize-1)
+	dirs := map[string]string{"": mf.draft, bench.DFlash2Drafter: draft2}
+	verifyTokens, planned, err := sizeForModes(mf, dirs, plan.Modes)
+	if err != nil {
+		return nil, q, err
 	}
+	models := map[*engine.Engine]string{}
 	tok, err := tokenizer.LoadDir(mf.model)
 	if err != nil {
 		return nil, q, err
 	}
 	load := func(tp int, weights string) (*engine.Engine, error) {
 		target := *mf
-		target.tp = tp
+		target.tp, target.draft = tp, planned
 		if weights == bench.WeightsFP8 {
 			dir, err := q.path()
 			if err != nil {
@@ -256,13 +242,131 @@ func newInProcess(mf *modelFlags, draft2 string, plan *bench.Plan, fs *flag.Flag
 		if err != nil {
 			return nil, err
 		}
-		return target.load(sizing)
+		// The engine attaches no drafter: drafterFor loads each at its
+		// first mode.
+		sizing.VerifyTokens, target.spec, target.withMTP = verifyTokens, "auto", false
+		e, err := target.load(sizing)
+		if err == nil {
+			models[e] = target.model
+		}
+		return e, err
 	}
-	ip := &bench.InProcess{Load: load, Prompter: bench.ChatPrompter{Dir: tok}, Rollback: rollback, Threads: mf.threads, Device: mf.device, Log: os.Stderr}
-	if slices.ContainsFunc(plan.Modes, func(m bench.Mode) bool { return m.Drafter == bench.DFlash2Drafter }) {
-		ip.LoadDFlash2 = func(e *engine.Engine) (engine.Drafter, error) { return dflash.Load(e, draft2) }
+	return &bench.InProcess{Load: load, Drafter: drafterFor(dirs, models), Prompter: bench.ChatPrompter{Dir: tok},
+		Rollback: rollback, Threads: mf.threads, Device: mf.device, Log: os.Stderr}, q, nil
+}
+
+// sizeForModes returns the most tokens one verify of the sweep's modes
+// feeds the target, and sets mf's spec flags to plan memory for them (see
+// benchSizing): a DDTree of that size over the drafter it returns (the
+// DFlash drafter when a mode runs it, else the DFlash2 one) and the MTP
+// head beside it when a mode runs the head, over the head alone when only
+// mtpN modes speculate. dirs are the DFlash drafters'
+// directories by Mode.Drafter.
+func sizeForModes(mf *modelFlags, dirs map[string]string, modes []bench.Mode) (verify int, planned string, err error) {
+	mtpSteps := 0
+	for _, m := range modes {
+		switch {
+		case m.Kind == "auto":
+			continue
+		case m.Drafter == bench.MTPDrafter:
+			mtpSteps = max(mtpSteps, m.Budget)
+			verify = max(verify, m.Budget+1)
+			continue
+		case m.Drafter == bench.ChoiceDrafters:
+			mtpSteps = max(mtpSteps, bench.ChoiceMTPSteps)
+			m.Drafter = "" // and the DFlash drafter's tree
+		}
+		switch {
+		case dirs[m.Drafter] == "" && m.Drafter == bench.DFlash2Drafter:
+			return 0, "", fmt.Errorf("mode %s runs a DFlash2 drafter: give --draft2 DIR", m.Name)
+		case dirs[m.Drafter] == "":
+			return 0, "", fmt.Errorf("mode %s speculates and needs a drafter: give --draft DIR, or --modes auto or mtpN", m.Name)
+		}
+		cfg, err := dflash.LoadConfig(dirs[m.Drafter])
+		if err != nil {
+			return 0, "", err
+		}
+		// A tree of block-1 nodes needs as many verify tokens as the chain.
+		verify = max(verify, m.Budget+1, cfg.BlockSize)
+		if planned == "" || m.Drafter == "" {
+			planned = dirs[m.Drafter]
+		}
 	}
-	return ip, q, nil
+	mf.spec, mf.budget, mf.mtpSteps, mf.withMTP = "auto", 0, 0, false
+	switch {
+	case planned != "" && mtpSteps > 0: // both, as --with-mtp plans them
+		mf.spec, mf.maxBudget, mf.mtpSteps, mf.withMTP = "adaptive", verify-1, mtpSteps, true
+	case planned != "":
+		mf.spec, mf.budget = "ddtree", verify-1
+	case mtpSteps > 0:
+		mf.spec, mf.budget, mf.mtpSteps = "mtp-ddtree", verify-1, mtpSteps
+	}
+	return verify, planned, nil
+}
+
+// drafterFor returns bench.InProcess's Drafter hook: each speculative mode's
+// drafter on an engine, loaded at the first mode that runs it. DFlash and
+// DFlash2 drafters come from dirs (by Mode.Drafter), the MTP head from the
+// engine's own checkpoint (models[e]), one head per engine whatever the
+// step counts of its chains; adaptive-mtp's choice is between the engine's
+// DFlash drafter and a chain of that head.
+func drafterFor(dirs map[string]string, models map[*engine.Engine]string) func(*engine.Engine, bench.Mode) (engine.Drafter, error) {
+	type key struct {
+		e       *engine.Engine
+		drafter string
+		steps   int // an MTP chain's
+	}
+	drafters := map[key]engine.Drafter{}
+	heads := map[*engine.Engine]*mtp.Head{}
+	var get func(e *engine.Engine, drafter string, steps int) (engine.Drafter, error)
+	get = func(e *engine.Engine, drafter string, steps int) (engine.Drafter, error) {
+		k := key{e, drafter, steps}
+		if d, ok := drafters[k]; ok {
+			return d, nil
+		}
+		var d engine.Drafter
+		switch drafter {
+		case bench.MTPDrafter:
+			h := heads[e]
+			if h == nil {
+				var err error
+				if h, err = mtp.LoadFor(e, models[e]); err != nil {
+					return nil, err
+				}
+				heads[e] = h
+			}
+			chain, err := h.Drafter(steps)
+			if err != nil {
+				return nil, err
+			}
+			d = chain
+		case bench.ChoiceDrafters:
+			dfl, err := get(e, "", 0)
+			if err != nil {
+				return nil, err
+			}
+			head, err := get(e, bench.MTPDrafter, bench.ChoiceMTPSteps)
+			if err != nil {
+				return nil, err
+			}
+			d = engine.NewChoiceDrafter(dfl, head)
+		default:
+			loaded, err := dflash.Load(e, dirs[drafter])
+			if err != nil {
+				return nil, err
+			}
+			d = loaded
+		}
+		drafters[k] = d
+		return d, nil
+	}
+	return func(e *engine.Engine, m bench.Mode) (engine.Drafter, error) {
+		steps := 0
+		if m.Drafter == bench.MTPDrafter {
+			steps = m.Budget
+		}
+		return get(e, m.Drafter, steps)
+	}
 }
 
 func runBenchVerify(args []string) error {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"ddflash/bench"
+	"ddflash/engine/testmodel"
 )
 
 func buildDdflash(t *testing.T) string {
@@ -281,4 +283,140 @@ func normalize(t *testing.T, dir, config string) normalized {
 func jsonText(v any) string {
 	data, _ := json.MarshalIndent(v, "", " ")
 	return string(data)
+}
+
+// TestBenchComparesMTPAndDFlash runs one sweep over the target's MTP head
+// (two step counts), the DFlash drafter, a DFlash2 drafter (--draft2),
+// adaptive and adaptive choosing between the DFlash drafter and the head
+// on a target that has all of them, and one over MTP modes alone
+// without a drafter: every run verifies, greedy ones token for token
+// against autoregressive, and each record says its drafter and that
+// drafter's block (the modes share one engine and swap its drafter).
+func TestBenchComparesMTPAndDFlash(t *testing.T) {
+	bin := buildDdflash(t)
+	dir := t.TempDir()
+	model, draft, draft2 := filepath.Join(dir, "tiny"), filepath.Join(dir, "tiny-dflash"), filepath.Join(dir, "tiny-dflash2")
+	if out, err := exec.Command(bin, "testmodel", "--out", model, "--draft-out", draft, "--mtp", "--seed", "5").CombinedOutput(); err != nil {
+		t.Fatalf("testmodel: %v\n%s", err, out)
+	}
+	// The same target (same seed) with a DFlash2 drafter of block 8.
+	if out, err := exec.Command(bin, "testmodel", "--out", filepath.Join(dir, "tiny-again"), "--draft-out", draft2, "--draft-dflash2", "--draft-block", "8", "--seed", "5").CombinedOutput(); err != nil {
+		t.Fatalf("testmodel --draft-dflash2: %v\n%s", err, out)
+	}
+	common := []string{"--model", model, "--max-tokens", "24", "--workloads", "fibonacci", "--num-prompts", "2", "--repeats", "1", "--warmup", "0", "--raw"}
+	for _, c := range []struct {
+		args    []string
+		configs []string
+	}{
+		{[]string{"--draft", draft, "--draft2", draft2, "--modes", "auto,mtp2,mtp4,linear,dflash2,b8,b16,adaptive,adaptive-mtp"},
+			[]string{"tp1-auto", "tp1-mtp2", "tp1-mtp4", "tp1-linear", "tp1-dflash2", "tp1-b8", "tp1-b16", "tp1-adaptive", "tp1-adaptive-mtp"}},
+		{[]string{"--modes", "auto,mtp3"}, []string{"tp1-auto", "tp1-mtp3"}},
+	} {
+		out := t.TempDir()
+		args := append(append([]string{"bench", "--out", out}, common...), c.args...)
+		if msg, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+			t.Fatalf("bench %v: %v\n%s", c.args, err, msg)
+		}
+		v, err := bench.Verify(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !v.OK() || len(v.Findings) != len(c.configs) {
+			var buf strings.Builder
+			v.Print(&buf)
+			t.Fatalf("bench %v: verify:\n%s", c.args, buf.String())
+		}
+		for _, name := range c.configs {
+			rec, err := bench.Store{Dir: out}.ReadRecord(name)
+			if err != nil || rec == nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			k := rec.Setup.Knobs
+			block, drafter := 16, "" // the DFlash drafter's
+			if steps, ok := strings.CutPrefix(name, "tp1-mtp"); ok {
+				block, drafter = int(steps[0]-'0')+1, bench.MTPDrafter
+			} else if name == "tp1-dflash2" {
+				block, drafter = 8, bench.DFlash2Drafter
+			} else if name == "tp1-adaptive-mtp" {
+				drafter = bench.ChoiceDrafters // the larger block: the DFlash drafter's
+			}
+			if name != "tp1-auto" && (k.BlockSize != block || k.Drafter != drafter) {
+				t.Errorf("%s: drafter %q, block %d; want %q, %d", name, k.Drafter, k.BlockSize, drafter, block)
+			}
+		}
+	}
+}
+
+// TestGenerateAdaptiveWithMTP: generate --spec adaptive --with-mtp (the
+// target's MTP head and a DFlash drafter, chosen between per step) gives
+// the autoregressive tokens, greedy and sampled with a seed.
+func TestGenerateAdaptiveWithMTP(t *testing.T) {
+	bin := buildDdflash(t)
+	dir := t.TempDir()
+	model, draft := filepath.Join(dir, "tiny"), filepath.Join(dir, "tiny-dflash")
+	if out, err := exec.Command(bin, "testmodel", "--out", model, "--draft-out", draft, "--mtp", "--seed", "6").CombinedOutput(); err != nil {
+		t.Fatalf("testmodel: %v\n%s", err, out)
+	}
+	for _, temp := range []string{"0", "0.8"} {
+		generate := func(spec ...string) string {
+			args := append([]string{"generate", "--model", model, "--draft", draft, "--tokens", "5,17,99,3", "--max-tokens", "40", "--temperature", temp, "--seed", "4", "--json"}, spec...)
+			out, err := exec.Command(bin, args...).Output()
+			if err != nil {
+				t.Fatalf("generate %v: %v", spec, err)
+			}
+			var res struct{ Tokens []int32 }
+			if err := json.Unmarshal(out, &res); err != nil || len(res.Tokens) == 0 {
+				t.Fatalf("generate %v: %v\n%s", spec, err, out)
+			}
+			return fmt.Sprint(res.Tokens)
+		}
+		if got, want := generate("--spec", "adaptive", "--with-mtp", "--mtp-steps", "3"), generate("--spec", "auto"); got != want {
+			t.Errorf("temperature %s: --spec adaptive --with-mtp gave %s, autoregressive %s", temp, got, want)
+		}
+	}
+}
+
+// TestBenchPlansEveryDrafter: under --gpu-mem, bench's memory plan counts
+// the MTP head beside the DFlash drafter when mtpN and DFlash modes run
+// together (fewer KV tokens than for the DFlash modes alone, which plan
+// fewer than autoregressive decoding).
+func TestBenchPlansEveryDrafter(t *testing.T) {
+	p, err := testmodel.PresetByName("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	model, draft := filepath.Join(dir, "tiny"), filepath.Join(dir, "draft")
+	if err := testmodel.Write(model, testmodel.Options{Preset: p, Seed: 3, MTP: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: 3}); err != nil {
+		t.Fatal(err)
+	}
+	kvTokens := func(modes string) int {
+		var mf modelFlags
+		fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+		mf.register(fs)
+		if err := fs.Parse([]string{"--model", model, "--draft", draft, "--context", "256"}); err != nil {
+			t.Fatal(err)
+		}
+		plan, err := bench.ParseModes(modes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, planned, err := sizeForModes(&mf, map[string]string{"": draft}, plan)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mf.draft = planned
+		opts, err := benchSizing(&mf, fs, 2, "1GiB", 0)
+		if err != nil {
+			t.Fatalf("%s: %v", modes, err)
+		}
+		return opts.KVTokens
+	}
+	auto, dflashOnly, both := kvTokens("auto"), kvTokens("auto,linear,b8"), kvTokens("auto,mtp2,linear,b8")
+	if !(both < dflashOnly && dflashOnly < auto) {
+		t.Errorf("KV tokens planned: %d with the head and the drafter, %d with the drafter, %d with neither", both, dflashOnly, auto)
+	}
 }

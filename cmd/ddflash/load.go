@@ -15,12 +15,17 @@ import (
 	"ddflash/kernels/device"
 	"ddflash/mamba"
 	"ddflash/models"
+	"ddflash/mtp"
 )
 
 // modelFlags are the flags every command that runs the model shares.
 type modelFlags struct {
 	model, draft, spec, rollback, device string
 	budget, context, threads, tp         int
+	mtpSteps                             int // --mtp-steps: proposals per draft of the MTP head
+	// withMTP (--with-mtp): --spec adaptive also loads the MTP head and
+	// chooses between it and --draft's drafter per request and step.
+	withMTP bool
 	// The cache dtype flags of the commands that size an engine without
 	// serve's memory flags (generate, bench; see registerCacheDtypes).
 	kvDtype, convDtype, ssmDtype string
@@ -57,7 +62,9 @@ func (b budgetFlag) Set(s string) error {
 func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.model, "model", "", "target model directory (Hugging Face layout; default: the embedded default model)")
 	fs.StringVar(&m.draft, "draft", "", "DFlash or DFlash2 drafter directory (z-lab layout; DFlash2 is read from its config), for --spec linear|ddtree|adaptive (default with the default model: its drafter)")
-	fs.StringVar(&m.spec, "spec", "auto", "decoding: auto (autoregressive), linear (DFlash chain), ddtree, or adaptive (a DDTree whose size, autoregressive included, is chosen every step from measured cost and predicted acceptance)")
+	fs.StringVar(&m.spec, "spec", "auto", "decoding: auto (autoregressive), linear (DFlash chain), ddtree, adaptive (a DDTree whose size, autoregressive included, is chosen every step from measured cost and predicted acceptance), mtp (the chain of the checkpoint's own MTP head) or mtp-ddtree (a DDTree from the MTP head's steps)")
+	fs.IntVar(&m.mtpSteps, "mtp-steps", 3, fmt.Sprintf("--spec mtp (and --with-mtp): proposals per draft, the MTP head applied this many times (1..%d)", mtp.MaxSteps))
+	fs.BoolVar(&m.withMTP, "with-mtp", false, "--spec adaptive: also load the checkpoint's own MTP head (--mtp-steps steps) and draft, per request and step, with whichever of it and --draft's drafter is expected to commit more tokens per second")
 	m.budget = 15
 	fs.Var(budgetFlag{m}, "budget", "DDTree node budget B (non-root nodes per verify), or auto: chosen every step up to --max-budget")
 	fs.IntVar(&m.maxBudget, "max-budget", 32, "the largest tree --budget auto and --spec adaptive choose")
@@ -85,10 +92,28 @@ func (m *modelFlags) resolveDefault() error {
 	return nil
 }
 
+// mtpSpecs are the --spec values that draft with the target's own MTP
+// head, and the engine mode each verifies with.
+var mtpSpecs = map[string]string{"mtp": "linear", "mtp-ddtree": "ddtree"}
+
+// usesMTP reports whether --spec drafts with the target's MTP head.
+func (m *modelFlags) usesMTP() bool { _, ok := mtpSpecs[m.spec]; return ok }
+
 // specOptions parses the speculative-decoding flags.
 func (m *modelFlags) specOptions() (engine.SpecOptions, error) {
 	var policy *adaptive.Policy
-	spec := m.spec
+	spec, label := m.spec, ""
+	if m.withMTP && spec != "adaptive" {
+		return engine.SpecOptions{}, fmt.Errorf("--with-mtp chooses between drafters under --spec adaptive, not %s", spec)
+	}
+	if _, ok := mtpSpecs[spec]; ok || m.withMTP {
+		if m.mtpSteps < 1 || m.mtpSteps > mtp.MaxSteps {
+			return engine.SpecOptions{}, fmt.Errorf("--mtp-steps %d: want 1..%d", m.mtpSteps, mtp.MaxSteps)
+		}
+	}
+	if mode, ok := mtpSpecs[spec]; ok {
+		spec, label = mode, m.spec
+	}
 	switch {
 	case spec == "adaptive":
 		spec, policy = "ddtree", &adaptive.Policy{Autoregressive: true}
@@ -99,7 +124,7 @@ func (m *modelFlags) specOptions() (engine.SpecOptions, error) {
 	}
 	mode, err := engine.ParseSpecMode(spec)
 	if err != nil {
-		return engine.SpecOptions{}, fmt.Errorf("%w, or adaptive", err)
+		return engine.SpecOptions{}, fmt.Errorf("%w, adaptive, mtp or mtp-ddtree", err)
 	}
 	rollback, err := mamba.ParseStrategy(m.rollback)
 	if err != nil {
@@ -112,10 +137,10 @@ func (m *modelFlags) specOptions() (engine.SpecOptions, error) {
 	if mode == engine.SpecTree && budget < 1 {
 		return engine.SpecOptions{}, fmt.Errorf("%s %d: a tree needs at least one node", flag, budget)
 	}
-	if mode != engine.SpecAuto && m.draft == "" {
+	if mode != engine.SpecAuto && m.draft == "" && label == "" {
 		return engine.SpecOptions{}, fmt.Errorf("--spec %s needs a drafter: give --draft DIR", m.spec)
 	}
-	return engine.SpecOptions{Mode: mode, Budget: budget, Rollback: rollback, Policy: policy}, nil
+	return engine.SpecOptions{Mode: mode, Budget: budget, Rollback: rollback, Policy: policy, Label: label}, nil
 }
 
 // backends makes one backend per tensor-parallel rank: CPU ranks share the
@@ -175,7 +200,10 @@ func (m *modelFlags) load(opts engine.Options) (*engine.Engine, error) {
 	if opts.Context == 0 {
 		opts.Context = m.context
 	}
-	if spec.Mode != engine.SpecAuto {
+	switch {
+	case m.usesMTP():
+		opts.VerifyTokens = spec.VerifyTokens(m.mtpSteps + 1)
+	case spec.Mode != engine.SpecAuto:
 		if opts.VerifyTokens, err = dflash.VerifyTokens(m.draft, spec); err != nil {
 			return nil, err
 		}
@@ -184,12 +212,36 @@ func (m *modelFlags) load(opts engine.Options) (*engine.Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	if spec.Mode != engine.SpecAuto {
-		if err := dflash.Attach(e, m.draft, spec); err != nil {
-			return nil, err
+	switch {
+	case m.usesMTP():
+		err = mtp.Attach(e, m.model, m.mtpSteps, spec)
+	case spec.Mode != engine.SpecAuto:
+		if err = dflash.Attach(e, m.draft, spec); err == nil && m.withMTP {
+			err = chooseWithMTP(e, m.model, m.mtpSteps)
 		}
 	}
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
 	return e, nil
+}
+
+// chooseWithMTP loads the MTP head of the engine's checkpoint (dir) and
+// makes the engine choose between it, steps proposals per draft, and its
+// drafter (--with-mtp).
+func chooseWithMTP(e *engine.Engine, dir string, steps int) error {
+	head, err := mtp.LoadFor(e, dir)
+	if err != nil {
+		return err
+	}
+	d, err := head.Drafter(steps)
+	if err != nil {
+		head.Close()
+		return err
+	}
+	e.Drafter = engine.NewChoiceDrafter(e.Drafter, d)
+	return nil
 }
 
 // registerCacheDtypes registers --kv-dtype, --conv-dtype and --ssm-dtype

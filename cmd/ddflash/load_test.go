@@ -23,7 +23,14 @@ func TestSpecFlags(t *testing.T) {
 		{"--spec linear --budget auto", 0, "", "--budget auto applies to --spec ddtree"},
 		{"--spec adaptive --max-budget 0", 0, "", "--max-budget 0"},
 		{"--spec ddtree --budget 0", 0, "", "--budget 0"},
-		{"--spec tree", 0, "", "or adaptive"},
+		{"--spec tree", 0, "", "adaptive, mtp or mtp-ddtree"},
+		{"--spec mtp --mtp-steps 4", 15, "", ""},
+		{"--spec mtp-ddtree --budget 6", 6, "", ""},
+		{"--spec mtp --mtp-steps 9", 0, "", "--mtp-steps 9: want 1..8"},
+		{"--spec mtp --mtp-steps 0", 0, "", "--mtp-steps 0"},
+		{"--spec adaptive --with-mtp --mtp-steps 4", 32, "adaptive", ""},
+		{"--spec ddtree --with-mtp", 0, "", "--with-mtp chooses between drafters under --spec adaptive, not ddtree"},
+		{"--spec adaptive --with-mtp --mtp-steps 9", 0, "", "--mtp-steps 9: want 1..8"},
 		{"--budget many", 0, "", "want a node count or auto"},
 	} {
 		var m modelFlags

@@ -12,6 +12,7 @@ import (
 	"ddflash/engine/gpu"
 	"ddflash/engine/planner"
 	"ddflash/mamba"
+	"ddflash/mtp"
 )
 
 func init() {
@@ -20,10 +21,14 @@ func init() {
 
 // planFlags are the settings plan and tune share (and serve can reuse).
 type planFlags struct {
-	model, draft                 string
-	gpuName, gpuMem, gpuFree     string
-	tp, maxRunning, budget       int
-	context, prefixSlots         int
+	model, draft             string
+	gpuName, gpuMem, gpuFree string
+	tp, maxRunning, budget   int
+	context, prefixSlots     int
+	mtpSteps                 int
+	// withMTP plans the target's MTP head beside the DFlash drafter (serve
+	// --with-mtp, bench's mtpN modes beside DFlash ones).
+	withMTP                      bool
 	spec, rollback, compat       string
 	kvDtype, ssmDtype, convDtype string
 	memFraction                  float64
@@ -40,14 +45,15 @@ type planFlags struct {
 var sglangOnlyFlags = []string{"mem-fraction-static", "max-mamba-cache-size", "mamba-full-memory-ratio", "disable-radix-cache"}
 
 func (f *planFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.model, "model", "qwen3.6-27b", "target model: "+strings.Join(planner.TargetPresets(), ", ")+", or a directory with config.json")
+	fs.StringVar(&f.model, "model", "qwen3.6-27b", "target model: "+strings.Join(planner.TargetPresets(), ", ")+", or a directory with config.json (plan: several, comma-separated, are compared side by side)")
 	fs.StringVar(&f.draft, "draft", "qwen3.6-27b-dflash", "DFlash drafter: "+strings.Join(planner.DrafterPresets(), ", ")+", or a directory")
 	fs.StringVar(&f.gpuName, "gpu", "", "GPU by name: "+strings.Join(gpu.PresetNames(), ", ")+" (default: the local GPU through NVML)")
 	fs.StringVar(&f.gpuMem, "gpu-mem", "", "GPU memory instead of --gpu, e.g. 97887MiB or 80GB")
 	fs.StringVar(&f.gpuFree, "gpu-free", "", "memory free before loading (default: all of it, or what NVML reports)")
 	fs.IntVar(&f.tp, "tp", 1, "tensor-parallel degree; figures are per GPU (rank 0, the most loaded, under ddflash rules)")
 	fs.IntVar(&f.maxRunning, "max-running-requests", 0, "requests running at once")
-	fs.StringVar(&f.spec, "spec", "ddtree", "decoding: auto (autoregressive, no drafter), linear (DFlash chain) or ddtree")
+	fs.StringVar(&f.spec, "spec", "ddtree", "decoding: auto (autoregressive, no drafter), linear (DFlash chain), ddtree, mtp (the chain of the target's own MTP head, no DFlash drafter) or mtp-ddtree")
+	fs.IntVar(&f.mtpSteps, "mtp-steps", 3, "--spec mtp: proposals per draft of the MTP head")
 	fs.IntVar(&f.budget, "budget", 0, "DDTree nodes per step (default: drafter block_size-1)")
 	fs.IntVar(&f.context, "context", planner.DefaultContext, "tokens per request, prompt and output")
 	fs.StringVar(&f.rollback, "rollback", "", "GDN rollback: replay (ddflash default) or snapshot (per-token states, as SGLang)")
@@ -108,8 +114,18 @@ func (f *planFlags) resolveOn(fs *flag.FlagSet, device func() (gpu.Device, error
 	if set["reserve"] && sglang {
 		return nil, errors.New("--reserve is ddflash's knob: SGLang's is --mem-fraction-static")
 	}
-	if k.Spec, err = planner.ParseSpec(f.spec); err != nil {
-		return nil, err
+	spec := f.spec
+	if _, ok := mtpSpecs[spec]; ok || f.withMTP {
+		k.MTPSteps = f.mtpSteps
+		if k.MTPSteps < 1 || k.MTPSteps > mtp.MaxSteps {
+			return nil, fmt.Errorf("--mtp-steps %d: want 1..%d", k.MTPSteps, mtp.MaxSteps)
+		}
+	}
+	if mode, ok := mtpSpecs[spec]; ok {
+		spec = mode
+	}
+	if k.Spec, err = planner.ParseSpec(spec); err != nil {
+		return nil, fmt.Errorf("%w, mtp or mtp-ddtree", err)
 	}
 	if set["budget"] && k.Spec != planner.SpecDDTree {
 		return nil, fmt.Errorf("--budget applies to --spec ddtree, not %s", k.Spec)
@@ -143,7 +159,7 @@ func (f *planFlags) resolveOn(fs *flag.FlagSet, device func() (gpu.Device, error
 	if s.models.Target, err = planner.LoadTarget(f.model); err != nil {
 		return nil, err
 	}
-	if k.Spec != planner.SpecAutoregressive {
+	if k.Spec != planner.SpecAutoregressive && (k.MTPSteps == 0 || f.withMTP) {
 		s.draftRef = f.draft
 		if s.models.Drafter, err = planner.LoadDrafter(f.draft); err != nil {
 			return nil, err
@@ -235,6 +251,12 @@ func planTo(w io.Writer, args []string) error {
 	if f.maxRunning == 0 {
 		return errors.New("--max-running-requests is required: how many requests run at once")
 	}
+	if models := strings.Split(f.model, ","); len(models) > 1 {
+		if *asJSON {
+			return errors.New("--json plans one --model at a time")
+		}
+		return comparePlans(w, &f, fs, models)
+	}
 	s, err := f.resolve(fs)
 	if err != nil {
 		return err
@@ -254,6 +276,59 @@ func planTo(w io.Writer, args []string) error {
 		}
 	}
 	return p.Fits() // a plan that does not fit exits non-zero, after explaining itself
+}
+
+// comparePlans plans each model with the same flags and prints their
+// figures side by side (Qwen3.8-27B beside Qwen3.6-27B, say).
+func comparePlans(w io.Writer, f *planFlags, fs *flag.FlagSet, models []string) error {
+	var plans []*planner.Plan
+	var setup *planSetup
+	for _, model := range models {
+		one := *f
+		one.model = model
+		s, err := one.resolve(fs)
+		if err != nil {
+			return err
+		}
+		p, err := planner.Compute(s.models, s.knobs)
+		if err != nil {
+			return fmt.Errorf("%s: %w", model, err)
+		}
+		setup, plans = s, append(plans, p)
+	}
+	k := plans[0].Settings
+	spec := k.Spec.String()
+	if k.MTPSteps > 0 {
+		spec = fmt.Sprintf("%s (MTP, %d steps)", spec, k.MTPSteps)
+	}
+	fmt.Fprintf(w, "%s, TP %d, %s rules, %d running requests, context %s, on %s (%s)\n\n", spec, k.TP, k.Mode,
+		k.MaxRunningRequests, planner.FormatCount(int64(k.Context)), setup.device.Name, planner.FormatBytes(k.GPUTotal))
+	rows := []struct {
+		what  string
+		value func(p *planner.Plan) string
+	}{
+		{"target weights", func(p *planner.Plan) string { return planner.FormatBytes(p.Bytes.TargetWeights) }},
+		{"draft weights", func(p *planner.Plan) string { return planner.FormatBytes(p.Bytes.DraftWeights) }},
+		{"KV cache per token", func(p *planner.Plan) string { return planner.FormatBytes(p.Bytes.PerKVToken) }},
+		{"draft KV per token", func(p *planner.Plan) string { return planner.FormatBytes(p.Bytes.DraftKVPerToken) }},
+		{"GDN state per slot", func(p *planner.Plan) string { return planner.FormatBytes(p.Bytes.PerStateSlot) }},
+		{"KV tokens", func(p *planner.Plan) string { return planner.FormatCount(p.KVTokens) }},
+		{"max running requests", func(p *planner.Plan) string { return fmt.Sprint(p.MaxRunning.Effective) }},
+		{"fits", func(p *planner.Plan) string { return fmt.Sprint(p.Fits() == nil) }},
+	}
+	fmt.Fprintf(w, "%-22s", "")
+	for _, m := range models {
+		fmt.Fprintf(w, " %16s", m)
+	}
+	fmt.Fprintln(w)
+	for _, r := range rows {
+		fmt.Fprintf(w, "%-22s", r.what)
+		for _, p := range plans {
+			fmt.Fprintf(w, " %16s", r.value(p))
+		}
+		fmt.Fprintln(w)
+	}
+	return nil
 }
 
 func writePlanJSON(w io.Writer, s *planSetup, p *planner.Plan) error {
@@ -309,10 +384,14 @@ func writePlan(w io.Writer, s *planSetup, p *planner.Plan) {
 func planHeadline(s *planSetup, p *planner.Plan) string {
 	k := p.Settings
 	models := s.modelRef
-	if k.Spec != planner.SpecAutoregressive {
+	spec := k.Spec.String()
+	switch {
+	case k.MTPSteps > 0:
+		models += " + its MTP head"
+		spec = fmt.Sprintf("%s (MTP, %d steps)", spec, k.MTPSteps)
+	case k.Spec != planner.SpecAutoregressive:
 		models += " + " + s.draftRef
 	}
-	spec := k.Spec.String()
 	if k.Spec == planner.SpecDDTree {
 		spec += fmt.Sprintf(" budget %d", k.Budget)
 	}
@@ -378,11 +457,23 @@ func serveFlags(s *planSetup, p *planner.Plan) string {
 	if s.gpuMem != "" {
 		add("gpu-mem", s.gpuMem)
 	}
-	if k.Spec != planner.SpecAutoregressive {
+	choice := k.MTPSteps > 0 && s.draftRef != "" // the head beside the drafter, planned as the choice's largest tree
+	switch {
+	case choice:
 		add("draft", s.draftRef)
+		add("spec", "adaptive --with-mtp")
+		add("mtp-steps", k.MTPSteps)
+		add("max-budget", k.Budget)
+	case k.MTPSteps > 0:
+		add("spec", map[planner.Spec]string{planner.SpecLinear: "mtp", planner.SpecDDTree: "mtp-ddtree"}[k.Spec])
+		add("mtp-steps", k.MTPSteps)
+	case k.Spec != planner.SpecAutoregressive:
+		add("draft", s.draftRef)
+		add("spec", k.Spec)
+	default:
+		add("spec", k.Spec)
 	}
-	add("spec", k.Spec)
-	if k.Spec == planner.SpecDDTree {
+	if k.Spec == planner.SpecDDTree && !choice {
 		add("budget", k.Budget)
 	}
 	add("tp", k.TP)

@@ -160,3 +160,53 @@ func TestPlanThatDoesNotFitExitsNonZero(t *testing.T) {
 		t.Errorf("JSON for a plan that does not fit: error %v, %s", err, out)
 	}
 }
+
+// TestPlanComparesModels: several --model values are planned with the same
+// flags and shown side by side; Qwen3.8-27B's figures (the same qwen3_5
+// architecture) equal Qwen3.6-27B's, each column the single model's plan.
+func TestPlanComparesModels(t *testing.T) {
+	out, err := runPlanArgs(t, "--gpu h200 --max-running-requests 8 --spec mtp --model qwen3.6-27b,qwen3.8-27b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	single, err := runPlanArgs(t, "--gpu h200 --max-running-requests 8 --spec mtp --model qwen3.8-27b --json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p struct {
+		KVTokens int64 `json:"kv_tokens"`
+	}
+	if err := json.Unmarshal([]byte(single), &p); err != nil {
+		t.Fatal(err)
+	}
+	kv := planner.FormatCount(p.KVTokens)
+	var row []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "KV tokens") {
+			row = strings.Fields(strings.TrimPrefix(line, "KV tokens"))
+		}
+	}
+	if !strings.Contains(out, "qwen3.8-27b") || len(row) != 2 || row[0] != kv || row[1] != kv {
+		t.Errorf("comparison's KV tokens %v, want %s for both (qwen3.8-27b planned alone):\n%s", row, kv, out)
+	}
+	if _, err := runPlanArgs(t, "--gpu h200 --max-running-requests 8 --model qwen3.6-27b,qwen3.8-27b --json"); err == nil {
+		t.Error("--json with two models: no error")
+	}
+}
+
+// TestPlanMTP: --spec mtp plans the target's own head (no --draft), and its
+// serve line asks for it.
+func TestPlanMTP(t *testing.T) {
+	out, err := runPlanArgs(t, "--gpu h200 --max-running-requests 8 --spec mtp --mtp-steps 4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"qwen3.6-27b + its MTP head", "linear (MTP, 4 steps)", "draft KV per token                               4.00 KiB", "--spec mtp --mtp-steps 4"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "--draft") {
+		t.Errorf("an MTP plan names a DFlash drafter:\n%s", out)
+	}
+}

@@ -173,7 +173,7 @@ func serveTo(ctx context.Context, args []string, ready func(addr string), stderr
 	engineDone := make(chan struct{})
 	go func() { srv.Run(runCtx, model); close(engineDone) }()
 	sched := model.Scheduler.Options()
-	log.Info("serving", "model", c.name, "spec", model.Engine.Spec.Mode, "max_running_requests", sched.MaxRunning,
+	log.Info("serving", "model", c.name, "spec", model.Engine.Spec.Name(), "max_running_requests", sched.MaxRunning,
 		"max_queue", sched.MaxQueue, "context", model.Engine.Context)
 
 	select {
@@ -230,9 +230,12 @@ func planEngine(m *modelFlags, f planFlags, fs *flag.FlagSet, maxRunning int, de
 		return nil, nil, err
 	}
 	f.model, f.draft, f.spec, f.rollback, f.compat = m.model, m.draft, m.spec, m.rollback, "ddflash"
-	f.tp, f.maxRunning, f.context = m.tp, maxRunning, m.context
+	f.tp, f.maxRunning, f.context, f.mtpSteps, f.withMTP = m.tp, maxRunning, m.context, m.mtpSteps, m.withMTP
+	if m.spec == "adaptive" {
+		f.spec = "ddtree" // planned for its largest tree
+	}
 	if spec.Mode == engine.SpecTree {
-		f.budget = m.budget
+		f.budget = spec.Budget
 	}
 	s, err := f.resolveOn(fs, device)
 	if err != nil {

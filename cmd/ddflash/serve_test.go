@@ -202,3 +202,54 @@ func waitHealthy(t *testing.T, base string) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestServeMTP serves a target with its MTP head (--spec mtp, planned with
+// the head's weights and KV, and logged as spec=mtp), and with the head
+// beside a DFlash drafter under --spec adaptive --with-mtp (planned as its
+// largest tree): a greedy completion equals the one served without
+// speculation.
+func TestServeMTP(t *testing.T) {
+	p, err := testmodel.PresetByName("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	target, draft := t.TempDir(), t.TempDir()
+	if err := testmodel.Write(target, testmodel.Options{Preset: p, Seed: 4, MTP: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: 4}); err != nil {
+		t.Fatal(err)
+	}
+	complete := func(spec ...string) string {
+		ctx, cancel := context.WithCancel(context.Background())
+		var log bytes.Buffer
+		base, done := startServe(ctx, t, append([]string{"--model", target, "--gpu-mem", "1GiB", "--addr", "127.0.0.1:0",
+			"--max-running-requests", "2", "--threads", "1"}, spec...), &log)
+		resp, err := http.Post(base+"/v1/completions", "application/json",
+			strings.NewReader(`{"prompt": "the fox", "max_tokens": 12, "temperature": 0, "ignore_eos": true}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got struct{ Choices []struct{ Text string } }
+		err = json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		cancel()
+		if doneErr := <-done; err != nil || doneErr != nil || resp.StatusCode != http.StatusOK || len(got.Choices) != 1 {
+			t.Fatalf("serve %v: status %d, %+v, %v, %v\n%s", spec, resp.StatusCode, got, err, doneErr, log.String())
+		}
+		if spec[1] == "mtp" && !strings.Contains(log.String(), "--spec mtp --mtp-steps 3") {
+			t.Errorf("serve %v planned without the MTP head:\n%s", spec, log.String())
+		}
+		if !strings.Contains(log.String(), "msg=serving model=") || !strings.Contains(log.String(), " spec="+spec[1]+" ") {
+			t.Errorf("serve %v: the serving line does not name spec=%s:\n%s", spec, spec[1], log.String())
+		}
+		return got.Choices[0].Text
+	}
+	auto := complete("--spec", "auto")
+	if mtp := complete("--spec", "mtp", "--mtp-steps", "3"); mtp != auto {
+		t.Fatalf("--spec mtp completed %q, --spec auto %q", mtp, auto)
+	}
+	if adaptive := complete("--spec", "adaptive", "--with-mtp", "--draft", draft); adaptive != auto {
+		t.Fatalf("--spec adaptive --with-mtp completed %q, --spec auto %q", adaptive, auto)
+	}
+}

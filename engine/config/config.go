@@ -57,10 +57,13 @@ type Config struct {
 	ConvKernel       int
 
 	TieWordEmbeddings bool
-	EOSTokenIDs       []int
-	BOSTokenID        int    // -1 when absent
-	SSMDtype          string // mamba_ssm_dtype: float32 (the default), bfloat16 or float16
-	Dtype             string
+	// MTPLayers is mtp_num_hidden_layers: the multi-token-prediction
+	// layers the checkpoint ships under mtp.* (0 when absent).
+	MTPLayers   int
+	EOSTokenIDs []int
+	BOSTokenID  int    // -1 when absent
+	SSMDtype    string // mamba_ssm_dtype: float32 (the default), bfloat16 or float16
+	Dtype       string
 
 	Quant *Quantization // quantization_config; nil for unquantised checkpoints
 }
@@ -203,6 +206,14 @@ func parseText(f fields) (*Config, error) {
 	if f.has("tie_word_embeddings") {
 		if c.TieWordEmbeddings, err = f.boolean("tie_word_embeddings"); err != nil {
 			return nil, err
+		}
+	}
+	if f.has("mtp_num_hidden_layers") {
+		if c.MTPLayers, err = f.integer("mtp_num_hidden_layers"); err != nil {
+			return nil, err
+		}
+		if c.MTPLayers < 0 {
+			return nil, fmt.Errorf("field %smtp_num_hidden_layers: %d is negative", f.prefix, c.MTPLayers)
 		}
 	}
 	if err := parseLayers(f, c); err != nil {

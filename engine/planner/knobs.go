@@ -116,13 +116,16 @@ type Knobs struct {
 	SSMDtype  DType `json:"ssm_dtype"`  // default: the config's mamba_ssm_dtype (fp32)
 	ConvDtype DType `json:"conv_dtype"` // default: CheckpointDType (SGLang mode: bf16)
 
-	MaxRunningRequests int            `json:"max_running_requests"` // required
-	Spec               Spec           `json:"spec"`
-	Budget             int            `json:"budget"`       // DDTree nodes per step; default block_size-1
-	TP                 int            `json:"tp"`           // tensor-parallel degree; default 1
-	Context            int            `json:"context"`      // tokens per request (prompt + output); default 4096
-	Rollback           mamba.Strategy `json:"rollback"`     // ddflash mode; SGLang always snapshots
-	PrefixSlots        int            `json:"prefix_slots"` // ddflash mode: extra state slots kept for prefix caching
+	MaxRunningRequests int  `json:"max_running_requests"` // required
+	Spec               Spec `json:"spec"`
+	Budget             int  `json:"budget"` // DDTree nodes per step; default block_size-1
+	// MTPSteps > 0 drafts with the target's own MTP head, applied this many
+	// times per draft, instead of a DFlash drafter.
+	MTPSteps    int            `json:"mtp_steps,omitempty"`
+	TP          int            `json:"tp"`           // tensor-parallel degree; default 1
+	Context     int            `json:"context"`      // tokens per request (prompt + output); default 4096
+	Rollback    mamba.Strategy `json:"rollback"`     // ddflash mode; SGLang always snapshots
+	PrefixSlots int            `json:"prefix_slots"` // ddflash mode: extra state slots kept for prefix caching
 
 	// SGLang mode only.
 	MaxMambaCacheSize    int     `json:"max_mamba_cache_size,omitempty"`    // 0: SGLang's ratio rule
@@ -205,6 +208,7 @@ func (k Knobs) withDefaults(t *Target) (Knobs, error) {
 		{k.TP < 1, "--tp must be at least 1"},
 		{k.Context < 1, "--context must be at least 1 token"},
 		{k.Budget < 0, "--budget must not be negative"},
+		{k.MTPSteps < 0, "--mtp-steps must not be negative"},
 		{k.PrefixSlots < 0, "prefix-cache slots must not be negative"},
 		{k.Reserve < 0 || k.Reserve >= k.GPUTotal, "--reserve must be between 0 and the GPU's memory"},
 		{k.MemFraction < 0 || k.MemFraction > 1, fmt.Sprintf("memory fraction %g is outside (0, 1]", k.MemFraction)},

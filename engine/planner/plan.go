@@ -101,15 +101,27 @@ func Compute(m Models, k Knobs) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if k.Spec != SpecAutoregressive {
+	switch {
+	case k.Spec != SpecAutoregressive && k.MTPSteps > 0:
+		if m.Target.Config.MTPLayers < 1 {
+			return nil, fmt.Errorf("--spec mtp needs the target's MTP head; %s has mtp_num_hidden_layers 0", m.Target.Name)
+		}
+		// With a DFlash drafter too, both are loaded (--with-mtp, a bench
+		// of mtpN and DFlash modes).
+		if m.Drafter != nil {
+			if err := m.Drafter.CheckTarget(m.Target.Config); err != nil {
+				return nil, err
+			}
+		}
+	case k.Spec != SpecAutoregressive:
 		if m.Drafter == nil {
 			return nil, fmt.Errorf("--spec %s needs a DFlash drafter: pass --draft NAME|DIR", k.Spec)
 		}
 		if err := m.Drafter.CheckTarget(m.Target.Config); err != nil {
 			return nil, err
 		}
-	} else {
-		m.Drafter = nil // autoregressive decoding loads no drafter
+	default:
+		m.Drafter, k.MTPSteps = nil, 0 // autoregressive decoding loads no drafter
 	}
 	r, err := splitRank(m, k.TP, k.Mode == ModeSGLang)
 	if err != nil {
@@ -127,14 +139,19 @@ func Compute(m Models, k Knobs) (*Plan, error) {
 }
 
 // draftTokens is D: a linear block verifies block_size tokens (the anchor and
-// block_size-1 drafts); a DDTree verifies its budget plus the root.
+// block_size-1 drafts; an MTP chain: its steps); a DDTree verifies its
+// budget plus the root.
 func draftTokens(k Knobs, d *dflash.Config) int {
+	block := k.MTPSteps + 1
+	if d != nil {
+		block = d.BlockSize
+	}
 	switch k.Spec {
 	case SpecLinear:
-		return d.BlockSize
+		return block
 	case SpecDDTree:
 		if k.Budget == 0 {
-			return d.BlockSize
+			return block
 		}
 		return k.Budget + 1
 	}
@@ -167,9 +184,31 @@ func (p *Plan) unitCosts(m Models, k Knobs, r rank) {
 			p.Bytes.DraftWeights = d.WeightParams() * int64(dtypeBytes(d.Dtype))
 		}
 	}
-	if d == nil {
+	if d == nil && k.MTPSteps == 0 {
 		return
 	}
+	if d != nil {
+		p.unitDraftCosts(d, k, r, kvPerLayer)
+	}
+	if k.MTPSteps > 0 {
+		// The head's one attention layer pages every token; ddflash runs
+		// it whole on rank 0, SGLang shards it like the target.
+		weights, kv := mtpBytes(t), kvPerLayer(t.NumKVHeads, t.HeadDim)
+		if k.Mode == ModeSGLang {
+			weights, kv = weights/int64(k.TP), kvPerLayer(r.kvHeads, t.HeadDim)
+		}
+		p.Bytes.DraftWeights += weights
+		p.Bytes.DraftKVPerToken += kv
+	}
+	rollback := k.Rollback
+	if k.Mode == ModeSGLang {
+		rollback = mamba.Snapshot
+	}
+	p.Bytes.RollbackPerRequest = rollbackBytes(rollback, r.state, k, p.DraftTokens)
+}
+
+// unitDraftCosts sets a DFlash drafter's KV costs.
+func (p *Plan) unitDraftCosts(d *dflash.Config, k Knobs, r rank, kvPerLayer func(heads, headDim int) int64) {
 	draftLayerToken := kvPerLayer(r.draftKVHeads, d.HeadDim)
 	if k.Mode == ModeSGLang {
 		// SGLang's draft pool keeps every drafter layer for every token.
@@ -180,11 +219,6 @@ func (p *Plan) unitCosts(m Models, k Knobs, r rank) {
 		p.Bytes.DraftKVPerToken = int64(d.NumLayers-d.NumSliding()) * draftLayerToken
 		p.Bytes.DraftKVPerRequest = int64(d.NumSliding()) * int64(d.RingTokens(engine.DefaultPageSize, k.Context)) * draftLayerToken
 	}
-	rollback := k.Rollback
-	if k.Mode == ModeSGLang {
-		rollback = mamba.Snapshot
-	}
-	p.Bytes.RollbackPerRequest = rollbackBytes(rollback, r.state, k, p.DraftTokens)
 }
 
 // rollbackBytes is one request's rollback memory for a strategy.

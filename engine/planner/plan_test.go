@@ -379,11 +379,66 @@ func TestLoadModels(t *testing.T) {
 	if _, err := LoadDrafter(dir); err == nil || !strings.Contains(err.Error(), "field hidden_size: missing") {
 		t.Errorf("a target config as drafter: %v", err)
 	}
-	if got := TargetPresets(); !slices.Equal(got, []string{"qwen3.6-27b", "qwen3.6-27b-fp8"}) {
+	if got := TargetPresets(); !slices.Equal(got, []string{"qwen3.6-27b", "qwen3.6-27b-fp8", "qwen3.8-27b"}) {
 		t.Errorf("target presets %v", got)
 	}
 	if got := DrafterPresets(); len(got) != 1 || got[0] != "qwen3.6-27b-dflash" {
 		t.Errorf("drafter presets %v", got)
+	}
+}
+
+// TestQwen38Preset: Qwen3.8-27B is the qwen3_5 architecture of Qwen3.6-27B
+// (issue 35): 48 GDN and 16 attention layers, one MTP layer, the same
+// parameter counts as docs/qwen36-model.md §7 gives.
+func TestQwen38Preset(t *testing.T) {
+	m, err := LoadTarget("qwen3.8-27b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := m.Config
+	if c.NumLinear() != 48 || c.NumFull() != 16 || c.MTPLayers != 1 || c.HiddenSize != 5120 {
+		t.Errorf("qwen3.8-27b: %d GDN + %d attention layers, %d MTP, hidden %d; want 48 + 16, 1, 5120", c.NumLinear(), c.NumFull(), c.MTPLayers, c.HiddenSize)
+	}
+	if textParams(c) != qwenTextPar || m.Vision.Params != qwenVisionPa {
+		t.Errorf("params: text %d vision %d; want %d and %d", textParams(c), m.Vision.Params, int64(qwenTextPar), int64(qwenVisionPa))
+	}
+}
+
+// TestMTPPlan: with the target's MTP head as the drafter, the plan counts
+// the head's weights and its one attention layer's KV per token, verifies
+// steps+1 tokens, and loads no DFlash drafter; without speculation it
+// counts none of it.
+func TestMTPPlan(t *testing.T) {
+	m := Models{Target: qwen(t).Target}
+	p := mustPlan(t, m, Knobs{GPUTotal: rtxPro6000, MaxRunningRequests: 4, Spec: SpecLinear, MTPSteps: 3})
+	// Qwen3.6-27B's head, bf16, from the shapes of its config: fc 5120×10240;
+	// q_proj 12288×5120 (query and gate), k/v 1024×5120, o 5120×6144; MLP
+	// 3 × 17408×5120; five 5120-wide norms and q/k norms of 256.
+	const params = 5120*10240 + 12288*5120 + 2*1024*5120 + 5120*6144 + 3*17408*5120 + 5*5120 + 2*256
+	if p.Bytes.DraftWeights != 2*params || p.Bytes.DraftKVPerToken != 2*4*256*2 || p.DraftTokens != 4 {
+		t.Errorf("MTP plan: draft weights %d, draft KV per token %d, verify tokens %d; want %d, %d, 4",
+			p.Bytes.DraftWeights, p.Bytes.DraftKVPerToken, p.DraftTokens, 2*params, 2*4*256*2)
+	}
+	tree := mustPlan(t, m, Knobs{GPUTotal: rtxPro6000, MaxRunningRequests: 4, Spec: SpecDDTree, MTPSteps: 3})
+	if tree.Settings.Budget != 3 || tree.Bytes.DraftWeights != p.Bytes.DraftWeights {
+		t.Errorf("MTP tree plan: budget %d (want the steps, 3), draft weights %d", tree.Settings.Budget, tree.Bytes.DraftWeights)
+	}
+	auto := mustPlan(t, m, Knobs{GPUTotal: rtxPro6000, MaxRunningRequests: 4, MTPSteps: 3})
+	if auto.Bytes.DraftWeights != 0 || auto.Bytes.DraftKVPerToken != 0 || auto.Settings.MTPSteps != 0 {
+		t.Errorf("autoregressive plan counts the MTP head: %+v", auto.Bytes)
+	}
+	if auto.KVTokens <= p.KVTokens {
+		t.Errorf("the MTP head's weights and KV leave %d KV tokens, as many as without it (%d)", p.KVTokens, auto.KVTokens)
+	}
+	// Beside a DFlash drafter (--with-mtp, bench's mtpN and DFlash modes)
+	// both are counted.
+	both := qwen(t)
+	dflashOnly := mustPlan(t, both, Knobs{GPUTotal: rtxPro6000, MaxRunningRequests: 4, Spec: SpecDDTree, Budget: 15})
+	withHead := mustPlan(t, both, Knobs{GPUTotal: rtxPro6000, MaxRunningRequests: 4, Spec: SpecDDTree, Budget: 15, MTPSteps: 3})
+	if withHead.Bytes.DraftWeights != dflashOnly.Bytes.DraftWeights+p.Bytes.DraftWeights ||
+		withHead.Bytes.DraftKVPerToken != dflashOnly.Bytes.DraftKVPerToken+p.Bytes.DraftKVPerToken ||
+		withHead.Bytes.DraftKVPerRequest != dflashOnly.Bytes.DraftKVPerRequest || withHead.DraftTokens != 16 {
+		t.Errorf("the head beside the DFlash drafter: %+v, %d verify tokens; the drafter alone %+v", withHead.Bytes, withHead.DraftTokens, dflashOnly.Bytes)
 	}
 }
 

@@ -67,3 +67,44 @@ func linearMatrices(c *config.Config) []matrix {
 	}
 	return out
 }
+
+// mtpMatrices lists the linear layers of the MTP head Qwen3.5/3.6/3.8
+// checkpoints ship (mtp.*, docs/mtp.md): fc over [embedding | hidden] and
+// one gated full-attention decoder layer with its MLP.
+func mtpMatrices(c *config.Config) []matrix {
+	h, hd := c.HiddenSize, c.HeadDim
+	qOut := c.NumHeads * hd
+	if c.AttnOutputGate {
+		qOut *= 2
+	}
+	p := "mtp.layers.0."
+	return []matrix{
+		{"mtp.fc", h, 2 * h},
+		{p + "self_attn.q_proj", qOut, h},
+		{p + "self_attn.k_proj", c.NumKVHeads * hd, h},
+		{p + "self_attn.v_proj", c.NumKVHeads * hd, h},
+		{p + "self_attn.o_proj", h, c.NumHeads * hd},
+		{p + "mlp.gate_proj", c.IntermediateSize, h},
+		{p + "mlp.up_proj", c.IntermediateSize, h},
+		{p + "mlp.down_proj", h, c.IntermediateSize},
+	}
+}
+
+// mtpBytes is the MTP head's weight bytes: its matrices (FP8 ones with
+// their F32 block scales) and its norms (pre_fc_norm_embedding,
+// pre_fc_norm_hidden, the layer's two, the final norm, q_norm and k_norm).
+// Its embedding and LM head are the target's.
+func mtpBytes(c *config.Config) int64 {
+	elem := int64(dtypeBytes(c.Dtype))
+	total := int64(5*c.HiddenSize+2*c.HeadDim) * elem
+	for _, m := range mtpMatrices(c) {
+		n := int64(m.rows) * int64(m.cols)
+		if c.Quant.Quantized(m.module) {
+			rows, cols := kernels.ScaleBlocks(m.rows, m.cols)
+			total += n + 4*int64(rows*cols)
+		} else {
+			total += n * elem
+		}
+	}
+	return total
+}

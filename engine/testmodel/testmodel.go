@@ -24,6 +24,10 @@ type Options struct {
 	Seed   uint64
 	DType  string // "f32", "bf16" or "fp8" (bf16 with FP8 linear layers); empty means f32
 	Shards int    // safetensors files; 0 or 1 writes a single model.safetensors
+	// MTP adds the multi-token-prediction head every Qwen3.5/3.6/3.8
+	// checkpoint ships (mtp.*, mtp_num_hidden_layers 1), in its published
+	// layout.
+	MTP bool
 }
 
 // checkOptions validates a preset and dtype option (empty means f32) and
@@ -75,7 +79,7 @@ func Write(dir string, opt Options) error {
 	if err != nil {
 		return err
 	}
-	if tensors := len(plan(p)); opt.Shards > tensors {
+	if tensors := len(plan(p, opt.MTP)); opt.Shards > tensors {
 		return fmt.Errorf("test model: %d shards for %d tensors; use at most %d", opt.Shards, tensors, tensors)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -90,7 +94,7 @@ func Write(dir string, opt Options) error {
 		return err
 	}
 	eos := []int{special["<|im_end|>"], special["<|endoftext|>"]}
-	cfg := configJSON(p, dt.config, eos)
+	cfg := configJSON(p, dt.config, eos, opt.MTP)
 	var quant *config.Quantization
 	if dt.fp8 {
 		quant = &config.Quantization{NotConverted: fp8.QwenNotConverted(p.layerKinds(), TextPrefix)}
@@ -118,7 +122,7 @@ func Write(dir string, opt Options) error {
 			return fmt.Errorf("test model: %w", err)
 		}
 	}
-	tensors, err := randomTensors(p, dt.tensor, vocab.idCount(), opt.Seed)
+	tensors, err := randomTensors(p, opt.MTP, dt.tensor, vocab.idCount(), opt.Seed)
 	if err != nil {
 		return err
 	}
@@ -131,7 +135,7 @@ func Write(dir string, opt Options) error {
 
 // configJSON is config.json in the multimodal wrapper layout of Qwen3.6-27B
 // (docs/qwen36-model.md §1), without a vision tower.
-func configJSON(p Preset, dtype string, eos []int) map[string]any {
+func configJSON(p Preset, dtype string, eos []int, mtp bool) map[string]any {
 	layerTypes := make([]string, p.Layers)
 	for i := range layerTypes {
 		layerTypes[i] = "linear_attention"
@@ -170,7 +174,7 @@ func configJSON(p Preset, dtype string, eos []int) map[string]any {
 		"max_position_embeddings": p.MaxPositions,
 		"tie_word_embeddings":     false,
 		"mamba_ssm_dtype":         "float32",
-		"mtp_num_hidden_layers":   0,
+		"mtp_num_hidden_layers":   boolInt(mtp),
 		"eos_token_id":            eos,
 		"bos_token_id":            nil,
 		"dtype":                   dtype,
@@ -182,6 +186,13 @@ func configJSON(p Preset, dtype string, eos []int) map[string]any {
 		"text_config":         text,
 		"dtype":               dtype,
 	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // mropeSection splits the rotary frequencies over the T/H/W streams as the
@@ -228,53 +239,74 @@ type tensorPlan struct {
 	f32   bool // stored as F32 whatever the checkpoint dtype (A_log, as in real bf16 checkpoints)
 }
 
-// plan lists every tensor of the preset in checkpoint order.
-func plan(p Preset) []tensorPlan {
+// plan lists every tensor of the preset in checkpoint order, with the MTP
+// head's last when mtp is set.
+func plan(p Preset, mtp bool) []tensorPlan {
 	h := p.Hidden
 	out := []tensorPlan{
 		{name: TextPrefix + "embed_tokens.weight", shape: []int{p.VocabSize, h}, init: initEmbedding},
 	}
 	for i := 0; i < p.Layers; i++ {
-		l := fmt.Sprintf("%slayers.%d.", TextPrefix, i)
-		add := func(name string, init initKind, shape ...int) {
-			out = append(out, tensorPlan{name: l + name, shape: shape, init: init, f32: name == "linear_attn.A_log"})
-		}
-		add("input_layernorm.weight", initZeroNorm, h)
-		if p.isFull(i) {
-			add("self_attn.q_proj.weight", initMatrix, 2*p.Heads*p.HeadDim, h)
-			add("self_attn.k_proj.weight", initMatrix, p.KVHeads*p.HeadDim, h)
-			add("self_attn.v_proj.weight", initMatrix, p.KVHeads*p.HeadDim, h)
-			add("self_attn.o_proj.weight", initMatrix, h, p.Heads*p.HeadDim)
-			add("self_attn.q_norm.weight", initZeroNorm, p.HeadDim)
-			add("self_attn.k_norm.weight", initZeroNorm, p.HeadDim)
-		} else {
-			add("linear_attn.in_proj_qkv.weight", initMatrix, p.convDim(), h)
-			add("linear_attn.in_proj_z.weight", initMatrix, p.valueDim(), h)
-			add("linear_attn.in_proj_b.weight", initMatrix, p.LinearValueHeads, h)
-			add("linear_attn.in_proj_a.weight", initMatrix, p.LinearValueHeads, h)
-			add("linear_attn.conv1d.weight", initMatrix, p.convDim(), 1, p.ConvKernel)
-			add("linear_attn.dt_bias", initDtBias, p.LinearValueHeads)
-			add("linear_attn.A_log", initALog, p.LinearValueHeads)
-			add("linear_attn.norm.weight", initPlainNorm, p.LinearHeadDim)
-			add("linear_attn.out_proj.weight", initMatrix, h, p.valueDim())
-		}
-		add("post_attention_layernorm.weight", initZeroNorm, h)
-		add("mlp.gate_proj.weight", initMatrix, p.Intermediate, h)
-		add("mlp.up_proj.weight", initMatrix, p.Intermediate, h)
-		add("mlp.down_proj.weight", initMatrix, h, p.Intermediate)
+		out = append(out, decoderLayer(p, fmt.Sprintf("%slayers.%d.", TextPrefix, i), p.isFull(i))...)
 	}
-	return append(out,
+	out = append(out,
 		tensorPlan{name: TextPrefix + "norm.weight", shape: []int{h}, init: initZeroNorm},
 		tensorPlan{name: "lm_head.weight", shape: []int{p.VocabSize, h}, init: initLMHead},
 	)
+	if !mtp {
+		return out
+	}
+	// The MTP head (Qwen3.6-27B's index; docs/mtp.md): fc over [embedding |
+	// hidden], their two norms, one full-attention decoder layer, its norm.
+	out = append(out,
+		tensorPlan{name: "mtp.fc.weight", shape: []int{h, 2 * h}, init: initMatrix},
+		tensorPlan{name: "mtp.pre_fc_norm_embedding.weight", shape: []int{h}, init: initZeroNorm},
+		tensorPlan{name: "mtp.pre_fc_norm_hidden.weight", shape: []int{h}, init: initZeroNorm},
+	)
+	out = append(out, decoderLayer(p, "mtp.layers.0.", true)...)
+	return append(out, tensorPlan{name: "mtp.norm.weight", shape: []int{h}, init: initZeroNorm})
+}
+
+// decoderLayer lists one decoder layer's tensors under prefix l: gated full
+// attention or a Gated DeltaNet mixer, each with its norms and MLP.
+func decoderLayer(p Preset, l string, full bool) []tensorPlan {
+	h := p.Hidden
+	var out []tensorPlan
+	add := func(name string, init initKind, shape ...int) {
+		out = append(out, tensorPlan{name: l + name, shape: shape, init: init, f32: name == "linear_attn.A_log"})
+	}
+	add("input_layernorm.weight", initZeroNorm, h)
+	if full {
+		add("self_attn.q_proj.weight", initMatrix, 2*p.Heads*p.HeadDim, h)
+		add("self_attn.k_proj.weight", initMatrix, p.KVHeads*p.HeadDim, h)
+		add("self_attn.v_proj.weight", initMatrix, p.KVHeads*p.HeadDim, h)
+		add("self_attn.o_proj.weight", initMatrix, h, p.Heads*p.HeadDim)
+		add("self_attn.q_norm.weight", initZeroNorm, p.HeadDim)
+		add("self_attn.k_norm.weight", initZeroNorm, p.HeadDim)
+	} else {
+		add("linear_attn.in_proj_qkv.weight", initMatrix, p.convDim(), h)
+		add("linear_attn.in_proj_z.weight", initMatrix, p.valueDim(), h)
+		add("linear_attn.in_proj_b.weight", initMatrix, p.LinearValueHeads, h)
+		add("linear_attn.in_proj_a.weight", initMatrix, p.LinearValueHeads, h)
+		add("linear_attn.conv1d.weight", initMatrix, p.convDim(), 1, p.ConvKernel)
+		add("linear_attn.dt_bias", initDtBias, p.LinearValueHeads)
+		add("linear_attn.A_log", initALog, p.LinearValueHeads)
+		add("linear_attn.norm.weight", initPlainNorm, p.LinearHeadDim)
+		add("linear_attn.out_proj.weight", initMatrix, h, p.valueDim())
+	}
+	add("post_attention_layernorm.weight", initZeroNorm, h)
+	add("mlp.gate_proj.weight", initMatrix, p.Intermediate, h)
+	add("mlp.up_proj.weight", initMatrix, p.Intermediate, h)
+	add("mlp.down_proj.weight", initMatrix, h, p.Intermediate)
+	return out
 }
 
 // randomTensors draws every tensor from one PCG stream seeded by seed.
 // usedIDs is the number of real token ids; lm_head rows from there on are padding.
-func randomTensors(p Preset, dtype string, usedIDs int, seed uint64) ([]safetensors.Tensor, error) {
+func randomTensors(p Preset, mtp bool, dtype string, usedIDs int, seed uint64) ([]safetensors.Tensor, error) {
 	rng := rand.New(rand.NewPCG(seed, 0x7e57_30de1))
 	var tensors []safetensors.Tensor
-	for _, tp := range plan(p) {
+	for _, tp := range plan(p, mtp) {
 		dt := dtype
 		if tp.f32 {
 			dt = "F32"

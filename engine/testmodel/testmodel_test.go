@@ -3,6 +3,7 @@ package testmodel
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -390,4 +391,73 @@ func BenchmarkWriteAndLoadSmall(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestMTPLayout: with MTP, the checkpoint holds exactly the mtp.* tensors
+// of Qwen3.6-27B's published index (engine/testdata/qwen3.6-27b), its
+// config declares one MTP layer, and the target still loads without them;
+// without MTP it has none, and the random text model is the same.
+func TestMTPLayout(t *testing.T) {
+	var index struct {
+		WeightMap map[string]string `json:"weight_map"`
+	}
+	data, err := os.ReadFile("../testdata/qwen3.6-27b/model.safetensors.index.derived.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &index); err != nil {
+		t.Fatal(err)
+	}
+	mtpNames := func(names []string) []string {
+		var out []string
+		for _, n := range names {
+			if strings.HasPrefix(n, "mtp.") {
+				out = append(out, n)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	want := mtpNames(slices.Collect(maps.Keys(index.WeightMap)))
+	p := tiny(t)
+	with, without := write(t, Options{Preset: p, Seed: 2, MTP: true}), write(t, Options{Preset: p, Seed: 2})
+	for _, c := range []struct {
+		dir    string
+		layers int
+		names  []string
+	}{{with, 1, want}, {without, 0, nil}} {
+		ckpt, err := safetensors.Open(c.dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := mtpNames(ckpt.Names())
+		ckpt.Close()
+		if !slices.Equal(got, c.names) {
+			t.Errorf("mtp tensors %v, want the published %v", got, c.names)
+		}
+		cfg, err := config.Load(c.dir)
+		if err != nil || cfg.MTPLayers != c.layers {
+			t.Fatalf("mtp_num_hidden_layers %d (%v), want %d", cfg.MTPLayers, err, c.layers)
+		}
+		if _, err := engine.LoadWeights(cpu.New(1), c.dir, cfg); err != nil {
+			t.Errorf("the target beside its MTP head: %v", err)
+		}
+	}
+	a, err := safetensors.Open(with)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := safetensors.Open(without)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for _, name := range b.Names() {
+		ta, _ := a.Tensor(name)
+		tb, _ := b.Tensor(name)
+		if !bytes.Equal(ta.Data, tb.Data) {
+			t.Fatalf("%s differs with and without the MTP head: the head must come after the target in the random stream", name)
+		}
+	}
 }

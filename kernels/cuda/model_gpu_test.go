@@ -49,6 +49,11 @@ func TestDraftLogits(t *testing.T) { checkDraftLogits(t, gpu(t)) }
 // with the CPU backend's and checks its DDTree decoding, on the GPU.
 func TestDFlash2(t *testing.T) { checkDFlash2(t, gpu(t)) }
 
+// TestMTP compares MTP-head drafts with the CPU backend's, round by round,
+// and checks greedy MTP chains and trees equal autoregressive decoding, on
+// the GPU.
+func TestMTP(t *testing.T) { checkMTP(t, gpu(t)) }
+
 // TestSpecLosslessBF16State: with a BF16 recurrent state, greedy DFlash and
 // DDTree decoding equal autoregressive decoding on the GPU.
 func TestSpecLosslessBF16State(t *testing.T) { checkSpecLosslessBF16State(t, gpu(t)) }

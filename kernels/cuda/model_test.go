@@ -21,6 +21,7 @@ import (
 	"ddflash/kernels/cpu"
 	"ddflash/kernels/cuda"
 	"ddflash/mamba"
+	"ddflash/mtp"
 )
 
 // Whole-model checks against the CPU backend, run on the GPU by
@@ -44,6 +45,7 @@ func TestEmulatedModel(t *testing.T) {
 	t.Run("SpecBF16State", func(t *testing.T) { checkSpecLosslessBF16State(t, be) })
 	t.Run("DraftLogits", func(t *testing.T) { checkDraftLogits(t, be) })
 	t.Run("DFlash2", func(t *testing.T) { checkDFlash2(t, be) })
+	t.Run("MTP", func(t *testing.T) { checkMTP(t, be) })
 	t.Run("Close", func(t *testing.T) { checkCloseReleases(t, be) })
 	t.Run("PlannedAllocation", func(t *testing.T) { checkPlannedAllocation(t, be) })
 }
@@ -374,6 +376,82 @@ func checkDFlash2(t *testing.T, be kernels.Backend) {
 	tree := engine.SpecOptions{Mode: engine.SpecTree, Budget: 8}
 	if got := generate(t, be, target, draft, tree, prompt, engine.SamplingParams{}, engine.SSMFromConfig); !slices.Equal(got, auto) {
 		t.Errorf("DFlash2 DDTree: tokens differ from autoregressive decoding\n got %v\nwant %v", got, auto)
+	}
+}
+
+// checkMTP drafts with a random MTP head (the target's mtp.*) on be and on
+// the CPU backend in rounds of committed rows, comparing every step's
+// logits of the real token ids, then decodes with it greedily as a chain
+// and as a DDTree: the output must equal autoregressive decoding on be.
+func checkMTP(t *testing.T, be kernels.Backend) {
+	p, err := testmodel.PresetByName("tiny")
+	must(t, err)
+	target := t.TempDir()
+	must(t, testmodel.Write(target, testmodel.Options{Preset: p, Seed: 8, DType: "bf16", MTP: true}))
+	rng := rand.New(rand.NewPCG(15, 16))
+	tokens := make([]int32, 50)
+	for i := range tokens {
+		tokens[i] = int32(rng.IntN(250))
+	}
+	const steps = 4
+	logits := func(be kernels.Backend) [][]float32 {
+		e, err := engine.Load(be, target, engine.Options{PageSize: 4, Context: 128, VerifyTokens: steps + 1})
+		must(t, err)
+		defer e.Close()
+		must(t, mtp.Attach(e, target, steps, engine.SpecOptions{Mode: engine.SpecLinear}))
+		d := e.Drafter.(*mtp.Drafter)
+		slot, err := e.Model.States.Acquire()
+		must(t, err)
+		var kv engine.SeqKV
+		must(t, e.Model.KV.Reserve(&kv, len(tokens)))
+		res, err := e.Model.Forward([]engine.SeqInput{{Tokens: tokens, KV: &kv, Slot: slot, Logits: engine.NoRows}}, d.TapLayers())
+		must(t, err)
+		features := slices.Clone(res[0].Features)
+		s, err := d.NewSession(nil)
+		must(t, err)
+		defer s.Close()
+		V, valid, H := e.Model.Cfg.VocabSize, e.ValidVocab, p.Hidden
+		var out [][]float32
+		done := 0
+		for _, rows := range []int{9, 1, 20, 3, 16} {
+			next := int32(17)
+			if done+rows < len(tokens) {
+				next = tokens[done+rows]
+			}
+			l, err := s.(engine.TokenDraftSession).DraftTokens(features[done*H:(done+rows)*H], tokens[done:done+rows], next)
+			must(t, err)
+			done += rows
+			var real []float32
+			for r := 0; r < len(l); r += V {
+				real = append(real, l[r:r+valid]...)
+			}
+			out = append(out, real)
+		}
+		return out
+	}
+	want, got := logits(cpu.New(0)), logits(be)
+	for i := range want {
+		if d := cuda.RelNorm(got[i], want[i]); d > 1e-4 {
+			t.Errorf("MTP draft round %d: ‖got−cpu‖/‖cpu‖ = %.2g", i, d)
+		}
+	}
+	prompt := []int32{12, 40, 7, 99, 3, 250, 18}
+	decode := func(spec engine.SpecOptions) []int32 {
+		e, err := engine.Load(be, target, engine.Options{Context: 64, VerifyTokens: spec.VerifyTokens(steps + 1)})
+		must(t, err)
+		defer e.Close()
+		if spec.Mode != engine.SpecAuto {
+			must(t, mtp.Attach(e, target, steps, spec))
+		}
+		res, err := e.Generate(context.Background(), engine.Request{Prompt: prompt, MaxTokens: 24, IgnoreEOS: true})
+		must(t, err)
+		return res.Tokens
+	}
+	ar := decode(engine.SpecOptions{})
+	for _, spec := range []engine.SpecOptions{{Mode: engine.SpecLinear}, {Mode: engine.SpecTree, Budget: 8, Rollback: mamba.Snapshot}} {
+		if got := decode(spec); !slices.Equal(got, ar) {
+			t.Errorf("MTP %v: tokens differ from autoregressive decoding\n got %v\nwant %v", spec.Mode, got, ar)
+		}
 	}
 }
 

@@ -383,7 +383,10 @@ class Cache:
         self.layers = {}
 
 
-def full_attention(cfg, w, prefix, x, state, start):
+def attention_inputs(cfg, w, prefix, x, positions):
+    """The gated attention's projections of x [B, T, hidden] at positions [T]: queries and keys
+    (after q_norm/k_norm and RoPE) [B, T, heads, D], values, and the output gate (None without
+    attn_output_gate)."""
     batch, time, _ = x.shape
     heads, dim = cfg.num_heads, cfg.head_dim
     projected = x @ w[prefix + "q_proj.weight"].T
@@ -397,18 +400,29 @@ def full_attention(cfg, w, prefix, x, state, start):
     k = (x @ w[prefix + "k_proj.weight"].T).view(batch, time, cfg.num_kv_heads, dim)
     k = rms_norm(k, w[prefix + "k_norm.weight"], cfg.rms_norm_eps)
     v = (x @ w[prefix + "v_proj.weight"].T).view(batch, time, cfg.num_kv_heads, dim)
-    positions = torch.arange(start, start + time)
     q = apply_rope(q, positions, cfg.rotary_dim, cfg.rope_theta, cfg.yarn)
     k = apply_rope(k, positions, cfg.rotary_dim, cfg.rope_theta, cfg.yarn)
+    return q, k, v, gate
+
+
+def attention_output(w, prefix, attended, gate):
+    """o_proj of the attended values [B, T, heads, D], gated when the layer has an output gate."""
+    out = attended.reshape(attended.shape[0], attended.shape[1], -1)
+    if gate is not None:
+        out = out * torch.sigmoid(gate)
+    return out @ w[prefix + "o_proj.weight"].T
+
+
+def full_attention(cfg, w, prefix, x, state, start):
+    time = x.shape[1]
+    positions = torch.arange(start, start + time)
+    q, k, v, gate = attention_inputs(cfg, w, prefix, x, positions)
     if "k" in state:
         k = torch.cat([state["k"], k], 1)
         v = torch.cat([state["v"], v], 1)
     state["k"], state["v"] = k, v
     causal = torch.arange(start + time)[None, :] <= positions[:, None]
-    out = attend(q, k, v, causal).reshape(batch, time, heads * dim)
-    if gate is not None:
-        out = out * torch.sigmoid(gate)
-    return out @ w[prefix + "o_proj.weight"].T
+    return attention_output(w, prefix, attend(q, k, v, causal), gate)
 
 
 def delta_rule_recurrent(q, k, v, g, beta, state):

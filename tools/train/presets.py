@@ -34,6 +34,18 @@ class DraftSettings:
 
 
 @dataclass(frozen=True)
+class MTPSettings:
+    sequences: int  # greedy continuations it learns from
+    batch: int
+    unroll: int  # steps of the head trained together (as --mtp-steps drafts)
+    steps: int
+    learning_rate: float
+    warmup_steps: int
+    weight_decay: float
+    step_decay: float  # γ in the weight exp(−(k−1)/γ) of step k
+
+
+@dataclass(frozen=True)
 class Preset:
     name: str
     model_dir: str  # relative to the repository
@@ -50,6 +62,7 @@ class Preset:
     bf16_matmuls: bool  # autocast the projections to BF16 (oneDNN's run 4x Debian's float32 ones; a step 1.25x)
     train_tokenizer: bool  # False: reuse models/default's tokenizer
     draft: DraftSettings
+    mtp: MTPSettings
 
     @property
     def target_dir(self):
@@ -87,6 +100,8 @@ PRESETS = {
             sequences=5120, batch=16, anchors_per_sequence=8, steps=8000, learning_rate=3e-3, warmup_steps=100,
             weight_decay=0.01, position_decay=7.0,
         ),
+        mtp=MTPSettings(sequences=2560, batch=16, unroll=3, steps=3000, learning_rate=1e-3, warmup_steps=100,
+                        weight_decay=0.01, step_decay=2.0),
     ),
     # Qwen3.6-27B's head geometry (attention heads of 256 with a quarter rotary, GDN heads of 128
     # with three value heads per key head) in one repeat of its pattern: on a CPU a wide, shallow
@@ -109,6 +124,8 @@ PRESETS = {
             sequences=2560, batch=16, anchors_per_sequence=8, steps=2000, learning_rate=1e-3, warmup_steps=50,
             weight_decay=0.01, position_decay=7.0,
         ),
+        mtp=MTPSettings(sequences=1280, batch=16, unroll=3, steps=1000, learning_rate=5e-4, warmup_steps=50,
+                        weight_decay=0.01, step_decay=2.0),
     ),
 }
 
