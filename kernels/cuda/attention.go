@@ -15,12 +15,13 @@ const (
 	attnSeqDescLen = 32   // bytes of one AttnSeqDesc: pages, mask, 4 ints
 	attnSeqsLen    = 1032 // bytes of AttnSeqs: the descriptors, count, padding
 	attnThreads    = 256  // ATTN_WARPS warps
+	attnTileQ      = 8    // ATTN_TILE_Q: query vectors (row, head) per block
 	maxHeadDim     = 256
-	// A launch splits each row's keys (then merges) when its (row, head)
-	// blocks would not fill the GPU twice over, in splits of at least
-	// attnSplitKeys keys, at most maxAttnSplits of them.
+	// A launch splits each row's keys (then merges) when its (query tile,
+	// KV head) blocks would not fill the GPU twice over, in splits of at
+	// least attnSplitKeys keys, at most maxAttnSplits of them.
 	attnSplitKeys = 256
-	maxAttnSplits = 64
+	maxAttnSplits = 128
 )
 
 // WriteKV stores n rows of k and v into the caches at the given slots.
@@ -68,8 +69,10 @@ func caches(op string, kCache, vCache kernels.Buffer, kvDim int) (k, v *buffer, 
 	return k, v, variant
 }
 
-// Attention computes paged, masked softmax attention for every sequence:
-// one block per (query row, head), in launches of up to maxAttnSeqs sequences.
+// Attention computes paged, masked softmax attention for every sequence,
+// in launches of up to maxAttnSeqs sequences: one block per (query tile,
+// KV head, key split), a query tile being attnTileQ (row, head) query
+// vectors of one sequence among the heads that share the KV head.
 func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernels.AttnShape, seqs []kernels.AttnSeq) {
 	if shape.NumKVHeads <= 0 || shape.NumHeads%shape.NumKVHeads != 0 || shape.PageSize <= 0 {
 		panic(fmt.Sprintf("cuda: Attention shape %+v: NumHeads must be a positive multiple of NumKVHeads and PageSize > 0", shape))
@@ -89,7 +92,8 @@ func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernel
 	for lo := 0; lo < len(seqs); lo += maxAttnSeqs {
 		group := seqs[lo:min(lo+maxAttnSeqs, len(seqs))]
 		desc, rows := attnSeqs(group, shape.PageSize)
-		splits := be.attnSplits(group, rows*shape.NumHeads)
+		tiles := attnTiles(group, shape.NumHeads/shape.NumKVHeads)
+		splits := be.attnSplits(group, tiles*shape.NumKVHeads)
 		var parts any
 		if splits > 1 {
 			p, err := be.scratchPtr(rows * shape.NumHeads * splits * (2 + shape.HeadDim) * 4)
@@ -99,7 +103,7 @@ func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernel
 			}
 			parts = p
 		}
-		be.launch("attention"+variant, dim3{rows, shape.NumHeads, splits}, d1(attnThreads), 0, ov, qv, kc, vc, desc,
+		be.launch("attention"+variant, dim3{tiles, shape.NumKVHeads, splits}, d1(attnThreads), 0, ov, qv, kc, vc, desc,
 			i32(shape.NumHeads), i32(shape.NumKVHeads), i32(shape.HeadDim), i32(shape.PageSize),
 			int64(kc.n/(shape.NumKVHeads*shape.HeadDim)), shape.Scale, parts, i32(splits))
 		if splits > 1 {
@@ -109,8 +113,20 @@ func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernel
 	}
 }
 
+// attnTiles is the number of query tiles of a launch: each sequence's
+// query vectors, (row, head) for the group heads of a KV head, in tiles
+// of attnTileQ.
+func attnTiles(seqs []kernels.AttnSeq, group int) int {
+	tiles := 0
+	for _, sq := range seqs {
+		tiles += (sq.QueryLen*group + attnTileQ - 1) / attnTileQ
+	}
+	return tiles
+}
+
 // attnSplits is how many parts to split each row's keys into, given the
-// launch's (row, head) block count.
+// launch's (query tile, KV head) block count: enough for two blocks per
+// SM, each split at least attnSplitKeys keys long.
 func (be *Backend) attnSplits(seqs []kernels.AttnSeq, blocks int) int {
 	keys := 0
 	for _, sq := range seqs {
