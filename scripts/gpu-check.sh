@@ -24,6 +24,11 @@
 #                    Qwen3.6-27B shapes (random weights, 4096 cached tokens,
 #                    F32 KV cache), bf16 and FP8, 1/9/17 rows, against the
 #                    CPU backend
+#   long-shapes      attention at Qwen3.6-27B's heads (head dim 256) over 32K
+#                    cached keys, split across blocks and merged: decode, a
+#                    17-row DDTree-16 verify, and both with a windowed row in
+#                    one launch; chunked GDN prefill at its widths (48 value
+#                    heads, 128 × 128) over 1024 tokens; against the CPU
 #   step-time        decode and tree verify (budgets 8/16/32/64) through one
 #                    attention and one GDN layer with their MLPs at
 #                    Qwen3.6-27B shapes, bf16, 4096 cached tokens, eager and
@@ -33,15 +38,13 @@
 # It prints a table of the parts last, then the kernel and step-time tables.
 #
 # Not here yet (issue 34 item 8): the layer step with a bf16 KV cache (the
-# step harness keeps it in F32), split attention + merge at head dim 256
-# over 32K keys and chunked GDN at model widths (both exist only on the
-# emulation, at smaller sizes, in emu_test.go), step times at 32K and in
+# step harness keeps it in F32), step times at 32K and in
 # FP8, tok/s of a full step, and the engine's own replayed steps (issue 34
 # item 1: the engine does not capture its steps yet; step-time replays its
 # layer step only).
 #
 # Run time, estimated (no GPU has run this yet): the limits below add up to
-# 330 s (360 s with NCCL), the most it can take besides the library search;
+# 370 s (400 s with NCCL), the most it can take besides the library search;
 # expected about half that. The device work is milliseconds per test (tiny
 # and small presets; each layer step a few ms; the step-time's 5 row counts
 # × 2 × 52 timed runs of 0.3-1 ms). What costs is host work: the PTX JIT on
@@ -53,7 +56,11 @@
 # the random weights of one attention + one GDN layer + 2 MLPs at
 # Qwen3.6-27B shapes (755.5 M values, 1.5 GB in bf16): generated twice per
 # dtype by layer-step (CPU and GPU) and once by step-time, a few seconds of
-# Go RNG each. Each limit is about twice its part's expected time, leaving
+# Go RNG each. long-shapes: about 210 M random values (3 caches of 32K keys
+# × 1024 KV dims × K and V), a few seconds of Go RNG; the CPU references
+# are 14 GFLOP of attention (17 rows × 24 heads × 32K keys × 256 × 2, twice)
+# and about 5 GFLOP of chunked GDN, a few seconds on 16 cores; the GPU's
+# share is milliseconds. Each limit is about twice its part's expected time, leaving
 # the session's 15 device minutes room for a second run.
 #
 # The GPU machine needs the NVIDIA driver (libcuda.so.1) and, for the
@@ -141,6 +148,7 @@ parts=(
 	"model-logits 45 TestModelLogits"
 	"spec 60 TestSpecGeneration|TestSpecLosslessBF16State|TestDraftLogits"
 	"layer-step 90 TestLayerStep"
+	"long-shapes 40 TestAttentionLong|TestGDNChunkedModel"
 	"step-time 75 TestStepTime"
 )
 if [ -n "$nccl" ]; then

@@ -79,3 +79,10 @@ func TestAttentionLong(t *testing.T) {
 		t.Logf("%d sequences, %d rows: %d key splits on %d SMs", len(seqs), seqs[0].rows, n, be.sms)
 	}
 }
+
+// TestGDNChunkedModel runs chunked GDN prefill at Qwen3.6-27B's widths (16
+// key heads, 48 value heads, 128 × 128) over 1024 tokens (16 chunks of 64)
+// against the CPU backend.
+func TestGDNChunkedModel(t *testing.T) {
+	checkGDNChunked(t, gpu(t), qwen36.gdn, 1024)
+}

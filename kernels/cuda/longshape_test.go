@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -61,7 +62,7 @@ func checkLongAttention(t *testing.T, be *Backend, shape kernels.AttnShape, seqs
 	k, v, q := randomF32(rng, slots*kvDim), randomF32(rng, slots*kvDim), randomF32(rng, rows*qDim)
 	var out [2][]float32
 	var attnSeqs []kernels.AttnSeq
-	for i, b := range []kernels.Backend{cpu.New(2), be} {
+	for i, b := range []kernels.Backend{cpu.New(0), be} {
 		up := func(v []float32) kernels.Buffer {
 			buf := mustAlloc(t, b, kernels.F32, len(v))
 			must(t, b.UploadF32(buf, 0, v))
@@ -106,7 +107,10 @@ func longAttnSplits(be *Backend, shape kernels.AttnShape, seqs []longAttnSeq) in
 
 // qwen36Attn is Qwen3.6-27B's full-attention head layout: 24 query heads
 // sharing 4 KV heads (6 each), head dim 256.
-var qwen36Attn = kernels.AttnShape{NumHeads: 24, NumKVHeads: 4, HeadDim: 256, PageSize: 16, Scale: 1 / 16.0}
+var qwen36Attn = kernels.AttnShape{
+	NumHeads: qwen36.heads, NumKVHeads: qwen36.kvHeads, HeadDim: qwen36.headDim, PageSize: qwen36.pageSize,
+	Scale: float32(1 / math.Sqrt(float64(qwen36.headDim))),
+}
 
 // tree16 is a 17-node draft tree (root and 16 nodes: two branches of
 // depth 4 and side shoots), as a DDTree budget-16 verify sees.
@@ -119,5 +123,44 @@ func TestTreeMask(t *testing.T) {
 		if got[i] != want[i] {
 			t.Fatalf("treeMask = %v, want %v", got, want)
 		}
+	}
+}
+
+// checkGDNChunked compares GDNChunked over T tokens on be with the CPU
+// backend (random inputs, keys and queries of about unit length as after
+// L2Norm, chunks of 64 on both).
+func checkGDNChunked(t *testing.T, be *Backend, shape kernels.GDNShape, T int) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(13, uint64(T)))
+	qk, vd := T*shape.KeyHeads*shape.KeyDim, T*shape.ValueHeads*shape.ValueDim
+	q, k, v := randomF32(rng, qk), randomF32(rng, qk), randomF32(rng, vd)
+	norm := float32(1 / math.Sqrt(float64(shape.KeyDim)))
+	for i := range q {
+		q[i] *= norm
+		k[i] *= norm
+	}
+	g, beta := make([]float32, T*shape.ValueHeads), make([]float32, T*shape.ValueHeads)
+	for i := range g {
+		g[i], beta[i] = -0.3*rng.Float32(), rng.Float32()
+	}
+	state := randomF32(rng, shape.StateLen())
+	var outs, states [2][]float32
+	for i, b := range []kernels.Backend{cpu.New(0), be} {
+		up := func(v []float32) kernels.Buffer {
+			buf := mustAlloc(t, b, kernels.F32, len(v))
+			must(t, b.UploadF32(buf, 0, v))
+			return buf
+		}
+		out, st := mustAlloc(t, b, kernels.F32, vd), up(state)
+		b.GDNChunked(out, up(q), up(k), up(v), up(g), up(beta), st, st, T, 64, shape)
+		outs[i], states[i] = make([]float32, vd), make([]float32, shape.StateLen())
+		must(t, b.DownloadF32(out, 0, outs[i]))
+		must(t, b.DownloadF32(st, 0, states[i]))
+	}
+	if d := relNorm(outs[1], outs[0]); !(d < 1e-5) {
+		t.Errorf("%+v T=%d: out ‖cuda−cpu‖/‖cpu‖ = %.2g", shape, T, d)
+	}
+	if d := relNorm(states[1], states[0]); !(d < 1e-5) {
+		t.Errorf("%+v T=%d: state ‖cuda−cpu‖/‖cpu‖ = %.2g", shape, T, d)
 	}
 }
