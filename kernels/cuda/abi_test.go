@@ -16,8 +16,10 @@ import (
 // against the kernels' signatures in the embedded PTX.
 
 func TestPTXArchsAgree(t *testing.T) {
-	if sm90 := parsePTXParams("ptx/sm_90"); !reflect.DeepEqual(sm90, kernelParams) {
-		t.Errorf("the sm_80 and sm_90 PTX declare different kernels or parameters")
+	for _, cc := range []int{89, 90, 120} {
+		if arch := ptxArch(cc); !reflect.DeepEqual(parsePTXParams("ptx/"+arch), kernelParams) {
+			t.Errorf("the sm_80 and %s PTX (compute capability %d) declare different kernels or parameters", arch, cc)
+		}
 	}
 	if len(kernelParams) < 30 {
 		t.Errorf("only %d kernels in the embedded PTX", len(kernelParams))

@@ -158,6 +158,7 @@ static void drop(Barrier &b) {
 }
 
 void emu_barrier() { arrive(block_bar); }
+void emu_warp_barrier() { arrive(warp_bars[current / 32]); }
 
 // shfl waits once per shuffle: each lane writes its value at the parity
 // of the warp barrier's generation, arrives, and reads its partner's. No

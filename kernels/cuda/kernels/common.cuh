@@ -31,6 +31,8 @@ typedef unsigned long long u64;
 typedef long long i64;
 
 INLINE void sync_threads() { __nvvm_bar_sync(0); }
+// sync_warp waits for the warp's lanes and orders their shared-memory accesses.
+INLINE void sync_warp() { __nvvm_bar_warp_sync(0xffffffffu); }
 
 // trap aborts the kernel: the CUDA analogue of the CPU backend's panics on
 // out-of-range indices. The context then reports an error at the next Sync.
