@@ -361,8 +361,10 @@ func (m *Model) layers(r *rank, seqs []SeqInput, meta *stepMeta, rows int, taps 
 	b, s, H := r.b, &r.s, m.Cfg.HiddenSize
 	eps := float32(m.Cfg.RMSNormEps)
 	b.Embedding(s.x, r.w.Embed, meta.ids, rows, H)
+	b.RMSNorm(s.h, s.x, r.w.Layers[0].InputNorm, rows, H, eps, true)
+	// Each residual add is fused with the norm that follows it: the MLP's,
+	// and the next layer's input norm.
 	for l, lw := range r.w.Layers {
-		b.RMSNorm(s.h, s.x, lw.InputNorm, rows, H, eps, true)
 		if lw.Kind == config.Full {
 			m.attention(r, &lw, m.layerSlot[l], meta, rows)
 		} else {
@@ -371,13 +373,16 @@ func (m *Model) layers(r *rank, seqs []SeqInput, meta *stepMeta, rows int, taps 
 		if err := m.allReduce(r, s.mix, rows*H); err != nil {
 			return err
 		}
-		b.Add(s.x, s.x, s.mix, rows*H)
-		b.RMSNorm(s.h, s.x, lw.PostNorm, rows, H, eps, true)
+		b.AddRMSNorm(s.x, s.mix, s.h, lw.PostNorm, rows, H, eps, true)
 		m.mlp(r, &lw, rows)
 		if err := m.allReduce(r, s.mix, rows*H); err != nil {
 			return err
 		}
-		b.Add(s.x, s.x, s.mix, rows*H)
+		if l+1 < len(r.w.Layers) {
+			b.AddRMSNorm(s.x, s.mix, s.h, r.w.Layers[l+1].InputNorm, rows, H, eps, true)
+		} else {
+			b.Add(s.x, s.x, s.mix, rows*H)
+		}
 		if k := slices.Index(taps, l); k >= 0 && r.id == 0 {
 			width := len(taps) * H
 			b.Copy(b.Slice(tapped, k*H, rows*width-k*H), s.x, rows, H, width, H)

@@ -144,6 +144,10 @@ type Backend interface {
 	// out = x·rsqrt(mean(x²)+eps)·(1+w) when unitOffset (Qwen's zero-centred
 	// norm), else ·w. w has dim elements of any float dtype. out may alias x.
 	RMSNorm(out, x, w Buffer, rows, dim int, eps float32, unitOffset bool)
+	// AddRMSNorm adds delta into the residual stream x in place, then
+	// writes RMSNorm(x) to out: what Add(x, x, delta) followed by
+	// RMSNorm(out, x, ...) compute, bit for bit, in one pass.
+	AddRMSNorm(x, delta, out, w Buffer, rows, dim int, eps float32, unitOffset bool)
 	// GatedRMSNorm computes out = RMSNorm(x)·w·silu(z) per row of dim (plain w).
 	GatedRMSNorm(out, x, z, w Buffer, rows, dim int, eps float32)
 	// L2Norm scales each row of dim to unit length, x·rsqrt(Σx²+eps), then by scale. In place.

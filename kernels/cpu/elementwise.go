@@ -84,6 +84,12 @@ func (be *Backend) RMSNorm(out, x, w kernels.Buffer, rows, dim int, eps float32,
 	})
 }
 
+// AddRMSNorm adds delta into x, then writes RMSNorm(x) to out.
+func (be *Backend) AddRMSNorm(x, delta, out, w kernels.Buffer, rows, dim int, eps float32, unitOffset bool) {
+	be.Add(x, x, delta, rows*dim)
+	be.RMSNorm(out, x, w, rows, dim, eps, unitOffset)
+}
+
 // GatedRMSNorm computes RMSNorm(x)·w·silu(z) per row.
 func (be *Backend) GatedRMSNorm(out, x, z, w kernels.Buffer, rows, dim int, eps float32) {
 	o, xv := f32s("GatedRMSNorm out", out, rows*dim), f32s("GatedRMSNorm x", x, rows*dim)

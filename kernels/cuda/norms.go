@@ -25,6 +25,21 @@ func (be *Backend) RMSNorm(out, x, w kernels.Buffer, rows, dim int, eps float32,
 	be.launch("rmsnorm"+variant, d1(rows), rowThreads(dim, 256), 0, o, xv, wv, i32(dim), eps, offset)
 }
 
+// AddRMSNorm adds delta into x, then writes RMSNorm(x) to out: one launch
+// for the residual add and the next norm.
+func (be *Backend) AddRMSNorm(x, delta, out, w kernels.Buffer, rows, dim int, eps float32, unitOffset bool) {
+	xv, dv := f32s("AddRMSNorm x", x, rows*dim), f32s("AddRMSNorm delta", delta, rows*dim)
+	o := f32s("AddRMSNorm out", out, rows*dim)
+	wv, variant := weights("AddRMSNorm w", w, dim)
+	offset := float32(0)
+	if unitOffset {
+		offset = 1
+	}
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	be.launch("add_rmsnorm"+variant, d1(rows), rowThreads(dim, 256), 0, xv, dv, o, wv, i32(dim), eps, offset)
+}
+
 // GatedRMSNorm computes RMSNorm(x)·w·silu(z) per row.
 func (be *Backend) GatedRMSNorm(out, x, z, w kernels.Buffer, rows, dim int, eps float32) {
 	o, xv := f32s("GatedRMSNorm out", out, rows*dim), f32s("GatedRMSNorm x", x, rows*dim)

@@ -3,6 +3,7 @@ package kerneltest
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"ddflash/kernels"
 )
@@ -33,6 +34,45 @@ func testRMSNorm(h *harness) {
 				}
 			}
 			h.expectClose(fmt.Sprintf("RMSNorm unitOffset=%v w %v", unitOffset, dt), h.read(xb, rows*dim), want, nil, normTol(dim))
+		}
+	}
+}
+
+// testAddRMSNorm checks the fused residual add and norm: x must hold x+delta
+// rounded to F32, out RMSNorm of that, and both equal what Add and RMSNorm
+// give on the same backend, bit for bit.
+func testAddRMSNorm(h *harness) {
+	const rows, dim, eps = 3, 300, 1e-6
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		x, delta := h.normal(rows*dim, 2), h.normal(rows*dim, 1)
+		w, wv := h.weights(dt, h.normal(dim, 0.5))
+		xb, out := h.f32(x), h.alloc(kernels.F32, rows*dim)
+		h.be.AddRMSNorm(xb, h.f32(delta), out, w, rows, dim, eps, true)
+		sum, want := make([]float32, rows*dim), make([]float64, rows*dim)
+		for i := range sum {
+			sum[i] = x[i] + delta[i]
+		}
+		for r := range rows {
+			inv := refRMS(sum[r*dim:(r+1)*dim], eps)
+			for i := range dim {
+				want[r*dim+i] = float64(sum[r*dim+i]) * inv * (1 + wv[i])
+			}
+		}
+		name := fmt.Sprintf("AddRMSNorm w %v", dt)
+		gotX, gotOut := h.read(xb, rows*dim), h.read(out, rows*dim)
+		for i := range sum {
+			if gotX[i] != sum[i] {
+				h.t.Errorf("%s: x[%d] = %v, want x+delta = %v", name, i, gotX[i], sum[i])
+				break
+			}
+		}
+		h.expectClose(name, gotOut, want, nil, normTol(dim))
+		// The unfused ops on this backend.
+		xb2, out2 := h.f32(x), h.alloc(kernels.F32, rows*dim)
+		h.be.Add(xb2, xb2, h.f32(delta), rows*dim)
+		h.be.RMSNorm(out2, xb2, w, rows, dim, eps, true)
+		if sep := h.read(out2, rows*dim); !slices.Equal(sep, gotOut) {
+			h.t.Errorf("%s: differs from Add then RMSNorm on the same backend", name)
 		}
 	}
 }

@@ -192,6 +192,12 @@ func (p *Backend) Add(out, a, b kernels.Buffer, n int) {
 	p.end(t0, 12*int64(n), opKey{name: "Add"})
 }
 
+func (p *Backend) AddRMSNorm(x, delta, out, w kernels.Buffer, rows, dim int, eps float32, unitOffset bool) {
+	t0 := p.begin()
+	p.Backend.AddRMSNorm(x, delta, out, w, rows, dim, eps, unitOffset)
+	p.end(t0, 16*int64(rows*dim)+size(w, dim), opKey{name: "AddRMSNorm", a: dim})
+}
+
 func (p *Backend) RMSNorm(out, x, w kernels.Buffer, rows, dim int, eps float32, unitOffset bool) {
 	t0 := p.begin()
 	p.Backend.RMSNorm(out, x, w, rows, dim, eps, unitOffset)

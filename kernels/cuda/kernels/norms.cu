@@ -21,6 +21,19 @@ INLINE void rmsnorm(float *out, const float *x, const W *w, int dim, float eps, 
 WEIGHT_KERNELS(rmsnorm, (float *out, const float *x, const void *w, int dim, float eps, float offset),
                (out, x, (const W *)w, dim, eps, offset))
 
+// add_rmsnorm: x += delta, then rmsnorm into out. Each thread adds the
+// elements it then reads back (inv_rms and the output take the same
+// stride), so the row needs no barrier between the add and the norm.
+template <typename W>
+INLINE void add_rmsnorm(float *x, const float *delta, float *out, const W *w, int dim, float eps, float offset) {
+  i64 row = (i64)blockIdx.x * dim;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) x[row + i] += delta[row + i];
+  rmsnorm(out, x, w, dim, eps, offset);
+}
+WEIGHT_KERNELS(add_rmsnorm,
+               (float *x, const float *delta, float *out, const void *w, int dim, float eps, float offset),
+               (x, delta, out, (const W *)w, dim, eps, offset))
+
 // gated_rmsnorm: out = x·inv·w·silu(z).
 template <typename W>
 INLINE void gated_rmsnorm(float *out, const float *x, const float *z, const W *w, int dim, float eps) {
