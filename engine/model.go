@@ -406,12 +406,10 @@ func (m *Model) attention(r *rank, lw *LayerWeights, idx int, meta *stepMeta, ro
 	}
 	b.MatMul(s.k, s.h, lw.KProj, rows, kvDim, H)
 	b.MatMul(s.v, s.h, lw.VProj, rows, kvDim, H)
-	b.RMSNorm(s.q, s.q, lw.QNorm, rows*cfg.NumHeads, hd, eps, true)
-	b.RMSNorm(s.k, s.k, lw.KNorm, rows*cfg.NumKVHeads, hd, eps, true)
-	b.RoPE(s.q, meta.pos, r.invFreq, rows, cfg.NumHeads, hd, cfg.RotaryDim(), r.ropeScale)
-	b.RoPE(s.k, meta.pos, r.invFreq, rows, cfg.NumKVHeads, hd, cfg.RotaryDim(), r.ropeScale)
 	kc, vc := m.KV.Layer(r.id, idx)
-	b.WriteKV(kc, vc, s.k, s.v, meta.slots, rows, kvDim)
+	b.AttnInputs(s.q, s.k, s.v, lw.QNorm, lw.KNorm, meta.pos, r.invFreq, kc, vc, meta.slots, rows, kernels.AttnInputShape{
+		Heads: cfg.NumHeads, KVHeads: cfg.NumKVHeads, HeadDim: hd, RotDim: cfg.RotaryDim(), Eps: eps, RoPEScale: r.ropeScale,
+	})
 	b.Attention(s.attn, s.q, kc, vc, r.attn, meta.attnSeqs)
 	if cfg.AttnOutputGate {
 		b.MulSigmoid(s.attn, s.gate, rows*qDim)

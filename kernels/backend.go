@@ -92,6 +92,14 @@ type AttnShape struct {
 	Scale      float32 // softmax scale, usually 1/sqrt(HeadDim)
 }
 
+// AttnInputShape is the layout of an AttnInputs call.
+type AttnInputShape struct {
+	Heads, KVHeads, HeadDim int
+	RotDim                  int     // the rotated leading dims of each head (even, at most HeadDim)
+	Eps                     float32 // the norms' epsilon
+	RoPEScale               float32 // RoPE's cos/sin scale
+}
+
 // GDNShape is the head layout of a Gated DeltaNet layer.
 type GDNShape struct {
 	KeyHeads   int // q/k heads; value head j uses key head j/(ValueHeads/KeyHeads)
@@ -170,6 +178,14 @@ type Backend interface {
 	// the physical slots given by the I32 buffer slots [n]. Caches are
 	// [slots, kvDim], both F32 or both BF16 (stored rounded to nearest even).
 	WriteKV(kCache, vCache, k, v, slots Buffer, n, kvDim int)
+
+	// AttnInputs prepares a step's attention inputs in one pass: every
+	// query head of q [rows, Heads, HeadDim] and KV head of k [rows,
+	// KVHeads, HeadDim] is RMS-normalised with qNorm or kNorm (unit
+	// offset) and rotated by RoPE at its row's position, in place; then k
+	// and v are stored in the caches at slots. What RMSNorm, RoPE and
+	// WriteKV compute, to F32 rounding.
+	AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots Buffer, rows int, shape AttnInputShape)
 	// Attention computes out [rows, NumHeads*HeadDim] from q [rows, NumHeads*HeadDim]
 	// over the paged caches ([slots, NumKVHeads*HeadDim], F32 or BF16, read
 	// widened to F32); softmax in F32.

@@ -150,6 +150,16 @@ func (be *Backend) RoPE(x, positions, invFreq kernels.Buffer, rows, heads, headD
 	}
 }
 
+// AttnInputs normalises and rotates q and k in place, then writes k and v
+// to the caches: the unfused ops.
+func (be *Backend) AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {
+	be.RMSNorm(q, q, qNorm, rows*s.Heads, s.HeadDim, s.Eps, true)
+	be.RMSNorm(k, k, kNorm, rows*s.KVHeads, s.HeadDim, s.Eps, true)
+	be.RoPE(q, positions, invFreq, rows, s.Heads, s.HeadDim, s.RotDim, s.RoPEScale)
+	be.RoPE(k, positions, invFreq, rows, s.KVHeads, s.HeadDim, s.RotDim, s.RoPEScale)
+	be.WriteKV(kCache, vCache, k, v, slots, rows, s.KVHeads*s.HeadDim)
+}
+
 // SwiGLU computes out = silu(gate)·up.
 func (be *Backend) SwiGLU(out, gate, up kernels.Buffer, n int) {
 	o, g, u := f32s("SwiGLU out", out, n), f32s("SwiGLU gate", gate, n), f32s("SwiGLU up", up, n)

@@ -100,6 +100,13 @@ func TestLaunchArguments(t *testing.T) {
 		ops["Embedding "+dt.String()] = func() { be.Embedding(f32(32), w(64), i32(2), 2, 16) }
 		ops["MatMul "+dt.String()] = func() { be.MatMul(f32(20), f32(64), w(320), 2, 10, 32) }
 		ops["RMSNorm "+dt.String()] = func() { be.RMSNorm(f32(32), f32(32), w(16), 2, 16, 1e-6, true) }
+		ops["AddRMSNorm "+dt.String()] = func() { be.AddRMSNorm(f32(32), f32(32), f32(32), w(16), 2, 16, 1e-6, true) }
+		for _, cdt := range []kernels.DType{kernels.F32, kernels.BF16} {
+			ops["AttnInputs "+cdt.String()+" cache "+dt.String()] = func() {
+				be.AttnInputs(f32(128), f32(64), f32(64), w(16), w(16), i32(2), f32(4), fake(cdt, 320), fake(cdt, 320), i32(2), 2,
+					kernels.AttnInputShape{Heads: 4, KVHeads: 2, HeadDim: 16, RotDim: 8, Eps: 1e-6, RoPEScale: 1})
+			}
+		}
 		ops["GatedRMSNorm "+dt.String()] = func() { be.GatedRMSNorm(f32(32), f32(32), f32(32), w(16), 2, 16, 1e-6) }
 		ops["CausalConv "+dt.String()] = func() { be.CausalConv(f32(40), f32(40), f32(30), w(40), nil, 4, 10, 4) }
 		ops["CausalConv tree "+dt.String()] = func() { be.CausalConv(f32(40), f32(40), f32(30), w(40), i32(4), 4, 10, 4) }

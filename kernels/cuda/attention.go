@@ -34,6 +34,31 @@ func (be *Backend) WriteKV(kCache, vCache, k, v, slots kernels.Buffer, n, kvDim 
 	be.launch("write_kv"+variant, be.gridFor(n*kvDim, 256), d1(256), 0, kc, vc, kv, vv, sl, i32(n), i32(kvDim), int64(kc.n/kvDim))
 }
 
+// AttnInputs normalises and rotates every query and KV head of a step and
+// stores k and v in the caches: one launch instead of RMSNorm, RoPE (two
+// each) and WriteKV.
+func (be *Backend) AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {
+	if s.RotDim%2 != 0 || s.RotDim > s.HeadDim || s.HeadDim > maxHeadDim {
+		panic(fmt.Sprintf("cuda: AttnInputs shape %+v: RotDim must be even and at most HeadDim, HeadDim at most %d", s, maxHeadDim))
+	}
+	kvDim := s.KVHeads * s.HeadDim
+	qv, kv := f32s("AttnInputs q", q, rows*s.Heads*s.HeadDim), f32s("AttnInputs k", k, rows*kvDim)
+	vv := f32s("AttnInputs v", v, rows*kvDim)
+	qn, variant := weights("AttnInputs qNorm", qNorm, s.HeadDim)
+	kn, kVariant := weights("AttnInputs kNorm", kNorm, s.HeadDim)
+	if variant != kVariant {
+		panic(fmt.Sprintf("cuda: AttnInputs qNorm is %v and kNorm %v: the kernel needs one dtype", qn.dt, kn.dt))
+	}
+	pos, freq := i32s("AttnInputs positions", positions, rows), f32s("AttnInputs invFreq", invFreq, s.RotDim/2)
+	sl := i32s("AttnInputs slots", slots, rows)
+	kc, vc, cacheVariant := caches("AttnInputs", kCache, vCache, kvDim)
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	be.launch("attn_inputs"+cacheVariant+variant, dim3{rows, s.Heads + s.KVHeads, 1}, rowThreads(s.HeadDim, attnThreads), 0,
+		qv, kv, vv, qn, kn, pos, freq, kc, vc, sl, i32(s.Heads), i32(s.KVHeads), i32(s.HeadDim), i32(s.RotDim/2),
+		s.Eps, s.RoPEScale, int64(kc.n/kvDim))
+}
+
 // MoveKV copies cache rows src[i] → dst[i]: all rows go to scratch first,
 // then to their destinations, so every read precedes every write.
 func (be *Backend) MoveKV(kCache, vCache, dst, src kernels.Buffer, n, kvDim int) {

@@ -40,6 +40,7 @@ var suite = []struct {
 	{"MatMulFP8", testMatMulFP8},
 	{"Add", testAdd},
 	{"RMSNorm", testRMSNorm},
+	{"AttnInputs", testAttnInputs},
 	{"AddRMSNorm", testAddRMSNorm},
 	{"GatedRMSNorm", testGatedRMSNorm},
 	{"L2Norm", testL2Norm},

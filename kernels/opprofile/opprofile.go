@@ -234,6 +234,13 @@ func (p *Backend) MulSigmoid(x, gate kernels.Buffer, n int) {
 	p.end(t0, 12*int64(n), opKey{name: "MulSigmoid"})
 }
 
+func (p *Backend) AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {
+	t0 := p.begin()
+	p.Backend.AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots, rows, s)
+	kvDim := s.KVHeads * s.HeadDim
+	p.end(t0, 8*int64(rows*(s.Heads*s.HeadDim+kvDim))+4*int64(rows*kvDim)+2*size(kCache, rows*kvDim), opKey{name: "AttnInputs"})
+}
+
 func (p *Backend) WriteKV(kCache, vCache, k, v, slots kernels.Buffer, n, kvDim int) {
 	t0 := p.begin()
 	p.Backend.WriteKV(kCache, vCache, k, v, slots, n, kvDim)

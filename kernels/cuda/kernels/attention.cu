@@ -17,7 +17,6 @@ struct AttnSeqs {
 };
 
 #define ATTN_WARPS 8
-#define MAX_HEAD_DIM 256
 #define HD_PER_LANE (MAX_HEAD_DIM / 32)
 // A block's query tile: ATTN_TILE_Q query vectors (one per warp), taken in
 // (row, head) order from the rows of one sequence and the heads that share
@@ -207,10 +206,6 @@ KERNEL attention_merge(float *out, const float *parts, AttnSeqs seqs, int num_he
     out[(row * num_heads + h) * head_dim + d] = o;
   }
 }
-
-// store_cache rounds a value to the cache's type (BF16: to nearest even).
-INLINE void store_cache(float *dst, float v) { *dst = v; }
-INLINE void store_cache(bf16 *dst, float v) { dst->bits = to_bf16_rne(v); }
 
 // write_kv stores row i of k and v at cache slot slots[i].
 template <typename C>

@@ -61,6 +61,12 @@ INLINE u16 to_bf16_rne(float f) {
   return (u16)((b + 0x7fff + ((b >> 16) & 1)) >> 16);
 }
 
+#define MAX_HEAD_DIM 256  // attention's head dim limit (maxHeadDim in attention.go)
+
+// store_cache rounds a value to a KV cache's type (BF16: to nearest even).
+INLINE void store_cache(float *dst, float v) { *dst = v; }
+INLINE void store_cache(bf16 *dst, float v) { dst->bits = to_bf16_rne(v); }
+
 // Defines KERNEL name##_f32, name##_bf16 and name##_f16 from one template
 // whose template parameter is the weight type; args may name it as W.
 #define WEIGHT_KERNELS(name, params, args)                             \
