@@ -438,12 +438,8 @@ func (m *Model) deltaNet(r *rank, lw *LayerWeights, idx int, seqs []SeqInput, ro
 		}
 		r0 += T
 	}
-	b.Copy(s.gq, s.conv, rows, keyDim, keyDim, convDim)
-	b.Copy(s.gk, b.Slice(s.conv, keyDim, s.conv.Len()-keyDim), rows, keyDim, keyDim, convDim)
-	b.Copy(s.gv, b.Slice(s.conv, 2*keyDim, s.conv.Len()-2*keyDim), rows, valueDim, valueDim, convDim)
 	const l2eps = 1e-6
-	b.L2Norm(s.gq, rows*cfg.LinearKeyHeads, cfg.LinearKeyDim, l2eps, float32(1/math.Sqrt(float64(cfg.LinearKeyDim))))
-	b.L2Norm(s.gk, rows*cfg.LinearKeyHeads, cfg.LinearKeyDim, l2eps, 1)
+	b.GDNInputs(s.gq, s.gk, s.gv, s.conv, rows, r.gdn, l2eps, float32(1/math.Sqrt(float64(cfg.LinearKeyDim))))
 
 	r0 = 0
 	for _, sq := range seqs {

@@ -212,6 +212,12 @@ type Backend interface {
 	// GDNGates computes per row and value head g = -exp(aLog)·softplus(a+dtBias)
 	// into a, and beta = sigmoid(b) into b, in place. a, b are [T, heads].
 	GDNGates(a, b, aLog, dtBias Buffer, T, heads int)
+	// GDNInputs splits the convolved rows conv [T, 2·KeyHeads·KeyDim +
+	// ValueHeads·ValueDim] into q, k [T, KeyHeads·KeyDim] and v [T,
+	// ValueHeads·ValueDim], scaling every key head of q and k to unit length
+	// (x·rsqrt(Σx²+eps)), then q by qScale: what three Copy and two L2Norm
+	// calls compute, bit for bit, in one pass.
+	GDNInputs(q, k, v, conv Buffer, T int, shape GDNShape, eps, qScale float32)
 	// GDNRecurrence runs the gated delta rule over T tokens. q, k [T, KeyHeads*KeyDim]
 	// (already L2-normalised and scaled), v [T, ValueHeads*ValueDim], g and beta
 	// [T, ValueHeads]. Per value head, with S [KeyDim, ValueDim]:

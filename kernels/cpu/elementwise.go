@@ -123,6 +123,18 @@ func (be *Backend) L2Norm(x kernels.Buffer, rows, dim int, eps, scale float32) {
 	}
 }
 
+// GDNInputs splits conv into q, k and v and L2-normalises q and k's key
+// heads: the unfused ops.
+func (be *Backend) GDNInputs(q, k, v, conv kernels.Buffer, T int, s kernels.GDNShape, eps, qScale float32) {
+	qk, vd := s.KeyHeads*s.KeyDim, s.ValueHeads*s.ValueDim
+	width := 2*qk + vd
+	be.Copy(q, conv, T, qk, qk, width)
+	be.Copy(k, be.Slice(conv, qk, conv.Len()-qk), T, qk, qk, width)
+	be.Copy(v, be.Slice(conv, 2*qk, conv.Len()-2*qk), T, vd, vd, width)
+	be.L2Norm(q, T*s.KeyHeads, s.KeyDim, eps, qScale)
+	be.L2Norm(k, T*s.KeyHeads, s.KeyDim, eps, 1)
+}
+
 // RoPE rotates the first rotDim dims of every head, NeoX style, in place.
 // Angles are computed in float64 so that large positions stay exact.
 func (be *Backend) RoPE(x, positions, invFreq kernels.Buffer, rows, heads, headDim, rotDim int, scale float32) {

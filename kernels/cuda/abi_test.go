@@ -90,6 +90,7 @@ func TestLaunchArguments(t *testing.T) {
 			wide := kernels.GDNShape{KeyHeads: 1, ValueHeads: 1, KeyDim: 160, ValueDim: 8}
 			be.GDNChunked(f32(24), f32(480), f32(480), f32(24), f32(3), f32(3), f32(1280), f32(1280), 3, 64, wide)
 		},
+		"GDNInputs":  func() { be.GDNInputs(f32(96), f32(96), f32(96), f32(288), 3, gdn, 1e-6, 0.25) },
 		"LogSoftmax": func() { be.LogSoftmax(f32(20), 2, 10) },
 		"TopK":       func() { be.TopK(f32(6), i32(6), f32(20), 2, 10, 3) },
 		"split_bf16": func() { be.launch("split_bf16", d1(1), d1(32), 0, devPtr(0), f32(8), int64(8), int32(2)) },

@@ -41,6 +41,7 @@ var suite = []struct {
 	{"Add", testAdd},
 	{"RMSNorm", testRMSNorm},
 	{"AttnInputs", testAttnInputs},
+	{"GDNInputs", testGDNInputs},
 	{"AddRMSNorm", testAddRMSNorm},
 	{"GatedRMSNorm", testGatedRMSNorm},
 	{"L2Norm", testL2Norm},

@@ -234,6 +234,12 @@ func (p *Backend) MulSigmoid(x, gate kernels.Buffer, n int) {
 	p.end(t0, 12*int64(n), opKey{name: "MulSigmoid"})
 }
 
+func (p *Backend) GDNInputs(q, k, v, conv kernels.Buffer, T int, s kernels.GDNShape, eps, qScale float32) {
+	t0 := p.begin()
+	p.Backend.GDNInputs(q, k, v, conv, T, s, eps, qScale)
+	p.end(t0, 8*int64(T*(2*s.KeyHeads*s.KeyDim+s.ValueHeads*s.ValueDim)), opKey{name: "GDNInputs"})
+}
+
 func (p *Backend) AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {
 	t0 := p.begin()
 	p.Backend.AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots, rows, s)

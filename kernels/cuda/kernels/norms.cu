@@ -54,6 +54,26 @@ KERNEL l2norm(float *x, int dim, float eps, float scale) {
   for (int i = threadIdx.x; i < dim; i += blockDim.x) x[row + i] *= f;
 }
 
+// gdn_inputs: block (row, part) over the key heads of q, those of k, and
+// one block for the row's v. A q or k block scales its head as l2norm
+// does; the v block copies.
+KERNEL gdn_inputs(float *q, float *k, float *v, const float *conv, int key_heads, int key_dim, int v_dim, float eps,
+                  float q_scale) {
+  i64 r = blockIdx.x, qk = (i64)key_heads * key_dim;
+  int part = blockIdx.y;
+  const float *row = conv + r * (2 * qk + v_dim);
+  if (part == 2 * key_heads) {
+    for (int i = threadIdx.x; i < v_dim; i += blockDim.x) v[r * v_dim + i] = row[2 * qk + i];
+    return;
+  }
+  bool is_q = part < key_heads;
+  int h = is_q ? part : part - key_heads;
+  const float *x = row + (is_q ? 0 : qk) + h * key_dim;
+  float *out = (is_q ? q : k) + r * qk + h * key_dim;
+  float f = inv_rms(x, key_dim, eps, false) * (is_q ? q_scale : 1.0f);
+  for (int i = threadIdx.x; i < key_dim; i += blockDim.x) out[i] = x[i] * f;
+}
+
 // attn_inputs: block (row, head) over the query heads of q, then the KV
 // heads of k. It normalises the head as rmsnorm does, rotates its first
 // 2·half dims as rope does (angles in double), writes it back, and for a
