@@ -407,8 +407,10 @@ func (m *Model) layers(r *rank, seqs []SeqInput, meta *stepMeta, rows int, taps 
 	b, s, H := r.b, &r.s, m.Cfg.HiddenSize
 	eps := float32(m.Cfg.RMSNormEps)
 	b.Embedding(s.x, r.w.Embed, meta.ids, rows, H)
+	b.RMSNorm(s.h, s.x, r.w.Layers[0].InputNorm, rows, H, eps, true)
+	// Each residual add is fused with the norm that follows it: the MLP's,
+	// and the next layer's input norm.
 	for l, lw := range r.w.Layers {
-		b.RMSNorm(s.h, s.x, lw.InputNorm, rows, H, eps, true)
 		if lw.Kind == config.Full {
 			m.attention(r, &lw, m.layerSlot[l], meta, rows)
 		} else {
@@ -417,13 +419,16 @@ func (m *Model) layers(r *rank, seqs []SeqInput, meta *stepMeta, rows int, taps 
 		if err := m.allReduce(r, s.mix, rows*H); err != nil {
 			return err
 		}
-		b.Add(s.x, s.x, s.mix, rows*H)
-		b.RMSNorm(s.h, s.x, lw.PostNorm, rows, H, eps, true)
+		b.AddRMSNorm(s.x, s.mix, s.h, lw.PostNorm, rows, H, eps, true)
 		m.mlp(r, &lw, rows)
 		if err := m.allReduce(r, s.mix, rows*H); err != nil {
 			return err
 		}
-		b.Add(s.x, s.x, s.mix, rows*H)
+		if l+1 < len(r.w.Layers) {
+			b.AddRMSNorm(s.x, s.mix, s.h, r.w.Layers[l+1].InputNorm, rows, H, eps, true)
+		} else {
+			b.Add(s.x, s.x, s.mix, rows*H)
+		}
 		if k := slices.Index(taps, l); k >= 0 && r.id == 0 {
 			width := len(taps) * H
 			b.Copy(b.Slice(tapped, k*H, rows*width-k*H), s.x, rows, H, width, H)
@@ -447,12 +452,10 @@ func (m *Model) attention(r *rank, lw *LayerWeights, idx int, meta *stepMeta, ro
 	}
 	b.MatMul(s.k, s.h, lw.KProj, rows, kvDim, H)
 	b.MatMul(s.v, s.h, lw.VProj, rows, kvDim, H)
-	b.RMSNorm(s.q, s.q, lw.QNorm, rows*cfg.NumHeads, hd, eps, true)
-	b.RMSNorm(s.k, s.k, lw.KNorm, rows*cfg.NumKVHeads, hd, eps, true)
-	b.RoPE(s.q, meta.pos, r.invFreq, rows, cfg.NumHeads, hd, cfg.RotaryDim(), r.ropeScale)
-	b.RoPE(s.k, meta.pos, r.invFreq, rows, cfg.NumKVHeads, hd, cfg.RotaryDim(), r.ropeScale)
 	kc, vc := m.KV.Layer(r.id, idx)
-	b.WriteKV(kc, vc, s.k, s.v, meta.slots, rows, kvDim)
+	b.AttnInputs(s.q, s.k, s.v, lw.QNorm, lw.KNorm, meta.pos, r.invFreq, kc, vc, meta.slots, rows, kernels.AttnInputShape{
+		Heads: cfg.NumHeads, KVHeads: cfg.NumKVHeads, HeadDim: hd, RotDim: cfg.RotaryDim(), Eps: eps, RoPEScale: r.ropeScale,
+	})
 	if rp, ok := b.(kernels.Replayer); ok {
 		rp.AttentionTable(s.attn, s.q, kc, vc, r.attn, meta.attnSeqs, meta.table, meta.maxKeys)
 	} else {
@@ -485,12 +488,8 @@ func (m *Model) deltaNet(r *rank, lw *LayerWeights, idx int, seqs []SeqInput, ro
 		}
 		r0 += T
 	}
-	b.Copy(s.gq, s.conv, rows, keyDim, keyDim, convDim)
-	b.Copy(s.gk, b.Slice(s.conv, keyDim, s.conv.Len()-keyDim), rows, keyDim, keyDim, convDim)
-	b.Copy(s.gv, b.Slice(s.conv, 2*keyDim, s.conv.Len()-2*keyDim), rows, valueDim, valueDim, convDim)
 	const l2eps = 1e-6
-	b.L2Norm(s.gq, rows*cfg.LinearKeyHeads, cfg.LinearKeyDim, l2eps, float32(1/math.Sqrt(float64(cfg.LinearKeyDim))))
-	b.L2Norm(s.gk, rows*cfg.LinearKeyHeads, cfg.LinearKeyDim, l2eps, 1)
+	b.GDNInputs(s.gq, s.gk, s.gv, s.conv, rows, r.gdn, l2eps, float32(1/math.Sqrt(float64(cfg.LinearKeyDim))))
 
 	r0 = 0
 	for _, sq := range seqs {

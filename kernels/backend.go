@@ -92,6 +92,14 @@ type AttnShape struct {
 	Scale      float32 // softmax scale, usually 1/sqrt(HeadDim)
 }
 
+// AttnInputShape is the layout of an AttnInputs call.
+type AttnInputShape struct {
+	Heads, KVHeads, HeadDim int
+	RotDim                  int     // the rotated leading dims of each head (even, at most HeadDim)
+	Eps                     float32 // the norms' epsilon
+	RoPEScale               float32 // RoPE's cos/sin scale
+}
+
 // GDNShape is the head layout of a Gated DeltaNet layer.
 type GDNShape struct {
 	KeyHeads   int // q/k heads; value head j uses key head j/(ValueHeads/KeyHeads)
@@ -144,6 +152,10 @@ type Backend interface {
 	// out = x·rsqrt(mean(x²)+eps)·(1+w) when unitOffset (Qwen's zero-centred
 	// norm), else ·w. w has dim elements of any float dtype. out may alias x.
 	RMSNorm(out, x, w Buffer, rows, dim int, eps float32, unitOffset bool)
+	// AddRMSNorm adds delta into the residual stream x in place, then
+	// writes RMSNorm(x) to out: what Add(x, x, delta) followed by
+	// RMSNorm(out, x, ...) compute, bit for bit, in one pass.
+	AddRMSNorm(x, delta, out, w Buffer, rows, dim int, eps float32, unitOffset bool)
 	// GatedRMSNorm computes out = RMSNorm(x)·w·silu(z) per row of dim (plain w).
 	GatedRMSNorm(out, x, z, w Buffer, rows, dim int, eps float32)
 	// L2Norm scales each row of dim to unit length, x·rsqrt(Σx²+eps), then by scale. In place.
@@ -166,6 +178,14 @@ type Backend interface {
 	// the physical slots given by the I32 buffer slots [n]. Caches are
 	// [slots, kvDim], both F32 or both BF16 (stored rounded to nearest even).
 	WriteKV(kCache, vCache, k, v, slots Buffer, n, kvDim int)
+
+	// AttnInputs prepares a step's attention inputs in one pass: every
+	// query head of q [rows, Heads, HeadDim] and KV head of k [rows,
+	// KVHeads, HeadDim] is RMS-normalised with qNorm or kNorm (unit
+	// offset) and rotated by RoPE at its row's position, in place; then k
+	// and v are stored in the caches at slots. What RMSNorm, RoPE and
+	// WriteKV compute, to F32 rounding.
+	AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots Buffer, rows int, shape AttnInputShape)
 	// Attention computes out [rows, NumHeads*HeadDim] from q [rows, NumHeads*HeadDim]
 	// over the paged caches ([slots, NumKVHeads*HeadDim], F32 or BF16, read
 	// widened to F32); softmax in F32.
@@ -201,6 +221,12 @@ type Backend interface {
 	// GDNGates computes per row and value head g = -exp(aLog)·softplus(a+dtBias)
 	// into a, and beta = sigmoid(b) into b, in place. a, b are [T, heads].
 	GDNGates(a, b, aLog, dtBias Buffer, T, heads int)
+	// GDNInputs splits the convolved rows conv [T, 2·KeyHeads·KeyDim +
+	// ValueHeads·ValueDim] into q, k [T, KeyHeads·KeyDim] and v [T,
+	// ValueHeads·ValueDim], scaling every key head of q and k to unit length
+	// (x·rsqrt(Σx²+eps)), then q by qScale: what three Copy and two L2Norm
+	// calls compute, bit for bit, in one pass.
+	GDNInputs(q, k, v, conv Buffer, T int, shape GDNShape, eps, qScale float32)
 	// GDNRecurrence runs the gated delta rule over T tokens. q, k [T, KeyHeads*KeyDim]
 	// (already L2-normalised and scaled), v [T, ValueHeads*ValueDim], g and beta
 	// [T, ValueHeads]. Per value head, with S [KeyDim, ValueDim]:

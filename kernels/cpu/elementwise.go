@@ -84,6 +84,12 @@ func (be *Backend) RMSNorm(out, x, w kernels.Buffer, rows, dim int, eps float32,
 	})
 }
 
+// AddRMSNorm adds delta into x, then writes RMSNorm(x) to out.
+func (be *Backend) AddRMSNorm(x, delta, out, w kernels.Buffer, rows, dim int, eps float32, unitOffset bool) {
+	be.Add(x, x, delta, rows*dim)
+	be.RMSNorm(out, x, w, rows, dim, eps, unitOffset)
+}
+
 // GatedRMSNorm computes RMSNorm(x)·w·silu(z) per row.
 func (be *Backend) GatedRMSNorm(out, x, z, w kernels.Buffer, rows, dim int, eps float32) {
 	o, xv := f32s("GatedRMSNorm out", out, rows*dim), f32s("GatedRMSNorm x", x, rows*dim)
@@ -117,6 +123,18 @@ func (be *Backend) L2Norm(x kernels.Buffer, rows, dim int, eps, scale float32) {
 	}
 }
 
+// GDNInputs splits conv into q, k and v and L2-normalises q and k's key
+// heads: the unfused ops.
+func (be *Backend) GDNInputs(q, k, v, conv kernels.Buffer, T int, s kernels.GDNShape, eps, qScale float32) {
+	qk, vd := s.KeyHeads*s.KeyDim, s.ValueHeads*s.ValueDim
+	width := 2*qk + vd
+	be.Copy(q, conv, T, qk, qk, width)
+	be.Copy(k, be.Slice(conv, qk, conv.Len()-qk), T, qk, qk, width)
+	be.Copy(v, be.Slice(conv, 2*qk, conv.Len()-2*qk), T, vd, vd, width)
+	be.L2Norm(q, T*s.KeyHeads, s.KeyDim, eps, qScale)
+	be.L2Norm(k, T*s.KeyHeads, s.KeyDim, eps, 1)
+}
+
 // RoPE rotates the first rotDim dims of every head, NeoX style, in place.
 // Angles are computed in float64 so that large positions stay exact.
 func (be *Backend) RoPE(x, positions, invFreq kernels.Buffer, rows, heads, headDim, rotDim int, scale float32) {
@@ -142,6 +160,16 @@ func (be *Backend) RoPE(x, positions, invFreq kernels.Buffer, rows, heads, headD
 			}
 		}
 	}
+}
+
+// AttnInputs normalises and rotates q and k in place, then writes k and v
+// to the caches: the unfused ops.
+func (be *Backend) AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {
+	be.RMSNorm(q, q, qNorm, rows*s.Heads, s.HeadDim, s.Eps, true)
+	be.RMSNorm(k, k, kNorm, rows*s.KVHeads, s.HeadDim, s.Eps, true)
+	be.RoPE(q, positions, invFreq, rows, s.Heads, s.HeadDim, s.RotDim, s.RoPEScale)
+	be.RoPE(k, positions, invFreq, rows, s.KVHeads, s.HeadDim, s.RotDim, s.RoPEScale)
+	be.WriteKV(kCache, vCache, k, v, slots, rows, s.KVHeads*s.HeadDim)
 }
 
 // SwiGLU computes out = silu(gate)·up.

@@ -16,8 +16,10 @@ import (
 // against the kernels' signatures in the embedded PTX.
 
 func TestPTXArchsAgree(t *testing.T) {
-	if sm90 := parsePTXParams("ptx/sm_90"); !reflect.DeepEqual(sm90, kernelParams) {
-		t.Errorf("the sm_80 and sm_90 PTX declare different kernels or parameters")
+	for _, cc := range []int{89, 90, 120} {
+		if arch := ptxArch(cc); !reflect.DeepEqual(parsePTXParams("ptx/"+arch), kernelParams) {
+			t.Errorf("the sm_80 and %s PTX (compute capability %d) declare different kernels or parameters", arch, cc)
+		}
 	}
 	if len(kernelParams) < 30 {
 		t.Errorf("only %d kernels in the embedded PTX", len(kernelParams))
@@ -89,6 +91,7 @@ func TestLaunchArguments(t *testing.T) {
 			wide := kernels.GDNShape{KeyHeads: 1, ValueHeads: 1, KeyDim: 160, ValueDim: 8}
 			be.GDNChunked(f32(24), f32(480), f32(480), f32(24), f32(3), f32(3), f32(1280), f32(1280), 3, 64, wide)
 		},
+		"GDNInputs":  func() { be.GDNInputs(f32(96), f32(96), f32(96), f32(288), 3, gdn, 1e-6, 0.25) },
 		"LogSoftmax": func() { be.LogSoftmax(f32(20), 2, 10) },
 		"TopK":       func() { be.TopK(f32(6), i32(6), f32(20), 2, 10, 3) },
 		"split_bf16": func() { be.launch("split_bf16", d1(1), d1(32), 0, devPtr(0), f32(8), int64(8), int32(2)) },
@@ -99,6 +102,13 @@ func TestLaunchArguments(t *testing.T) {
 		ops["Embedding "+dt.String()] = func() { be.Embedding(f32(32), w(64), i32(2), 2, 16) }
 		ops["MatMul "+dt.String()] = func() { be.MatMul(f32(20), f32(64), w(320), 2, 10, 32) }
 		ops["RMSNorm "+dt.String()] = func() { be.RMSNorm(f32(32), f32(32), w(16), 2, 16, 1e-6, true) }
+		ops["AddRMSNorm "+dt.String()] = func() { be.AddRMSNorm(f32(32), f32(32), f32(32), w(16), 2, 16, 1e-6, true) }
+		for _, cdt := range []kernels.DType{kernels.F32, kernels.BF16} {
+			ops["AttnInputs "+cdt.String()+" cache "+dt.String()] = func() {
+				be.AttnInputs(f32(128), f32(64), f32(64), w(16), w(16), i32(2), f32(4), fake(cdt, 320), fake(cdt, 320), i32(2), 2,
+					kernels.AttnInputShape{Heads: 4, KVHeads: 2, HeadDim: 16, RotDim: 8, Eps: 1e-6, RoPEScale: 1})
+			}
+		}
 		ops["GatedRMSNorm "+dt.String()] = func() { be.GatedRMSNorm(f32(32), f32(32), f32(32), w(16), 2, 16, 1e-6) }
 		ops["CausalConv "+dt.String()] = func() { be.CausalConv(f32(40), f32(40), f32(30), w(40), nil, 4, 10, 4) }
 		ops["CausalConv tree "+dt.String()] = func() { be.CausalConv(f32(40), f32(40), f32(30), w(40), i32(4), 4, 10, 4) }

@@ -20,12 +20,13 @@ const (
 	attnSeqDescLen = 32   // bytes of one AttnSeqDesc: pages, mask, 4 ints
 	attnSeqsLen    = 1032 // bytes of AttnSeqs: the descriptors, count, padding
 	attnThreads    = 256  // ATTN_WARPS warps
+	attnTileQ      = 8    // ATTN_TILE_Q: query vectors (row, head) per block
 	maxHeadDim     = 256
-	// A launch splits each row's keys (then merges) when its (row, head)
-	// blocks would not fill the GPU twice over, in splits of at least
-	// attnSplitKeys keys, at most maxAttnSplits of them.
+	// A launch splits each row's keys (then merges) when its (query tile,
+	// KV head) blocks would not fill the GPU twice over, in splits of at
+	// least attnSplitKeys keys, at most maxAttnSplits of them.
 	attnSplitKeys = 256
-	maxAttnSplits = 64
+	maxAttnSplits = 128
 )
 
 // WriteKV stores n rows of k and v into the caches at the given slots.
@@ -36,6 +37,31 @@ func (be *Backend) WriteKV(kCache, vCache, k, v, slots kernels.Buffer, n, kvDim 
 	be.mu.Lock()
 	defer be.mu.Unlock()
 	be.launch("write_kv"+variant, be.gridFor(n*kvDim, 256), d1(256), 0, kc, vc, kv, vv, sl, i32(n), i32(kvDim), int64(kc.n/kvDim))
+}
+
+// AttnInputs normalises and rotates every query and KV head of a step and
+// stores k and v in the caches: one launch instead of RMSNorm, RoPE (two
+// each) and WriteKV.
+func (be *Backend) AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {
+	if s.RotDim%2 != 0 || s.RotDim > s.HeadDim || s.HeadDim > maxHeadDim {
+		panic(fmt.Sprintf("cuda: AttnInputs shape %+v: RotDim must be even and at most HeadDim, HeadDim at most %d", s, maxHeadDim))
+	}
+	kvDim := s.KVHeads * s.HeadDim
+	qv, kv := f32s("AttnInputs q", q, rows*s.Heads*s.HeadDim), f32s("AttnInputs k", k, rows*kvDim)
+	vv := f32s("AttnInputs v", v, rows*kvDim)
+	qn, variant := weights("AttnInputs qNorm", qNorm, s.HeadDim)
+	kn, kVariant := weights("AttnInputs kNorm", kNorm, s.HeadDim)
+	if variant != kVariant {
+		panic(fmt.Sprintf("cuda: AttnInputs qNorm is %v and kNorm %v: the kernel needs one dtype", qn.dt, kn.dt))
+	}
+	pos, freq := i32s("AttnInputs positions", positions, rows), f32s("AttnInputs invFreq", invFreq, s.RotDim/2)
+	sl := i32s("AttnInputs slots", slots, rows)
+	kc, vc, cacheVariant := caches("AttnInputs", kCache, vCache, kvDim)
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	be.launch("attn_inputs"+cacheVariant+variant, dim3{rows, s.Heads + s.KVHeads, 1}, rowThreads(s.HeadDim, attnThreads), 0,
+		qv, kv, vv, qn, kn, pos, freq, kc, vc, sl, i32(s.Heads), i32(s.KVHeads), i32(s.HeadDim), i32(s.RotDim/2),
+		s.Eps, s.RoPEScale, int64(kc.n/kvDim))
 }
 
 // MoveKV copies cache rows src[i] → dst[i]: all rows go to scratch first,
@@ -73,12 +99,13 @@ func caches(op string, kCache, vCache kernels.Buffer, kvDim int) (k, v *buffer, 
 	return k, v, variant
 }
 
-// Attention computes paged, masked softmax attention for every sequence:
-// one block per (query row, head), in launches of up to maxAttnSeqs
-// sequences. The sequences' descriptors go to the device by an upload into
-// the backend's own table (so Attention cannot be captured in a graph: a
-// replayable step uploads its table with its other metadata and calls
-// AttentionTable).
+// Attention computes paged, masked softmax attention for every sequence,
+// in launches of up to maxAttnSeqs sequences: one block per (query tile,
+// KV head, key split), a query tile being attnTileQ (row, head) query
+// vectors of one sequence among the heads that share the KV head. The
+// sequences' descriptors go to the device by an upload into the backend's
+// own table (so Attention cannot be captured in a graph: a replayable step
+// uploads its table with its other metadata and calls AttentionTable).
 func (be *Backend) Attention(out, q, kCache, vCache kernels.Buffer, shape kernels.AttnShape, seqs []kernels.AttnSeq) {
 	keys := 0
 	for _, sq := range seqs {
@@ -173,12 +200,14 @@ func (be *Backend) AttentionTable(out, q, kCache, vCache kernels.Buffer, shape k
 	be.mu.Lock()
 	defer be.mu.Unlock()
 	for g, lo := 0, 0; lo < len(seqs); g, lo = g+1, lo+maxAttnSeqs {
+		group := seqs[lo:min(lo+maxAttnSeqs, len(seqs))]
 		rows := 0
-		for _, sq := range seqs[lo:min(lo+maxAttnSeqs, len(seqs))] {
+		for _, sq := range group {
 			rows += sq.QueryLen
 		}
 		desc := tb.addr() + devPtr(g*attnSeqsLen)
-		splits := be.attnSplits(maxKeys, rows*shape.NumHeads)
+		tiles := attnTiles(group, shape.NumHeads/shape.NumKVHeads)
+		splits := be.attnSplits(maxKeys, tiles*shape.NumKVHeads)
 		var parts any
 		if splits > 1 {
 			p, err := be.scratchPtr(rows * shape.NumHeads * splits * (2 + shape.HeadDim) * 4)
@@ -188,7 +217,7 @@ func (be *Backend) AttentionTable(out, q, kCache, vCache kernels.Buffer, shape k
 			}
 			parts = p
 		}
-		be.launch("attention"+variant, dim3{rows, shape.NumHeads, splits}, d1(attnThreads), 0, ov, qv, kc, vc, desc,
+		be.launch("attention"+variant, dim3{tiles, shape.NumKVHeads, splits}, d1(attnThreads), 0, ov, qv, kc, vc, desc,
 			i32(shape.NumHeads), i32(shape.NumKVHeads), i32(shape.HeadDim), i32(shape.PageSize),
 			int64(kc.n/(shape.NumKVHeads*shape.HeadDim)), shape.Scale, parts, i32(splits))
 		if splits > 1 {
@@ -198,8 +227,20 @@ func (be *Backend) AttentionTable(out, q, kCache, vCache kernels.Buffer, shape k
 	}
 }
 
+// attnTiles is the number of query tiles of a launch: each sequence's
+// query vectors, (row, head) for the group heads of a KV head, in tiles
+// of attnTileQ.
+func attnTiles(seqs []kernels.AttnSeq, group int) int {
+	tiles := 0
+	for _, sq := range seqs {
+		tiles += (sq.QueryLen*group + attnTileQ - 1) / attnTileQ
+	}
+	return tiles
+}
+
 // attnSplits is how many parts to split each row's keys into, given the
-// most keys a row has and the launch's (row, head) block count.
+// most keys a row has and the launch's (query tile, KV head) block count:
+// enough for two blocks per SM, each split at least attnSplitKeys keys long.
 func (be *Backend) attnSplits(keys, blocks int) int {
 	if blocks == 0 || blocks >= 2*be.sms || keys < 2*attnSplitKeys {
 		return 1

@@ -62,3 +62,27 @@ func TestLayerStep(t *testing.T) {
 // misses; after the tests above on the same backend, the occupancy is at
 // the block sizes their launches used.
 func TestKernelResources(t *testing.T) { checkKernelResources(t, gpu(t)) }
+
+// TestAttentionLong runs the tiled attention kernel at Qwen3.6-27B's heads
+// (24 sharing 4 KV heads, head dim 256) over 32K cached keys against the
+// CPU backend: a decode row (split keys and merge), a 17-row DDTree-16
+// verify, and the two with a windowed row in one launch.
+func TestAttentionLong(t *testing.T) {
+	be := gpu(t)
+	const keys = 32 << 10
+	for _, seqs := range [][]longAttnSeq{
+		{{rows: 1, prefix: keys - 1}},
+		{{rows: len(tree16), prefix: keys - len(tree16), parents: tree16}},
+		{{rows: len(tree16), prefix: keys - len(tree16), parents: tree16}, {rows: 1, prefix: keys / 2}, {rows: 1, prefix: keys - 1, window: 4096}},
+	} {
+		n := checkLongAttention(t, be, qwen36Attn, seqs)
+		t.Logf("%d sequences, %d rows: %d key splits on %d SMs", len(seqs), seqs[0].rows, n, be.sms)
+	}
+}
+
+// TestGDNChunkedModel runs chunked GDN prefill at Qwen3.6-27B's widths (16
+// key heads, 48 value heads, 128 × 128) over 1024 tokens (16 chunks of 64)
+// against the CPU backend.
+func TestGDNChunkedModel(t *testing.T) {
+	checkGDNChunked(t, gpu(t), qwen36.gdn, 1024)
+}

@@ -120,8 +120,11 @@ func open(device int) (*Backend, error) {
 // ptxArch picks the embedded PTX for a compute capability: the newest
 // target not above it (the driver compiles PTX for newer GPUs too).
 func ptxArch(cc int) string {
-	if cc >= 90 {
+	switch {
+	case cc >= 90:
 		return "sm_90"
+	case cc >= 89:
+		return "sm_89" // Ada: the hardware E4M3 conversion
 	}
 	return "sm_80"
 }

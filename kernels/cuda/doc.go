@@ -6,7 +6,7 @@
 // Building needs neither CUDA headers nor libraries: a machine without an
 // NVIDIA driver builds and vets everything, and New then reports which
 // library is missing. The driver JIT-compiles the embedded PTX for the GPU
-// at New (sm_80 PTX for Ampere and Ada, sm_90 PTX for Hopper and newer).
+// at New (sm_80 PTX for Ampere, sm_89 for Ada, sm_90 for Hopper and newer).
 //
 // Semantics follow the CPU reference backend (kernels/cpu) op by op;
 // kernels/kerneltest is the conformance suite, run against this backend by

@@ -72,17 +72,21 @@ func recurrentState(op string, state kernels.Buffer, like *buffer, n int) (*buff
 	return st, flag
 }
 
-// gdnChunk is GDN_CHUNK in gdn.cu; gdnChunkedMaxKeyDim keeps the chunked
-// kernel's shared memory within the 48 KiB any GPU gives a block.
+// gdnChunk is GDN_CHUNK in gdn.cu; gdnChunkedMaxKeyDim keeps
+// gdn_chunk_scan's shared memory within the 48 KiB any GPU gives a block.
 const (
-	gdnChunk            = 16
+	gdnChunk            = 64
+	gdnSub              = 16 // GDN_SUB
+	gdnPrepThreads      = 256
 	gdnChunkedMaxKeyDim = 128
 )
 
 // GDNChunked computes a chain without node states in the chunked WY form,
 // in chunks of gdnChunk tokens whatever chunk asks for (the result is the
-// same to F32 rounding); key dims above gdnChunkedMaxKeyDim run the token
-// recurrence instead.
+// same to F32 rounding): gdn_chunk_prep does the chunks' solves and
+// products in parallel, one block per (chunk, value head), into scratch;
+// gdn_chunk_scan then carries the state across the chunks. Key dims above
+// gdnChunkedMaxKeyDim run the token recurrence instead.
 func (be *Backend) GDNChunked(out, q, k, v, g, beta, state, stateOut kernels.Buffer, T, chunk int, shape kernels.GDNShape) {
 	if chunk <= 0 {
 		panic(fmt.Sprintf("cuda: GDNChunked chunk %d must be positive", chunk))
@@ -97,12 +101,27 @@ func (be *Backend) GDNChunked(out, q, k, v, g, beta, state, stateOut kernels.Buf
 		be.gdnRecurrence(append(args, st, final, nil, stBF16, nil), T, shape)
 		return
 	}
-	groups := (shape.KeyDim + 31) / 32
-	grid := dim3{shape.ValueHeads, (shape.ValueDim + 31) / 32, 1}
-	const c = gdnChunk
-	smem := (3*c*shape.KeyDim + 2*c*c + 2*c + 32*c + 2*groups*c*32) * 4
-	args = append(args, st, final, stBF16, i32(T), i32(shape.KeyHeads), i32(shape.ValueHeads), i32(shape.KeyDim), i32(shape.ValueDim))
-	be.launch("gdn_chunked", grid, dim3{32, groups, 1}, smem, args...)
+	o, qv, kv, vv, gv, bv := args[0], args[1], args[2], args[3], args[4], args[5]
+	kd, vd, vh := shape.KeyDim, shape.ValueDim, shape.ValueHeads
+	// Scratch, in floats: gcs [T·vh], wks [T·vh·kd], us [T·vh·vd], qks [T·vh·gdnChunk].
+	lens := []int{T * vh, T * vh * kd, T * vh * vd, T * vh * gdnChunk}
+	base, err := be.scratchPtr(4 * (lens[0] + lens[1] + lens[2] + lens[3]))
+	if err != nil {
+		be.fail(err)
+		return
+	}
+	var scratch [4]devPtr
+	for i, off := 0, base; i < len(lens); i++ {
+		scratch[i], off = off, off+devPtr(4*lens[i])
+	}
+	gcs, wks, us, qks := scratch[0], scratch[1], scratch[2], scratch[3]
+	dims := []any{i32(T), i32(shape.KeyHeads), i32(vh), i32(kd), i32(vd)}
+	be.launch("gdn_chunk_prep", dim3{(T + gdnChunk - 1) / gdnChunk, vh, 1}, d1(gdnPrepThreads), 0,
+		append([]any{gcs, wks, us, qks, qv, kv, vv, gv, bv}, dims...)...)
+	groups := (kd + 31) / 32
+	smem := (2*gdnSub*kd + 2*groups*gdnSub*32 + gdnChunk*32) * 4
+	be.launch("gdn_chunk_scan", dim3{vh, (vd + 31) / 32, 1}, dim3{32, groups, 1}, smem,
+		append([]any{o, qv, kv, gcs, wks, us, qks, st, final, stBF16}, dims...)...)
 }
 
 // gdnRecurrence launches gdn.cu's kernel: block (value head, 32 value

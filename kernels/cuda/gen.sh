@@ -2,8 +2,8 @@
 # Compiles the CUDA kernels (kernels/*.cu) to PTX with clang, into
 # ptx/<arch>/<name>.ptx, which the Go package embeds. No CUDA toolkit is
 # needed: clang emits PTX by itself, and the driver compiles that PTX for the
-# GPU it runs on (sm_80 PTX serves Ampere and Ada, sm_90 PTX Hopper and
-# newer). Machine code (cubin/fatbin with SASS) would need NVIDIA's ptxas.
+# GPU it runs on (sm_80 PTX serves Ampere, sm_89 PTX Ada, sm_90 PTX Hopper
+# and newer). Machine code (cubin/fatbin with SASS) would need NVIDIA's ptxas.
 #
 #   gen.sh          regenerate ptx/ (make cuda)
 #   gen.sh check    fail unless every kernel compiles, the committed PTX is
@@ -17,8 +17,9 @@ if ! command -v "$CLANG" >/dev/null 2>&1; then
 	exit 1
 fi
 # arch:PTX ISA version. Without a CUDA install clang must be told the PTX
-# version; these are the lowest that support each arch (CUDA 11.0 and 11.8 drivers).
-archs="sm_80:ptx70 sm_90:ptx78"
+# version; these are the lowest that support each arch (CUDA 11.0 and 11.8
+# drivers). sm_89 (Ada) has its own PTX for the hardware E4M3 conversion.
+archs="sm_80:ptx70 sm_89:ptx78 sm_90:ptx78"
 
 out=ptx
 if [ "${1:-}" = check ]; then

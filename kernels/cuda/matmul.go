@@ -55,10 +55,7 @@ func (be *Backend) MatMul(out, x, w kernels.Buffer, m, n, k int) {
 // the F32 accumulation itself. It reports false (having queued nothing)
 // when cuBLASLt has no algorithm for the shape.
 func (be *Backend) matmulSplitBF16(out, x, w *buffer, m, n, k int) bool {
-	terms := 3
-	if k >= 64 {
-		terms = 2
-	}
+	terms := splitTerms(k)
 	plan, err := be.blas.plan(terms*m, n, k, w.addr())
 	if err != nil {
 		be.fail(err)
@@ -83,9 +80,18 @@ func (be *Backend) matmulSplitBF16(out, x, w *buffer, m, n, k int) bool {
 	return true
 }
 
+// splitTerms is how many bf16 terms an F32 activation splits into for a
+// product over k (see matmulSplitBF16).
+func splitTerms(k int) int {
+	if k >= 64 {
+		return 2
+	}
+	return 3
+}
+
 // matmulFP8 runs MatMul on block-scaled FP8 weights (matmul_fp8.cu): the
-// warp-per-row kernel for decode-sized m, the shared-memory tiled kernel
-// for verify blocks and prefill.
+// warp-per-row kernel for decode-sized m, bf16 tensor cores on split
+// activations for verify blocks and prefill.
 func (be *Backend) matmulFP8(out, x *buffer, w *kernels.BlockScaled, m, n, k int) {
 	if w.Rows != n || w.Cols != k {
 		panic(fmt.Sprintf("cuda: MatMul n=%d k=%d on an FP8 weight [%d, %d]", n, k, w.Rows, w.Cols))
@@ -99,9 +105,9 @@ func (be *Backend) matmulFP8(out, x *buffer, w *kernels.BlockScaled, m, n, k int
 	be.mu.Lock()
 	defer be.mu.Unlock()
 	if m > gemvMaxRows {
-		const tile = 32 // FP8_TILE in matmul_fp8.cu
+		const tile = 64 // FP8_MMA_ROWS and FP8_MMA_COLS in matmul_fp8.cu
 		grid := dim3{(n + tile - 1) / tile, (m + tile - 1) / tile, 1}
-		be.launch("matmul_fp8_tiled", grid, d1(256), 0, out, x, q, scale, i32(m), i32(n), i32(k))
+		be.launch("matmul_fp8_mma", grid, d1(128), 0, out, x, q, scale, i32(m), i32(n), i32(k), i32(splitTerms(k)))
 		return
 	}
 	vec := int32(0)

@@ -25,6 +25,21 @@ func (be *Backend) RMSNorm(out, x, w kernels.Buffer, rows, dim int, eps float32,
 	be.launch("rmsnorm"+variant, d1(rows), rowThreads(dim, 256), 0, o, xv, wv, i32(dim), eps, offset)
 }
 
+// AddRMSNorm adds delta into x, then writes RMSNorm(x) to out: one launch
+// for the residual add and the next norm.
+func (be *Backend) AddRMSNorm(x, delta, out, w kernels.Buffer, rows, dim int, eps float32, unitOffset bool) {
+	xv, dv := f32s("AddRMSNorm x", x, rows*dim), f32s("AddRMSNorm delta", delta, rows*dim)
+	o := f32s("AddRMSNorm out", out, rows*dim)
+	wv, variant := weights("AddRMSNorm w", w, dim)
+	offset := float32(0)
+	if unitOffset {
+		offset = 1
+	}
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	be.launch("add_rmsnorm"+variant, d1(rows), rowThreads(dim, 256), 0, xv, dv, o, wv, i32(dim), eps, offset)
+}
+
 // GatedRMSNorm computes RMSNorm(x)·w·silu(z) per row.
 func (be *Backend) GatedRMSNorm(out, x, z, w kernels.Buffer, rows, dim int, eps float32) {
 	o, xv := f32s("GatedRMSNorm out", out, rows*dim), f32s("GatedRMSNorm x", x, rows*dim)
@@ -41,6 +56,19 @@ func (be *Backend) L2Norm(x kernels.Buffer, rows, dim int, eps, scale float32) {
 	be.mu.Lock()
 	defer be.mu.Unlock()
 	be.launch("l2norm", d1(rows), rowThreads(dim, 256), 0, xv, i32(dim), eps, scale)
+}
+
+// GDNInputs splits conv into q, k and v and L2-normalises q and k's key
+// heads: one launch instead of three copies and two norms.
+func (be *Backend) GDNInputs(q, k, v, conv kernels.Buffer, T int, s kernels.GDNShape, eps, qScale float32) {
+	qk, vd := s.KeyHeads*s.KeyDim, s.ValueHeads*s.ValueDim
+	qv, kv, vv := f32s("GDNInputs q", q, T*qk), f32s("GDNInputs k", k, T*qk), f32s("GDNInputs v", v, T*vd)
+	cv := f32s("GDNInputs conv", conv, T*(2*qk+vd))
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	// l2norm's block size, so that each head's sum of squares adds in its order.
+	be.launch("gdn_inputs", dim3{T, 2*s.KeyHeads + 1, 1}, rowThreads(s.KeyDim, 256), 0,
+		qv, kv, vv, cv, i32(s.KeyHeads), i32(s.KeyDim), i32(vd), eps, qScale)
 }
 
 // RoPE rotates the first rotDim dims of every head, NeoX style, in place;

@@ -149,7 +149,8 @@ func TestEmulatedAttentionTable(t *testing.T) {
 				t.Errorf("maxKeys %d step %d: ‖emulated−cpu‖/‖cpu‖ = %.2g", maxKeys, step, d)
 			}
 		}
-		if maxKeys == 1024 && be.attnSplits(maxKeys, rows*shape.NumHeads) < 2 {
+		blocks := attnTiles([]kernels.AttnSeq{{QueryLen: 1}, {QueryLen: 3}}, shape.NumHeads/shape.NumKVHeads) * shape.NumKVHeads
+		if maxKeys == 1024 && be.attnSplits(maxKeys, blocks) < 2 {
 			t.Errorf("%d keys over %d SMs do not split: the split path went untested", maxKeys, be.sms)
 		}
 	}

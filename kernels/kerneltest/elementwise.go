@@ -3,6 +3,7 @@ package kerneltest
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"ddflash/kernels"
 )
@@ -33,6 +34,45 @@ func testRMSNorm(h *harness) {
 				}
 			}
 			h.expectClose(fmt.Sprintf("RMSNorm unitOffset=%v w %v", unitOffset, dt), h.read(xb, rows*dim), want, nil, normTol(dim))
+		}
+	}
+}
+
+// testAddRMSNorm checks the fused residual add and norm: x must hold x+delta
+// rounded to F32, out RMSNorm of that, and both equal what Add and RMSNorm
+// give on the same backend, bit for bit.
+func testAddRMSNorm(h *harness) {
+	const rows, dim, eps = 3, 300, 1e-6
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		x, delta := h.normal(rows*dim, 2), h.normal(rows*dim, 1)
+		w, wv := h.weights(dt, h.normal(dim, 0.5))
+		xb, out := h.f32(x), h.alloc(kernels.F32, rows*dim)
+		h.be.AddRMSNorm(xb, h.f32(delta), out, w, rows, dim, eps, true)
+		sum, want := make([]float32, rows*dim), make([]float64, rows*dim)
+		for i := range sum {
+			sum[i] = x[i] + delta[i]
+		}
+		for r := range rows {
+			inv := refRMS(sum[r*dim:(r+1)*dim], eps)
+			for i := range dim {
+				want[r*dim+i] = float64(sum[r*dim+i]) * inv * (1 + wv[i])
+			}
+		}
+		name := fmt.Sprintf("AddRMSNorm w %v", dt)
+		gotX, gotOut := h.read(xb, rows*dim), h.read(out, rows*dim)
+		for i := range sum {
+			if gotX[i] != sum[i] {
+				h.t.Errorf("%s: x[%d] = %v, want x+delta = %v", name, i, gotX[i], sum[i])
+				break
+			}
+		}
+		h.expectClose(name, gotOut, want, nil, normTol(dim))
+		// The unfused ops on this backend.
+		xb2, out2 := h.f32(x), h.alloc(kernels.F32, rows*dim)
+		h.be.Add(xb2, xb2, h.f32(delta), rows*dim)
+		h.be.RMSNorm(out2, xb2, w, rows, dim, eps, true)
+		if sep := h.read(out2, rows*dim); !slices.Equal(sep, gotOut) {
+			h.t.Errorf("%s: differs from Add then RMSNorm on the same backend", name)
 		}
 	}
 }
@@ -120,6 +160,75 @@ func checkRoPE(h *harness, freq []float32, ropeScale float32, rows, heads, headD
 		}
 	}
 	h.expectClose("RoPE", h.read(xb, len(x)), want, scale, tolerance{1e-30, 8 * f32Unit})
+}
+
+// testAttnInputs checks the fused q/k norm, RoPE and KV write against the
+// unfused RMSNorm, RoPE and WriteKV on the same backend (each checked
+// against float64 references above), with F32 and BF16 caches and BF16
+// norm weights, a partial rotation and scattered slots: q, k and the cache
+// rows must agree to a few F32 roundings (a BF16 cache: to one bf16
+// rounding, which an F32 rounding of k may tip).
+func testAttnInputs(h *harness) {
+	const rows, slots = 3, 10
+	s := kernels.AttnInputShape{Heads: 4, KVHeads: 2, HeadDim: 40, RotDim: 24, Eps: 1e-6, RoPEScale: 1.1}
+	qDim, kvDim := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	freq := h.uniform(s.RotDim/2, 0, 1)
+	pos, at := []int32{0, 5, 3001}, []int32{7, 2, 9}
+	q, k, v := h.normal(rows*qDim, 2), h.normal(rows*kvDim, 2), h.normal(rows*kvDim, 1)
+	qNorm, _ := h.weights(kernels.BF16, h.normal(s.HeadDim, 0.3))
+	kNorm, _ := h.weights(kernels.BF16, h.normal(s.HeadDim, 0.3))
+	for _, cdt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		run := func(fused bool) (qOut, kOut, kc, vc []float32) {
+			qb, kb := h.f32(q), h.f32(k)
+			kCache, vCache := h.alloc(cdt, slots*kvDim), h.alloc(cdt, slots*kvDim)
+			h.be.Fill(kCache, 0)
+			h.be.Fill(vCache, 0)
+			posb, freqb, slotb := h.i32(pos), h.f32(freq), h.i32(at)
+			if fused {
+				h.be.AttnInputs(qb, kb, h.f32(v), qNorm, kNorm, posb, freqb, kCache, vCache, slotb, rows, s)
+			} else {
+				h.be.RMSNorm(qb, qb, qNorm, rows*s.Heads, s.HeadDim, s.Eps, true)
+				h.be.RMSNorm(kb, kb, kNorm, rows*s.KVHeads, s.HeadDim, s.Eps, true)
+				h.be.RoPE(qb, posb, freqb, rows, s.Heads, s.HeadDim, s.RotDim, s.RoPEScale)
+				h.be.RoPE(kb, posb, freqb, rows, s.KVHeads, s.HeadDim, s.RotDim, s.RoPEScale)
+				h.be.WriteKV(kCache, vCache, kb, h.f32(v), slotb, rows, kvDim)
+			}
+			return h.read(qb, rows*qDim), h.read(kb, rows*kvDim), h.read(kCache, slots*kvDim), h.read(vCache, slots*kvDim)
+		}
+		gq, gk, gkc, gvc := run(true)
+		wq, wk, wkc, wvc := run(false)
+		tight, cacheTol := tolerance{1e-30, 4 * f32Unit}, tolerance{1e-30, 4 * f32Unit}
+		if cdt == kernels.BF16 {
+			cacheTol.rtol = 1.0 / 256
+		}
+		name := fmt.Sprintf("AttnInputs %v cache", cdt)
+		h.expectClose(name+" q", gq, widen(wq), nil, tight)
+		h.expectClose(name+" k", gk, widen(wk), nil, tight)
+		h.expectClose(name+" k cache", gkc, widen(wkc), nil, cacheTol)
+		h.expectClose(name+" v cache", gvc, widen(wvc), nil, tolerance{})
+	}
+}
+
+// testGDNInputs checks the fused split and L2 norms of the convolved GDN
+// rows against three Copy and two L2Norm calls on the same backend (each
+// checked against float64 references): equal, bit for bit.
+func testGDNInputs(h *harness) {
+	const T, eps, qScale = 3, 1e-6, 0.125
+	s := kernels.GDNShape{KeyHeads: 2, ValueHeads: 4, KeyDim: 20, ValueDim: 9}
+	qk, vd := s.KeyHeads*s.KeyDim, s.ValueHeads*s.ValueDim
+	width := 2*qk + vd
+	conv := h.f32(h.normal(T*width, 2))
+	q, k, v := h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*vd)
+	h.be.GDNInputs(q, k, v, conv, T, s, eps, qScale)
+	wq, wk, wv := h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*vd)
+	h.be.Copy(wq, conv, T, qk, qk, width)
+	h.be.Copy(wk, h.be.Slice(conv, qk, T*width-qk), T, qk, qk, width)
+	h.be.Copy(wv, h.be.Slice(conv, 2*qk, T*width-2*qk), T, vd, vd, width)
+	h.be.L2Norm(wq, T*s.KeyHeads, s.KeyDim, eps, qScale)
+	h.be.L2Norm(wk, T*s.KeyHeads, s.KeyDim, eps, 1)
+	h.expectEqual("GDNInputs q", h.read(q, T*qk), h.read(wq, T*qk))
+	h.expectEqual("GDNInputs k", h.read(k, T*qk), h.read(wk, T*qk))
+	h.expectEqual("GDNInputs v", h.read(v, T*vd), h.read(wv, T*vd))
 }
 
 // testSwiGLU includes gates far into both tails, where a naive exp overflows.

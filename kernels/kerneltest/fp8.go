@@ -11,10 +11,11 @@ import (
 // float64 product with the dequantised weights, w = e4m3(q)·scale[i/128][j/128],
 // decoded here from the format's definition. Shapes cross partial scale
 // blocks in both dimensions, partial tiles of weight rows, vector tails and
-// the few-row and many-row paths. Bound: MatMul's, with one more rounding
-// per product for the dequantised weight.
+// the few-row and many-row paths (up to more than one block of 64 rows).
+// Bound: MatMul's, with one more rounding per product for the dequantised
+// weight.
 func testMatMulFP8(h *harness) {
-	shapes := [][3]int{{1, 130, 300}, {1, 8, 256}, {2, 5, 40}, {4, 36, 128}, {9, 260, 136}, {16, 64, 384}, {17, 13, 37}}
+	shapes := [][3]int{{1, 130, 300}, {1, 8, 256}, {2, 5, 40}, {4, 36, 128}, {9, 260, 136}, {16, 64, 384}, {17, 13, 37}, {70, 70, 200}}
 	for _, s := range shapes {
 		m, n, k := s[0], s[1], s[2]
 		x := h.normal(m*k+3, 1)

@@ -192,6 +192,12 @@ func (p *Backend) Add(out, a, b kernels.Buffer, n int) {
 	p.end(t0, 12*int64(n), opKey{name: "Add"})
 }
 
+func (p *Backend) AddRMSNorm(x, delta, out, w kernels.Buffer, rows, dim int, eps float32, unitOffset bool) {
+	t0 := p.begin()
+	p.Backend.AddRMSNorm(x, delta, out, w, rows, dim, eps, unitOffset)
+	p.end(t0, 16*int64(rows*dim)+size(w, dim), opKey{name: "AddRMSNorm", a: dim})
+}
+
 func (p *Backend) RMSNorm(out, x, w kernels.Buffer, rows, dim int, eps float32, unitOffset bool) {
 	t0 := p.begin()
 	p.Backend.RMSNorm(out, x, w, rows, dim, eps, unitOffset)
@@ -232,6 +238,19 @@ func (p *Backend) GroupedConv(out, x, base, delta kernels.Buffer, rows, dim, tap
 	t0 := p.begin()
 	p.Backend.GroupedConv(out, x, base, delta, rows, dim, taps, groupSize, deltaStride)
 	p.end(t0, 4*int64(rows*dim*(2+taps)+taps*dim+rows*taps*(dim/groupSize)), opKey{name: "GroupedConv"})
+}
+
+func (p *Backend) GDNInputs(q, k, v, conv kernels.Buffer, T int, s kernels.GDNShape, eps, qScale float32) {
+	t0 := p.begin()
+	p.Backend.GDNInputs(q, k, v, conv, T, s, eps, qScale)
+	p.end(t0, 8*int64(T*(2*s.KeyHeads*s.KeyDim+s.ValueHeads*s.ValueDim)), opKey{name: "GDNInputs"})
+}
+
+func (p *Backend) AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {
+	t0 := p.begin()
+	p.Backend.AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots, rows, s)
+	kvDim := s.KVHeads * s.HeadDim
+	p.end(t0, 8*int64(rows*(s.Heads*s.HeadDim+kvDim))+4*int64(rows*kvDim)+2*size(kCache, rows*kvDim), opKey{name: "AttnInputs"})
 }
 
 func (p *Backend) WriteKV(kCache, vCache, k, v, slots kernels.Buffer, n, kvDim int) {

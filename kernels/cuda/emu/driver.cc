@@ -159,6 +159,7 @@ static void drop(Barrier &b) {
 }
 
 void emu_barrier() { arrive(block_bar); }
+void emu_warp_barrier() { arrive(warp_bars[current / 32]); }
 
 // shfl waits once per shuffle: each lane writes its value at the parity
 // of the warp barrier's generation, arrives, and reads its partner's. No
@@ -325,17 +326,37 @@ API cuDeviceGet(int *dev, int ordinal) {
   *dev = ordinal;
   return ordinal >= 0 && ordinal < emu_devices ? OK : ERR_INVALID_VALUE;
 }
+// The GPU the emulation imitates: DDFLASH_EMU_GPU names one of these, so
+// that decisions made from the device's attributes (attention's key
+// splits from the SM count) run as they would there. By default a GPU of
+// 4 SMs, which keeps grid-stride loops looping.
+struct EmuGPU {
+  const char *name;
+  int sms, cc_major, cc_minor;
+};
+static const EmuGPU emu_gpus[] = {
+    {"CPU emulation", 4, 9, 0},
+    {"NVIDIA H200", 132, 9, 0},
+    {"NVIDIA RTX PRO 6000 Blackwell Server Edition", 188, 12, 0},
+};
+static const EmuGPU &emu_gpu() {
+  const char *want = getenv("DDFLASH_EMU_GPU");
+  if (want && *want)
+    for (const EmuGPU &g : emu_gpus)
+      if (strstr(g.name, want)) return g;
+  return emu_gpus[0];
+}
 API cuDeviceGetAttribute(int *v, int attr, int) {
   switch (attr) {
-    case 16: *v = 4; return OK;   // multiprocessors: keeps grid-stride loops looping
+    case 16: *v = emu_gpu().sms; return OK;  // multiprocessors
     case 39: *v = 2048; return OK;  // threads per multiprocessor, as sm_80 and sm_90
-    case 75: *v = 9; return OK;   // compute capability 9.0
-    case 76: *v = 0; return OK;
+    case 75: *v = emu_gpu().cc_major; return OK;
+    case 76: *v = emu_gpu().cc_minor; return OK;
   }
   return ERR_INVALID_VALUE;
 }
 API cuDeviceGetName(char *name, int len, int) {
-  snprintf(name, len, "CPU emulation");
+  snprintf(name, len, "%s", emu_gpu().name);
   return OK;
 }
 static int ctx_token;

@@ -23,10 +23,12 @@ extern void *emu_dynamic_shared;
 #define LAUNCH_BOUNDS(n)
 
 void emu_barrier();
+void emu_warp_barrier();
 float emu_shfl_f32(float v, int lane_mask);
 int emu_shfl_i32(int v, int lane_mask);
 
 inline void __nvvm_bar_sync(int) { emu_barrier(); }
+inline void __nvvm_bar_warp_sync(unsigned) { emu_warp_barrier(); }
 inline float __nvvm_shfl_sync_bfly_f32(unsigned, float v, int o, int) { return emu_shfl_f32(v, o); }
 inline int __nvvm_shfl_sync_bfly_i32(unsigned, int v, int o, int) { return emu_shfl_i32(v, o); }
 inline float __nvvm_round_f(float x) { return std::round(x); }

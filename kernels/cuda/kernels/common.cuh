@@ -31,6 +31,8 @@ typedef unsigned long long u64;
 typedef long long i64;
 
 INLINE void sync_threads() { __nvvm_bar_sync(0); }
+// sync_warp waits for the warp's lanes and orders their shared-memory accesses.
+INLINE void sync_warp() { __nvvm_bar_warp_sync(0xffffffffu); }
 
 // trap aborts the kernel: the CUDA analogue of the CPU backend's panics on
 // out-of-range indices. The context then reports an error at the next Sync.
@@ -58,6 +60,12 @@ INLINE u16 to_bf16_rne(float f) {
   if ((b & 0x7fffffff) > 0x7f800000) return (u16)((b >> 16) | 0x40);
   return (u16)((b + 0x7fff + ((b >> 16) & 1)) >> 16);
 }
+
+#define MAX_HEAD_DIM 256  // attention's head dim limit (maxHeadDim in attention.go)
+
+// store_cache rounds a value to a KV cache's type (BF16: to nearest even).
+INLINE void store_cache(float *dst, float v) { *dst = v; }
+INLINE void store_cache(bf16 *dst, float v) { dst->bits = to_bf16_rne(v); }
 
 // Defines KERNEL name##_f32, name##_bf16 and name##_f16 from one template
 // whose template parameter is the weight type; args may name it as W.

@@ -120,26 +120,135 @@ KERNEL gdn_recurrence(float *out, const float *q, const float *k, const float *v
   if (!parents) store_state(S, state_out, state_bf16, head, r0, j, kd, vd, col);
 }
 
-#define GDN_CHUNK 16  // tokens per chunk of gdn_chunked
+// Chunked prefill (gdn_chunk_prep, then gdn_chunk_scan) computes what a
+// chain gdn_recurrence without node states computes, GDN_CHUNK tokens at
+// a time in the WY form of flash-linear-attention's chunk kernels (and of
+// HF's torch_chunk_gated_delta_rule, kernels/cpu/gdn_chunked.go): inside a
+// chunk the delta rule becomes a triangular solve, and the state is read
+// and updated once per chunk. The solve and every product that does not
+// involve the state run for all chunks in parallel (gdn_chunk_prep); only
+// the state's pass over the chunks is sequential (gdn_chunk_scan). Their
+// scratch holds, per token t and value head h, at (t·value_heads + h)·dim:
+//   gcs  [1]        the cumulative log-decay inside t's chunk, gc_t
+//   wks  [kd]       wk_t = Σ_{a<=t} (I+A)⁻¹[t][a]·beta_a·exp(gc_a)·k_a
+//   us   [vd]       u_t  = Σ_{a<=t} (I+A)⁻¹[t][a]·beta_a·v_a
+//   qks  [CHUNK]    qk_t[a] = (q_t·k_a)·exp(gc_t−gc_a) for a <= t, else 0
+// where A[t][a] = beta_t·(k_t·k_a)·exp(gc_t−gc_a) for a < t (a, t in one
+// chunk, indices relative to it).
+#define GDN_CHUNK 64
+#define GDN_SLAB 32  // key dims per shared-memory slab of gdn_chunk_prep
+#define GDN_SUB 16   // tokens per shared-memory stage of gdn_chunk_scan
+#define GDN_PREP_THREADS 256
 
-// gdn_chunked computes what a chain gdn_recurrence without node states
-// computes, GDN_CHUNK tokens at a time in the WY form (HF's
-// torch_chunk_gated_delta_rule, kernels/cpu/gdn_chunked.go): inside a chunk
-// the delta rule becomes a triangular solve, and the state is read and
-// updated once per chunk. Same block and thread layout as gdn_recurrence:
-// columns are independent, so each block redoes the chunk's small
-// matrices for its 32 columns. Shared memory (dynamic, floats):
-//   qc, kc, wk [GDN_CHUNK][kd]; tri, qk [GDN_CHUNK][GDN_CHUNK];
-//   gc, bt [GDN_CHUNK]; u [GDN_CHUNK][32]; pw, pq [blockDim.y][GDN_CHUNK][32].
-// A BF16 state is widened on load and rounded once, on store.
-KERNEL gdn_chunked(float *out, const float *q, const float *k, const float *v, const float *g, const float *beta,
-                   const void *state, void *state_out, int state_bf16, int T, int key_heads, int value_heads, int kd,
-                   int vd) {
+// gdn_chunk_prep: block (chunk, value head), GDN_PREP_THREADS threads.
+// Rows of keys and queries are staged GDN_SLAB dims at a time with a row
+// stride of GDN_SLAB + 1, so the 32 lanes reading dim d of 32 keys hit 32
+// banks; the 64×64 products live in registers, 16 per thread.
+KERNEL gdn_chunk_prep(float *gcs, float *wks, float *us, float *qks, const float *q, const float *k, const float *v,
+                      const float *g, const float *beta, int T, int key_heads, int value_heads, int kd, int vd) {
+  const int C = GDN_CHUNK, per_thread = C * C / GDN_PREP_THREADS;
+  __shared__ float gc[C], bt[C], wexp[C];
+  __shared__ float tri[C][C];  // -A, then (I+A)⁻¹ below the diagonal
+  __shared__ float ks[C][GDN_SLAB + 1], qs[C][GDN_SLAB + 1];
+  int s = blockIdx.x * C, h = blockIdx.y, kh = h / (value_heads / key_heads), tid = threadIdx.x;
+  int n = T - s < C ? T - s : C;
+  if (tid == 0) {
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++) {
+      i64 th = (i64)(s + i) * value_heads + h;
+      acc += g[th];
+      gc[i] = acc, bt[i] = beta[th], wexp[i] = beta[th] * expf_(acc);
+      gcs[th] = acc;
+    }
+  }
+  // Thread tid owns entries e = tid + r·GDN_PREP_THREADS: row e / C, column e % C.
+  float kk[per_thread], qk[per_thread];
+#pragma unroll
+  for (int r = 0; r < per_thread; r++) kk[r] = qk[r] = 0.0f;
+  for (int d0 = 0; d0 < kd; d0 += GDN_SLAB) {
+    for (int e = tid; e < C * GDN_SLAB; e += GDN_PREP_THREADS) {
+      int i = e / GDN_SLAB, d = e % GDN_SLAB;
+      i64 src = ((i64)(s + i) * key_heads + kh) * kd + d0 + d;
+      bool in = i < n && d0 + d < kd;
+      ks[i][d] = in ? k[src] : 0.0f;
+      qs[i][d] = in ? q[src] : 0.0f;
+    }
+    sync_threads();
+#pragma unroll
+    for (int r = 0; r < per_thread; r++) {
+      int e = tid + r * GDN_PREP_THREADS, i = e / C, a = e % C;
+      float kkv = kk[r], qkv = qk[r];
+      for (int d = 0; d < GDN_SLAB; d++) {
+        kkv = fmaf_(ks[i][d], ks[a][d], kkv);
+        qkv = fmaf_(qs[i][d], ks[a][d], qkv);
+      }
+      kk[r] = kkv, qk[r] = qkv;
+    }
+    sync_threads();  // the next slab overwrites ks and qs
+  }
+#pragma unroll
+  for (int r = 0; r < per_thread; r++) {
+    int e = tid + r * GDN_PREP_THREADS, i = e / C, a = e % C;
+    bool below = i < n && a < i, on = i < n && a <= i;
+    float decay = on ? expf_(gc[i] - gc[a]) : 0.0f;
+    tri[i][a] = below ? -bt[i] * kk[r] * decay : 0.0f;
+    if (i < n) qks[((i64)(s + i) * value_heads + h) * C + a] = on ? qk[r] * decay : 0.0f;
+  }
+  sync_threads();
+  // Forward substitution turns I + tri into (I + A)⁻¹, row by row; each
+  // row reads its old values before any are replaced.
+  for (int i = 1; i < n; i++) {
+    float next = 0.0f;
+    if (tid < i) {
+      next = tri[i][tid];
+      for (int m = tid + 1; m < i; m++) next = fmaf_(tri[i][m], tri[m][tid], next);
+    }
+    sync_threads();
+    if (tid < i) tri[i][tid] = next;
+    sync_threads();
+  }
+  // wk and u, 32 columns at a time: lane = column, warp w rows w, w+8, ...
+  // The staged rows (keys, then values) reuse ks.
+  int lane = tid & 31, warp = tid >> 5, warps = GDN_PREP_THREADS / 32;
+  for (int pass = 0; pass < 2; pass++) {
+    const float *src = pass == 0 ? k : v;
+    float *dst = pass == 0 ? wks : us;
+    const float *coef = pass == 0 ? wexp : bt;
+    int dim = pass == 0 ? kd : vd, heads = pass == 0 ? key_heads : value_heads, sh = pass == 0 ? kh : h;
+    for (int d0 = 0; d0 < dim; d0 += 32) {
+      for (int e = tid; e < C * 32; e += GDN_PREP_THREADS) {
+        int i = e / 32, d = e % 32;
+        ks[i][d] = i < n && d0 + d < dim ? src[((i64)(s + i) * heads + sh) * dim + d0 + d] : 0.0f;
+      }
+      sync_threads();
+      for (int i = warp; i < n; i += warps) {
+        float acc = 0.0f;
+        for (int a = 0; a <= i; a++) acc = fmaf_((a < i ? tri[i][a] : 1.0f) * coef[a], ks[a][lane], acc);
+        if (d0 + lane < dim) dst[((i64)(s + i) * value_heads + h) * dim + d0 + lane] = acc;
+      }
+      sync_threads();
+    }
+  }
+}
+
+// gdn_chunk_scan runs the state over the chunks, one after the other, with
+// gdn_recurrence's block and thread layout: block (value head, 32 state
+// columns), thread (x, y) keeping column blockIdx.y*32+x of rows y*32 ..
+// y*32+31 in registers. Per chunk, with S the state before it:
+//   new values  un_t = u_t − wk_t·S
+//   outputs     out_t = exp(gc_t)·q_t·S + Σ_a qk_t[a]·un_a
+//   state       S = exp(gc_last)·S + Σ_a exp(gc_last−gc_a)·k_a ⊗ un_a
+// Rows of wk, q and k go through shared memory GDN_SUB tokens at a time.
+// Shared memory (dynamic, floats): rows [2][GDN_SUB][kd]; partial sums
+// pw, pq [blockDim.y][GDN_SUB][32]; un [GDN_CHUNK][32]. A BF16 state is
+// widened on load and rounded once, on store.
+KERNEL gdn_chunk_scan(float *out, const float *q, const float *k, const float *gcs, const float *wks, const float *us,
+                      const float *qks, const void *state, void *state_out, int state_bf16, int T, int key_heads,
+                      int value_heads, int kd, int vd) {
   DYNAMIC_SHARED(float, smem);
-  const int C = GDN_CHUNK;
+  const int C = GDN_CHUNK, B = GDN_SUB;
   int groups = blockDim.y;
-  float *qc = smem, *kc = qc + C * kd, *wk = kc + C * kd, *tri = wk + C * kd, *qk = tri + C * C;
-  float *gc = qk + C * C, *bt = gc + C, *u = bt + C, *pw = u + C * 32, *pq = pw + groups * C * 32;
+  float *wr = smem, *qr = wr + B * kd, *pw = qr + B * kd, *pq = pw + groups * B * 32, *un = pq + groups * B * 32;
   int h = blockIdx.x, kh = h / (value_heads / key_heads);
   int x = threadIdx.x, y = threadIdx.y, tid = y * 32 + x, threads = 32 * groups;
   int j = blockIdx.y * 32 + x, r0 = y * ROWS_PER_THREAD;
@@ -149,101 +258,62 @@ KERNEL gdn_chunked(float *out, const float *q, const float *k, const float *v, c
   load_state(S, state, state_bf16, head, r0, j, kd, vd, col);
   for (int s = 0; s < T; s += C) {
     int n = T - s < C ? T - s : C;
-    // The chunk's q, k, cumulative log-decay and beta.
-    for (int e = tid; e < n * kd; e += threads) {
-      int i = e / kd, d = e % kd;
-      i64 src = ((i64)(s + i) * key_heads + kh) * kd + d;
-      qc[e] = q[src], kc[e] = k[src];
-    }
-    if (tid == 0) {
-      float acc = 0.0f;
-      for (int i = 0; i < n; i++) {
-        acc += g[(i64)(s + i) * value_heads + h];
-        gc[i] = acc;
-        bt[i] = beta[(i64)(s + i) * value_heads + h];
-      }
-    }
-    sync_threads();
-    // tri = -A with A[i][a] = beta_i·(k_i·k_a)·exp(gc_i-gc_a) for a < i, and
-    // qk[i][a] = (q_i·k_a)·exp(gc_i-gc_a) for a <= i.
-    for (int e = tid; e < n * n; e += threads) {
-      int i = e / n, a = e % n;
-      if (a > i) continue;
-      float kk = 0.0f, qkv = 0.0f;
-      for (int d = 0; d < kd; d++) {
-        kk = fmaf_(kc[i * kd + d], kc[a * kd + d], kk);
-        qkv = fmaf_(qc[i * kd + d], kc[a * kd + d], qkv);
-      }
-      float decay = expf_(gc[i] - gc[a]);
-      tri[i * C + a] = a < i ? -bt[i] * kk * decay : 0.0f;
-      qk[i * C + a] = qkv * decay;
-    }
-    sync_threads();
-    // Forward substitution turns I + tri into (I + A)^-1, row by row; each
-    // row reads its old values before any are replaced.
-    for (int i = 1; i < n; i++) {
-      float next = 0.0f;
-      if (tid < i) {
-        next = tri[i * C + tid];
-        for (int m = tid + 1; m < i; m++) next = fmaf_(tri[i * C + m], tri[m * C + tid], next);
+    for (int b = 0; b < n; b += B) {
+      int m = n - b < B ? n - b : B;
+      for (int e = tid; e < m * kd; e += threads) {
+        int i = e / kd, d = e % kd;
+        wr[e] = wks[((i64)(s + b + i) * value_heads + h) * kd + d];
+        qr[e] = q[((i64)(s + b + i) * key_heads + kh) * kd + d];
       }
       sync_threads();
-      if (tid < i) tri[i * C + tid] = next;
-      sync_threads();
-    }
-    // wk = (I+tri)·(beta·k·exp(gc)).
-    for (int e = tid; e < n * kd; e += threads) {
-      int i = e / kd, d = e % kd;
-      float acc = 0.0f;
-      for (int a = 0; a <= i; a++) {
-        float coef = a < i ? tri[i * C + a] : 1.0f;
-        acc = fmaf_(coef * bt[a] * expf_(gc[a]), kc[a * kd + d], acc);
-      }
-      wk[e] = acc;
-    }
-    sync_threads();
-    // This thread's rows' share of wk·S and q·S, for every token of the chunk.
-    for (int i = 0; i < n; i++) {
-      float w = 0.0f, qs = 0.0f;
+      // This thread's rows' share of wk_t·S and q_t·S.
+      for (int i = 0; i < m; i++) {
+        float w = 0.0f, qv = 0.0f;
 #pragma unroll
-      for (int e = 0; e < ROWS_PER_THREAD; e++)
-        if (r0 + e < kd) {
-          w = fmaf_(wk[i * kd + r0 + e], S[e], w);
-          qs = fmaf_(qc[i * kd + r0 + e], S[e], qs);
-        }
-      pw[(y * C + i) * 32 + x] = w;
-      pq[(y * C + i) * 32 + x] = qs;
-    }
-    sync_threads();
-    // The new values u = (I+tri)·(beta·v) − wk·S and the outputs
-    // out_i = exp(gc_i)·q_i·S + Σ_{a<=i} qk[i][a]·u_a, one column per thread.
-    if (y == 0) {
-      for (int i = 0; i < n; i++) {
-        float acc = 0.0f;
-        for (int a = 0; a <= i && col; a++) {
-          float coef = a < i ? tri[i * C + a] : 1.0f;
-          acc = fmaf_(coef * bt[a], v[((i64)(s + a) * value_heads + h) * vd + j], acc);
-        }
-        float qs = 0.0f;
-        for (int yy = 0; yy < groups; yy++) acc -= pw[(yy * C + i) * 32 + x], qs += pq[(yy * C + i) * 32 + x];
-        u[i * 32 + x] = acc;
-        float o = expf_(gc[i]) * qs;
-        for (int a = 0; a <= i; a++) o = fmaf_(qk[i * C + a], u[a * 32 + x], o);
-        if (out && col) out[((i64)(s + i) * value_heads + h) * vd + j] = o;
+        for (int e = 0; e < ROWS_PER_THREAD; e++)
+          if (r0 + e < kd) {
+            w = fmaf_(wr[i * kd + r0 + e], S[e], w);
+            qv = fmaf_(qr[i * kd + r0 + e], S[e], qv);
+          }
+        pw[(y * B + i) * 32 + x] = w;
+        pq[(y * B + i) * 32 + x] = qv;
       }
+      sync_threads();
+      // Token i's sums, by the thread of row group i % groups; q_t·S is
+      // kept in pq's first group (no other thread reads token i's entries).
+      for (int i = y; i < m; i += groups) {
+        float w = 0.0f, qv = 0.0f;
+        for (int yy = 0; yy < groups; yy++) w += pw[(yy * B + i) * 32 + x], qv += pq[(yy * B + i) * 32 + x];
+        un[(b + i) * 32 + x] = col ? us[((i64)(s + b + i) * value_heads + h) * vd + j] - w : 0.0f;
+        pq[i * 32 + x] = qv;
+      }
+      sync_threads();
+      for (int i = y; i < m && out; i += groups) {
+        i64 th = (i64)(s + b + i) * value_heads + h;
+        float o = expf_(gcs[th]) * pq[i * 32 + x];
+        for (int a = 0; a <= b + i; a++) o = fmaf_(qks[th * C + a], un[a * 32 + x], o);
+        if (col) out[th * vd + j] = o;
+      }
+      sync_threads();  // the next stage overwrites the rows and pq
     }
-    sync_threads();
-    // S = exp(gc_last)·S + Σ_a exp(gc_last-gc_a)·k_a ⊗ u_a.
-    float last = gc[n - 1], keep = expf_(last);
+    float last = gcs[(i64)(s + n - 1) * value_heads + h], keep = expf_(last);
 #pragma unroll
     for (int e = 0; e < ROWS_PER_THREAD; e++) S[e] *= keep;
-    for (int a = 0; a < n; a++) {
-      float f = expf_(last - gc[a]) * u[a * 32 + x];
+    for (int b = 0; b < n; b += B) {
+      int m = n - b < B ? n - b : B;
+      for (int e = tid; e < m * kd; e += threads) {
+        int i = e / kd, d = e % kd;
+        wr[e] = k[((i64)(s + b + i) * key_heads + kh) * kd + d];
+      }
+      sync_threads();
+      for (int i = 0; i < m; i++) {
+        float f = expf_(last - gcs[(i64)(s + b + i) * value_heads + h]) * un[(b + i) * 32 + x];
 #pragma unroll
-      for (int e = 0; e < ROWS_PER_THREAD; e++)
-        if (r0 + e < kd) S[e] = fmaf_(kc[a * kd + r0 + e], f, S[e]);
+        for (int e = 0; e < ROWS_PER_THREAD; e++)
+          if (r0 + e < kd) S[e] = fmaf_(wr[i * kd + r0 + e], f, S[e]);
+      }
+      sync_threads();  // the next stage or chunk overwrites the rows, and un
     }
-    sync_threads();  // the next chunk overwrites the shared matrices
   }
   store_state(S, state_out, state_bf16, head, r0, j, kd, vd, col);
 }

@@ -21,6 +21,19 @@ INLINE void rmsnorm(float *out, const float *x, const W *w, int dim, float eps, 
 WEIGHT_KERNELS(rmsnorm, (float *out, const float *x, const void *w, int dim, float eps, float offset),
                (out, x, (const W *)w, dim, eps, offset))
 
+// add_rmsnorm: x += delta, then rmsnorm into out. Each thread adds the
+// elements it then reads back (inv_rms and the output take the same
+// stride), so the row needs no barrier between the add and the norm.
+template <typename W>
+INLINE void add_rmsnorm(float *x, const float *delta, float *out, const W *w, int dim, float eps, float offset) {
+  i64 row = (i64)blockIdx.x * dim;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) x[row + i] += delta[row + i];
+  rmsnorm(out, x, w, dim, eps, offset);
+}
+WEIGHT_KERNELS(add_rmsnorm,
+               (float *x, const float *delta, float *out, const void *w, int dim, float eps, float offset),
+               (x, delta, out, (const W *)w, dim, eps, offset))
+
 // gated_rmsnorm: out = x·inv·w·silu(z).
 template <typename W>
 INLINE void gated_rmsnorm(float *out, const float *x, const float *z, const W *w, int dim, float eps) {
@@ -40,3 +53,75 @@ KERNEL l2norm(float *x, int dim, float eps, float scale) {
   float f = inv_rms(x + row, dim, eps, false) * scale;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) x[row + i] *= f;
 }
+
+// gdn_inputs: block (row, part) over the key heads of q, those of k, and
+// one block for the row's v. A q or k block scales its head as l2norm
+// does; the v block copies.
+KERNEL gdn_inputs(float *q, float *k, float *v, const float *conv, int key_heads, int key_dim, int v_dim, float eps,
+                  float q_scale) {
+  i64 r = blockIdx.x, qk = (i64)key_heads * key_dim;
+  int part = blockIdx.y;
+  const float *row = conv + r * (2 * qk + v_dim);
+  if (part == 2 * key_heads) {
+    for (int i = threadIdx.x; i < v_dim; i += blockDim.x) v[r * v_dim + i] = row[2 * qk + i];
+    return;
+  }
+  bool is_q = part < key_heads;
+  int h = is_q ? part : part - key_heads;
+  const float *x = row + (is_q ? 0 : qk) + h * key_dim;
+  float *out = (is_q ? q : k) + r * qk + h * key_dim;
+  float f = inv_rms(x, key_dim, eps, false) * (is_q ? q_scale : 1.0f);
+  for (int i = threadIdx.x; i < key_dim; i += blockDim.x) out[i] = x[i] * f;
+}
+
+// attn_inputs: block (row, head) over the query heads of q, then the KV
+// heads of k. It normalises the head as rmsnorm does, rotates its first
+// 2·half dims as rope does (angles in double), writes it back, and for a
+// KV head stores it and the head's v at the row's cache slot.
+template <typename C, typename W>
+INLINE void attn_inputs(float *q, float *k, const float *v, const W *q_norm, const W *k_norm, const int *positions,
+                        const float *inv_freq, C *kc, C *vc, const int *slots, int heads, int kv_heads, int head_dim,
+                        int half, float eps, float rope_scale, i64 num_slots) {
+  __shared__ float y[MAX_HEAD_DIM], cs[MAX_HEAD_DIM / 2], sn[MAX_HEAD_DIM / 2];
+  i64 r = blockIdx.x;
+  int h = blockIdx.y, kh = h - heads;
+  bool key = kh >= 0;
+  float *x = key ? k + (r * kv_heads + kh) * head_dim : q + (r * heads + h) * head_dim;
+  const W *w = key ? k_norm : q_norm;
+  float inv = inv_rms(x, head_dim, eps, true);
+  for (int i = threadIdx.x; i < head_dim; i += blockDim.x) y[i] = x[i] * inv * (1.0f + to_f32(w[i]));
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    double s, c;
+    sincos_((double)positions[r] * (double)inv_freq[i], &s, &c);
+    cs[i] = (float)c * rope_scale, sn[i] = (float)s * rope_scale;
+  }
+  sync_threads();
+  i64 kv_dim = (i64)kv_heads * head_dim, slot = key ? slots[r] : 0;
+  if (key && (slot < 0 || slot >= num_slots)) trap();
+  for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+    float o = y[i];
+    if (i < half)
+      o = y[i] * cs[i] - y[i + half] * sn[i];
+    else if (i < 2 * half)
+      o = y[i] * cs[i - half] + y[i - half] * sn[i - half];
+    x[i] = o;
+    if (key) {
+      store_cache(&kc[slot * kv_dim + kh * head_dim + i], o);
+      store_cache(&vc[slot * kv_dim + kh * head_dim + i], v[(r * kv_heads + kh) * head_dim + i]);
+    }
+  }
+}
+#define ATTN_INPUTS_KERNEL(cache, C, wname, W)                                                                     \
+  KERNEL attn_inputs_##cache##_##wname(float *q, float *k, const float *v, const void *q_norm, const void *k_norm,  \
+                                       const int *positions, const float *inv_freq, C *kc, C *vc, const int *slots, \
+                                       int heads, int kv_heads, int head_dim, int half, float eps, float rope_scale, \
+                                       i64 num_slots) {                                                             \
+    attn_inputs<C, W>(q, k, v, (const W *)q_norm, (const W *)k_norm, positions, inv_freq, kc, vc, slots, heads,     \
+                      kv_heads, head_dim, half, eps, rope_scale, num_slots);                                        \
+  }
+ATTN_INPUTS_KERNEL(f32, float, f32, float)
+ATTN_INPUTS_KERNEL(f32, float, bf16, bf16)
+ATTN_INPUTS_KERNEL(f32, float, f16, f16)
+ATTN_INPUTS_KERNEL(bf16, bf16, f32, float)
+ATTN_INPUTS_KERNEL(bf16, bf16, bf16, bf16)
+ATTN_INPUTS_KERNEL(bf16, bf16, f16, f16)
