@@ -21,7 +21,6 @@ minutes; --resume continues from them (without it both start afresh).
 Usage: train_mtp.py [--preset tiny|demo] [--steps N] [--resume] [--out DIR]
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -31,14 +30,10 @@ import torch
 import torch.nn.functional as F
 
 import shared  # first: it puts tools/reference on the import path
-import presets
 import qwen36
 from safetensors_io import read_header, write_safetensors
 
 SEED = 3
-PROMPT_TOKENS = 32
-SEQUENCE_TOKENS = 128
-GENERATION_BATCH = 128
 LAYER = "layers.0."
 ATTN = LAYER + "self_attn."
 
@@ -46,19 +41,18 @@ ATTN = LAYER + "self_attn."
 def training_data(preset, cfg, target, train_ids, data_dir):
     """(sequences [N, SEQUENCE_TOKENS], final-normed last-layer hidden states [N,
     SEQUENCE_TOKENS, hidden] in BF16), each batch of prompts generated once and kept in data_dir."""
-    prompts = shared.random_windows(train_ids, preset.mtp.sequences, PROMPT_TOKENS, SEED)
+    batches = shared.random_windows(train_ids, preset.mtp.sequences, shared.PROMPT_TOKENS, SEED).split(shared.GENERATION_BATCH)
     os.makedirs(data_dir, exist_ok=True)
     sequences, hidden = [], []
-    for i, batch in enumerate(prompts.split(GENERATION_BATCH)):
-        path = os.path.join(data_dir, f"batch-{i:04d}.pt")
+    for i, batch in enumerate(batches):
+        path = shared.data_batch_path(data_dir, i)
         if not os.path.exists(path):
             with torch.no_grad():
-                sequence = shared.greedy_continuations(cfg, target, batch, SEQUENCE_TOKENS - PROMPT_TOKENS)
+                sequence = shared.greedy_continuations(cfg, target, batch, shared.SEQUENCE_TOKENS - shared.PROMPT_TOKENS)
                 _, layers = qwen36.forward(cfg, target, sequence)
                 normed = qwen36.rms_norm(layers[-1], target["norm.weight"], cfg.rms_norm_eps)
-            torch.save({"sequences": sequence, "hidden": normed.to(torch.bfloat16)}, path + ".partial")
-            os.replace(path + ".partial", path)
-            print(f"generated batch {i + 1} of {-(-len(prompts) // GENERATION_BATCH)}", flush=True)
+            shared.save_atomically({"sequences": sequence, "hidden": normed.to(torch.bfloat16)}, path)
+            print(f"generated batch {i + 1} of {len(batches)}", flush=True)
         data = torch.load(path)
         sequences.append(data["sequences"])
         hidden.append(data["hidden"])
@@ -143,30 +137,15 @@ def export(directory, head):
         os.replace(path + ".partial", path)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    presets.add_argument(parser)
-    parser.add_argument("--steps", type=int, help="training steps (default: the preset's)")
-    parser.add_argument("--resume", action="store_true", help="reuse generated data and continue from the checkpoint, if any")
+def add_out_argument(parser):
     parser.add_argument("--out", help="write a copy of the target with the head here (default: into the target itself)")
-    args = parser.parse_args()
-    preset = presets.PRESETS[args.preset]
-    settings = preset.mtp
-    steps = args.steps or settings.steps
-    shared.setup_torch(SEED, preset.cache_dir)
-    data_dir = os.path.join(preset.cache_dir, "mtp-data")
-    checkpoint = shared.Checkpoint(os.path.join(preset.cache_dir, "mtp.ckpt"))
-    if not args.resume:  # a fresh run: neither stage may pick up an earlier run's files later
-        shutil.rmtree(data_dir, ignore_errors=True)
-        checkpoint.remove()
 
-    tokenizer = shared.load_tokenizer(preset.target_dir)
-    train_ids, _, _ = shared.token_streams(tokenizer)
-    cfg, target = qwen36.load_checkpoint(preset.target_dir, torch.float32)
-    started = time.time()
-    sequences, hidden = training_data(preset, cfg, target, train_ids, data_dir)
-    generation_seconds = time.time() - started
-    print(f"generated {len(sequences)} sequences in {generation_seconds:.0f}s", flush=True)
+
+def main():
+    stage = shared.start_stage("mtp", __doc__, SEED, training_data, add_out_argument)
+    args, preset, settings, steps, checkpoint = stage.args, stage.preset, stage.settings, stage.steps, stage.checkpoint
+    cfg, target = stage.target_cfg, stage.target
+    sequences, hidden = stage.data
 
     generator = torch.Generator().manual_seed(SEED)
     params = {name: torch.nn.Parameter(t) for name, t in initial_head(cfg, target, generator).items()}
@@ -201,7 +180,7 @@ def main():
         "batch": settings.batch,
         "unroll": settings.unroll,
         "sequences": settings.sequences,
-        "generation_seconds": round(generation_seconds),
+        "generation_seconds": round(stage.generation_seconds),
         "train_seconds": round(earlier_seconds + time.time() - started),
         "final_loss": round(last_loss, 4),
         "parameters": sum(t.numel() for t in params.values()),
