@@ -6,15 +6,17 @@ model.safetensors.index.json naming it beside the target's files, and mtp_num_hi
 in config.json. With --out, a copy of the target gets the head instead.
 
 Training data are the target's own greedy continuations of training-text prompts and its
-final-normed last-layer hidden states on them. The head is unrolled as ddflash drafts with it
-(tools/reference/mtp.py): step 1 pairs hidden state i with token i+1 at position i and predicts
-token i+2; step k > 1 feeds step k-1's output and the true token i+k at position i+k-1 and
-predicts token i+k+1, attending to step 1's keys up to position i and to its own chain's.
-Later steps weigh less (exp(-(k-1)/γ)): a draft is accepted only up to its first miss. The
-layer starts as a copy of the target's last attention layer; embedding and lm_head are the
+final-normed last-layer hidden states on them. The continuations are the drafter's (the first of
+train_draft.py's batches in <cache>/<preset>/draft-data/) where it kept them and this target
+reproduces them, else generated: the same prompts either way. The head is unrolled as ddflash
+drafts with it (tools/reference/mtp.py): step 1 pairs hidden state i with token i+1 at position
+i and predicts token i+2; step k > 1 feeds step k-1's output and the true token i+k at position
+i+k-1 and predicts token i+k+1, attending to step 1's keys up to position i and to its own
+chain's. Later steps weigh less (exp(-(k-1)/γ)): a draft is accepted only up to its first miss.
+The layer starts as a copy of the target's last attention layer; embedding and lm_head are the
 target's, frozen.
 
-Both stages resume: the continuations are kept per batch of prompts in
+Both stages resume: the continuations and hidden states are kept per batch of prompts in
 <cache>/<preset>/mtp-data/, and training checkpoints to <cache>/<preset>/mtp.ckpt every few
 minutes; --resume continues from them (without it both start afresh).
 
@@ -34,25 +36,53 @@ import qwen36
 from safetensors_io import read_header, write_safetensors
 
 SEED = 3
+MIN_AGREEMENT = 0.99  # below it, the drafter's continuations are not this target's
 LAYER = "layers.0."
 ATTN = LAYER + "self_attn."
 
 
+def drafters_continuations(path, prompts):
+    """The continuations of prompts the drafter kept at path, or None where it kept none."""
+    if not os.path.exists(path):
+        return None
+    sequences = torch.load(path)["sequences"][:len(prompts)]
+    return sequences if torch.equal(sequences[:, :shared.PROMPT_TOKENS], prompts) else None
+
+
+def greedy_agreement(logits, sequences):
+    """The fraction of the continuation tokens that are the argmax of the preceding
+    position's logits: 1 for the target's own greedy continuations but for near-ties, which
+    the incremental and the whole-sequence forward may break apart."""
+    predicted = logits[:, shared.PROMPT_TOKENS - 1:-1].argmax(-1)
+    return (predicted == sequences[:, shared.PROMPT_TOKENS:]).float().mean().item()
+
+
 def training_data(preset, cfg, target, train_ids, data_dir):
     """(sequences [N, SEQUENCE_TOKENS], final-normed last-layer hidden states [N,
-    SEQUENCE_TOKENS, hidden] in BF16), each batch of prompts generated once and kept in data_dir."""
-    batches = shared.random_windows(train_ids, preset.mtp.sequences, shared.PROMPT_TOKENS, SEED).split(shared.GENERATION_BATCH)
+    SEQUENCE_TOKENS, hidden] in BF16) for the drafter's first preset.mtp.sequences prompts,
+    each batch computed once and kept in data_dir."""
+    assert preset.mtp.sequences <= preset.draft.sequences, "the MTP head learns from the drafter's prompts"
+    batches = shared.continuation_prompts(preset, train_ids)[:preset.mtp.sequences].split(shared.GENERATION_BATCH)
+    drafters_dir = os.path.join(preset.cache_dir, "draft-data")
     os.makedirs(data_dir, exist_ok=True)
     sequences, hidden = [], []
     for i, batch in enumerate(batches):
         path = shared.data_batch_path(data_dir, i)
         if not os.path.exists(path):
             with torch.no_grad():
-                sequence = shared.greedy_continuations(cfg, target, batch, shared.SEQUENCE_TOKENS - shared.PROMPT_TOKENS)
-                _, layers = qwen36.forward(cfg, target, sequence)
+                sequence = drafters_continuations(shared.data_batch_path(drafters_dir, i), batch)
+                if sequence is not None:
+                    logits, layers = qwen36.forward(cfg, target, sequence)
+                    agreement = greedy_agreement(logits, sequence)
+                    print(f"batch {i + 1} of {len(batches)}: the drafter's, {agreement:.2%} this target's greedy tokens", flush=True)
+                    if agreement < MIN_AGREEMENT:  # an earlier target's
+                        sequence = None
+                if sequence is None:
+                    sequence = shared.greedy_continuations(cfg, target, batch, shared.SEQUENCE_TOKENS - shared.PROMPT_TOKENS)
+                    _, layers = qwen36.forward(cfg, target, sequence)
+                    print(f"generated batch {i + 1} of {len(batches)}", flush=True)
                 normed = qwen36.rms_norm(layers[-1], target["norm.weight"], cfg.rms_norm_eps)
             shared.save_atomically({"sequences": sequence, "hidden": normed.to(torch.bfloat16)}, path)
-            print(f"generated batch {i + 1} of {len(batches)}", flush=True)
         data = torch.load(path)
         sequences.append(data["sequences"])
         hidden.append(data["hidden"])
