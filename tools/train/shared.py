@@ -154,6 +154,30 @@ class Stage:
     data: tuple  # what training_data returned, sequences first
     generation_seconds: float
 
+    def train(self, params, optimizer, generator, batch_loss, accepted_of=""):
+        """Runs the stage's steps from its checkpoint (else from step 0) on the cosine schedule,
+        gradients clipped to norm 1: batch_loss() draws a batch with generator and returns (loss,
+        mean leading drafts right). Logs every 50 steps, checkpoints when due; returns (seconds
+        spent by all runs, last loss)."""
+        settings, steps = self.settings, self.steps
+        first_step, earlier_seconds, last_loss = self.checkpoint.restore(params, optimizer, generator)
+        started = time.time()
+        for step in range(first_step, steps):
+            for group in optimizer.param_groups:
+                group["lr"] = cosine_learning_rate(step, steps, settings.learning_rate, settings.warmup_steps)
+            loss, accepted = batch_loss()
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
+            optimizer.step()
+            last_loss = loss.item()
+            seconds = earlier_seconds + time.time() - started
+            if step % 50 == 0 or step == steps - 1:
+                print(f"step {step} loss {last_loss:.3f} accepted {accepted.item():.2f}{accepted_of} {seconds:.0f}s", flush=True)
+            if self.checkpoint.due() or step == steps - 1:
+                self.checkpoint.save(params, optimizer, generator, step + 1, seconds, last_loss)
+        return earlier_seconds + time.time() - started, last_loss
+
 
 def start_stage(name, description, seed, training_data, add_arguments=lambda parser: None):
     """Sets up the training stage name ("draft", "mtp") of a drafter of the preset's target:

@@ -17,7 +17,6 @@ Usage: train_draft.py [--preset tiny|demo] [--steps N] [--resume]
 """
 
 import os
-import time
 
 import torch
 import torch.nn.functional as F
@@ -96,7 +95,7 @@ def draft_loss(cfg, params, embed, lm_head, sequences, features, anchors, positi
 
 def main():
     stage = shared.start_stage("draft", __doc__, SEED, training_data)
-    preset, settings, steps, checkpoint = stage.preset, stage.settings, stage.steps, stage.checkpoint
+    preset, settings = stage.preset, stage.settings
     target_cfg, target = stage.target_cfg, stage.target
     sequences, features = stage.data
 
@@ -104,39 +103,28 @@ def main():
     generator = torch.Generator().manual_seed(SEED)
     params = shared.trainable(dflash.init_draft_weights(cfg, generator), cfg.num_layers)
     optimizer = shared.adamw(params, settings.learning_rate, settings.weight_decay)
-    first_step, earlier_seconds, last_loss = checkpoint.restore(params, optimizer, generator)
     embed, lm_head = target["embed_tokens.weight"], target["lm_head.weight"]
     position_weights = torch.exp(-torch.arange(cfg.block_size - 1) / settings.position_decay)
     anchor_range = torch.arange(shared.PROMPT_TOKENS, shared.SEQUENCE_TOKENS - cfg.block_size + 1)  # labels are all target tokens
-    started = time.time()
-    for step in range(first_step, steps):
-        for group in optimizer.param_groups:
-            group["lr"] = shared.cosine_learning_rate(step, steps, settings.learning_rate, settings.warmup_steps)
+
+    def batch_loss():
         rows = torch.randint(0, len(sequences), (settings.batch,), generator=generator)
         anchors = anchor_range[torch.randperm(len(anchor_range), generator=generator)[:settings.anchors_per_sequence]].sort().values
-        loss, accepted = draft_loss(cfg, params, embed, lm_head, sequences[rows], features[rows], anchors, position_weights)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
-        optimizer.step()
-        last_loss = loss.item()
-        seconds = earlier_seconds + time.time() - started
-        if step % 50 == 0 or step == steps - 1:
-            print(f"step {step} loss {loss.item():.3f} accepted {accepted.item():.2f} {seconds:.0f}s", flush=True)
-        if checkpoint.due() or step == steps - 1:
-            checkpoint.save(params, optimizer, generator, step + 1, seconds, last_loss)
+        return draft_loss(cfg, params, embed, lm_head, sequences[rows], features[rows], anchors, position_weights)
+
+    train_seconds, last_loss = stage.train(params, optimizer, generator, batch_loss)
 
     weights = {name: p.detach() for name, p in params.items()}
     config = dflash.draft_config_json(cfg, len(target_cfg.layer_types), target_cfg.vocab_size, preset.max_positions)
     dflash.save_draft(preset.draft_dir, config, weights)
     metrics = {
         "preset": preset.name,
-        "steps": steps,
+        "steps": stage.steps,
         "batch": settings.batch,
         "anchors_per_sequence": settings.anchors_per_sequence,
         "sequences": settings.sequences,
         "generation_seconds": round(stage.generation_seconds),
-        "train_seconds": round(earlier_seconds + time.time() - started),
+        "train_seconds": round(train_seconds),
         "final_loss": round(last_loss, 4),
         "parameters": sum(t.numel() for t in weights.values()),
     }

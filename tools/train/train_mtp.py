@@ -26,7 +26,6 @@ Usage: train_mtp.py [--preset tiny|demo] [--steps N] [--resume] [--out DIR]
 import json
 import os
 import shutil
-import time
 
 import torch
 import torch.nn.functional as F
@@ -173,32 +172,21 @@ def add_out_argument(parser):
 
 def main():
     stage = shared.start_stage("mtp", __doc__, SEED, training_data, add_out_argument)
-    args, preset, settings, steps, checkpoint = stage.args, stage.preset, stage.settings, stage.steps, stage.checkpoint
+    args, preset, settings = stage.args, stage.preset, stage.settings
     cfg, target = stage.target_cfg, stage.target
     sequences, hidden = stage.data
 
     generator = torch.Generator().manual_seed(SEED)
     params = {name: torch.nn.Parameter(t) for name, t in initial_head(cfg, target, generator).items()}
     optimizer = shared.adamw(params, settings.learning_rate, settings.weight_decay)
-    first_step, earlier_seconds, last_loss = checkpoint.restore(params, optimizer, generator)
     embed, lm_head = target["embed_tokens.weight"], target["lm_head.weight"]
     step_weights = torch.exp(-torch.arange(settings.unroll) / settings.step_decay)
-    started = time.time()
-    for step in range(first_step, steps):
-        for group in optimizer.param_groups:
-            group["lr"] = shared.cosine_learning_rate(step, steps, settings.learning_rate, settings.warmup_steps)
+
+    def batch_loss():
         rows = torch.randint(0, len(sequences), (settings.batch,), generator=generator)
-        loss, accepted = unrolled_loss(cfg, params, embed, lm_head, sequences[rows], hidden[rows].to(torch.float32), settings.unroll, step_weights)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
-        optimizer.step()
-        last_loss = loss.item()
-        seconds = earlier_seconds + time.time() - started
-        if step % 50 == 0 or step == steps - 1:
-            print(f"step {step} loss {loss.item():.3f} accepted {accepted.item():.2f} of {settings.unroll} {seconds:.0f}s", flush=True)
-        if checkpoint.due() or step == steps - 1:
-            checkpoint.save(params, optimizer, generator, step + 1, seconds, last_loss)
+        return unrolled_loss(cfg, params, embed, lm_head, sequences[rows], hidden[rows].to(torch.float32), settings.unroll, step_weights)
+
+    train_seconds, last_loss = stage.train(params, optimizer, generator, batch_loss, f" of {settings.unroll}")
 
     out = args.out or preset.target_dir
     if args.out:
@@ -206,12 +194,12 @@ def main():
     export(out, params)
     metrics = {
         "preset": preset.name,
-        "steps": steps,
+        "steps": stage.steps,
         "batch": settings.batch,
         "unroll": settings.unroll,
         "sequences": settings.sequences,
         "generation_seconds": round(stage.generation_seconds),
-        "train_seconds": round(earlier_seconds + time.time() - started),
+        "train_seconds": round(train_seconds),
         "final_loss": round(last_loss, 4),
         "parameters": sum(t.numel() for t in params.values()),
         "output": out,
