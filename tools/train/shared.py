@@ -1,11 +1,14 @@
-"""The tokenizer's special tokens, the corpus token streams, resumable checkpoints and the
-training helpers shared by the training and evaluation scripts."""
+"""The tokenizer's special tokens, the corpus token streams, resumable checkpoints, the
+drafters' common set-up and the training helpers shared by the training and evaluation scripts."""
 
+import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -71,6 +74,30 @@ def random_windows(ids, count, length, seed):
     return ids[starts[:, None] + torch.arange(length)]
 
 
+# The drafters learn from the target's greedy continuations of training-text prompts of
+# PROMPT_TOKENS tokens to SEQUENCE_TOKENS, generated and kept in batches of GENERATION_BATCH
+# prompts (train_draft.py's draft-data/, which train_mtp.py reuses).
+PROMPT_TOKENS = 32
+SEQUENCE_TOKENS = 128
+GENERATION_BATCH = 128
+CONTINUATION_SEED = 2
+
+
+def continuation_prompts(preset, train_ids):
+    """The drafter's preset.draft.sequences prompts [N, PROMPT_TOKENS]; split by
+    GENERATION_BATCH, batch i is the one kept in data_batch_path(..., i)."""
+    return random_windows(train_ids, preset.draft.sequences, PROMPT_TOKENS, CONTINUATION_SEED)
+
+
+def data_batch_path(data_dir, index):
+    return os.path.join(data_dir, f"batch-{index:04d}.pt")
+
+
+def save_atomically(value, path):
+    torch.save(value, path + ".partial")
+    os.replace(path + ".partial", path)
+
+
 # Projections that write into the residual stream.
 RESIDUAL_OUTPUTS = ("o_proj.weight", "out_proj.weight", "down_proj.weight")
 
@@ -113,6 +140,79 @@ def float32_delta_rule(q, k, v, g, beta, state):
         return qwen36.delta_rule_chunked(q.float(), k.float(), v.float(), g.float(), beta.float(), state.float())
 
 
+@dataclass
+class Stage:
+    """A drafter training stage, set up by start_stage."""
+    args: argparse.Namespace
+    preset: object  # presets.Preset
+    settings: object  # the preset's settings for the stage (preset.draft, preset.mtp)
+    steps: int
+    checkpoint: "Checkpoint"
+    tokenizer: bpe.Tokenizer
+    target_cfg: qwen36.TextConfig
+    target: dict
+    data: tuple  # what training_data returned, sequences first
+    generation_seconds: float
+
+    def train(self, params, optimizer, generator, batch_loss, accepted_of=""):
+        """Runs the stage's steps from its checkpoint (else from step 0) on the cosine schedule,
+        gradients clipped to norm 1: batch_loss() draws a batch with generator and returns (loss,
+        mean leading drafts right). Logs every 50 steps, checkpoints when due; returns (seconds
+        spent by all runs, last loss)."""
+        settings, steps = self.settings, self.steps
+        first_step, earlier_seconds, last_loss = self.checkpoint.restore(params, optimizer, generator)
+        started = time.time()
+        for step in range(first_step, steps):
+            for group in optimizer.param_groups:
+                group["lr"] = cosine_learning_rate(step, steps, settings.learning_rate, settings.warmup_steps)
+            loss, accepted = batch_loss()
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
+            optimizer.step()
+            last_loss = loss.item()
+            seconds = earlier_seconds + time.time() - started
+            if step % 50 == 0 or step == steps - 1:
+                print(f"step {step} loss {last_loss:.3f} accepted {accepted.item():.2f}{accepted_of} {seconds:.0f}s", flush=True)
+            if self.checkpoint.due() or step == steps - 1:
+                self.checkpoint.save(params, optimizer, generator, step + 1, seconds, last_loss)
+        return earlier_seconds + time.time() - started, last_loss
+
+
+def start_stage(name, description, seed, training_data, add_arguments=lambda parser: None):
+    """Sets up the training stage name ("draft", "mtp") of a drafter of the preset's target:
+    parses --preset, --steps, --resume and what add_arguments adds; seeds torch; on a fresh run
+    (no --resume) removes the stage's <cache>/<preset>/<name>-data/ and <name>.ckpt; loads the
+    tokenizer, the training text and the target; and times training_data(preset, target_cfg,
+    target, train_ids, data_dir)."""
+    import presets  # not at the top: presets imports this module
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    presets.add_argument(parser)
+    parser.add_argument("--steps", type=int, help="training steps (default: the preset's)")
+    parser.add_argument("--resume", action="store_true", help="reuse generated data and continue from the checkpoint, if any")
+    add_arguments(parser)
+    args = parser.parse_args()
+    preset = presets.PRESETS[args.preset]
+    settings = getattr(preset, name)
+    setup_torch(seed, preset.cache_dir)
+    data_dir = os.path.join(preset.cache_dir, f"{name}-data")
+    checkpoint = Checkpoint(os.path.join(preset.cache_dir, f"{name}.ckpt"))
+    if not args.resume:  # a fresh run: neither stage may pick up an earlier run's files later
+        shutil.rmtree(data_dir, ignore_errors=True)
+        checkpoint.remove()
+
+    tokenizer = load_tokenizer(preset.target_dir)
+    train_ids, _, _ = token_streams(tokenizer)
+    target_cfg, target = qwen36.load_checkpoint(preset.target_dir, torch.float32)
+    started = time.time()
+    data = training_data(preset, target_cfg, target, train_ids, data_dir)
+    generation_seconds = time.time() - started
+    print(f"{len(data[0])} training sequences ready in {generation_seconds:.0f}s", flush=True)
+    return Stage(args, preset, settings, args.steps or settings.steps, checkpoint, tokenizer, target_cfg, target, data,
+                 generation_seconds)
+
+
 class Checkpoint:
     """A training run's resumable state (parameters, optimizer, sampling RNG, step, seconds
     spent, last loss) in one file, rewritten atomically when due (every `every_seconds`), so a
@@ -149,9 +249,7 @@ class Checkpoint:
             "seconds": seconds,
             "loss": loss,
         }
-        partial = self.path + ".partial"
-        torch.save(state, partial)
-        os.replace(partial, self.path)
+        save_atomically(state, self.path)
         self.saved = time.time()
 
     def remove(self):

@@ -16,23 +16,16 @@ few minutes; --resume continues from them (without it both start afresh).
 Usage: train_draft.py [--preset tiny|demo] [--steps N] [--resume]
 """
 
-import argparse
 import os
-import shutil
-import time
 
 import torch
 import torch.nn.functional as F
 
 import shared  # first: it puts tools/reference on the import path
 import dflash
-import presets
 import qwen36
 
 SEED = 2
-PROMPT_TOKENS = 32
-SEQUENCE_TOKENS = 128
-GENERATION_BATCH = 128
 
 
 def draft_config(preset, mask_token_id):
@@ -55,19 +48,18 @@ def draft_config(preset, mask_token_id):
 def training_data(preset, target_cfg, target, train_ids, data_dir):
     """(sequences [N, SEQUENCE_TOKENS], target features [N, SEQUENCE_TOKENS, taps·hidden] in
     BF16), each batch of prompts generated once and kept in data_dir."""
-    prompts = shared.random_windows(train_ids, preset.draft.sequences, PROMPT_TOKENS, SEED)
+    batches = shared.continuation_prompts(preset, train_ids).split(shared.GENERATION_BATCH)
     os.makedirs(data_dir, exist_ok=True)
     sequences, features = [], []
-    for i, batch in enumerate(prompts.split(GENERATION_BATCH)):
-        path = os.path.join(data_dir, f"batch-{i:04d}.pt")
+    for i, batch in enumerate(batches):
+        path = shared.data_batch_path(data_dir, i)
         if not os.path.exists(path):
             with torch.no_grad():
-                sequence = shared.greedy_continuations(target_cfg, target, batch, SEQUENCE_TOKENS - PROMPT_TOKENS)
+                sequence = shared.greedy_continuations(target_cfg, target, batch, shared.SEQUENCE_TOKENS - shared.PROMPT_TOKENS)
                 _, hidden = qwen36.forward(target_cfg, target, sequence)
             feature = dflash.target_features(hidden, preset.draft.taps).to(torch.bfloat16)
-            torch.save({"sequences": sequence, "features": feature}, path + ".partial")
-            os.replace(path + ".partial", path)
-            print(f"generated batch {i + 1} of {-(-len(prompts) // GENERATION_BATCH)}", flush=True)
+            shared.save_atomically({"sequences": sequence, "features": feature}, path)
+            print(f"generated batch {i + 1} of {len(batches)}", flush=True)
         data = torch.load(path)
         sequences.append(data["sequences"])
         features.append(data["features"])
@@ -102,66 +94,37 @@ def draft_loss(cfg, params, embed, lm_head, sequences, features, anchors, positi
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    presets.add_argument(parser)
-    parser.add_argument("--steps", type=int, help="training steps (default: the preset's)")
-    parser.add_argument("--resume", action="store_true", help="reuse generated data and continue from the checkpoint, if any")
-    args = parser.parse_args()
-    preset = presets.PRESETS[args.preset]
-    settings = preset.draft
-    steps = args.steps or settings.steps
-    shared.setup_torch(SEED, preset.cache_dir)
-    data_dir = os.path.join(preset.cache_dir, "draft-data")
-    checkpoint = shared.Checkpoint(os.path.join(preset.cache_dir, "draft.ckpt"))
-    if not args.resume:  # a fresh run: neither stage may pick up an earlier run's files later
-        shutil.rmtree(data_dir, ignore_errors=True)
-        checkpoint.remove()
+    stage = shared.start_stage("draft", __doc__, SEED, training_data)
+    preset, settings = stage.preset, stage.settings
+    target_cfg, target = stage.target_cfg, stage.target
+    sequences, features = stage.data
 
-    tokenizer = shared.load_tokenizer(preset.target_dir)
-    train_ids, _, _ = shared.token_streams(tokenizer)
-    target_cfg, target = qwen36.load_checkpoint(preset.target_dir, torch.float32)
-    started = time.time()
-    sequences, features = training_data(preset, target_cfg, target, train_ids, data_dir)
-    generation_seconds = time.time() - started
-    print(f"generated {len(sequences)} sequences in {generation_seconds:.0f}s", flush=True)
-
-    cfg = draft_config(preset, tokenizer.special_ids[shared.MASK])
+    cfg = draft_config(preset, stage.tokenizer.special_ids[shared.MASK])
     generator = torch.Generator().manual_seed(SEED)
     params = shared.trainable(dflash.init_draft_weights(cfg, generator), cfg.num_layers)
     optimizer = shared.adamw(params, settings.learning_rate, settings.weight_decay)
-    first_step, earlier_seconds, last_loss = checkpoint.restore(params, optimizer, generator)
     embed, lm_head = target["embed_tokens.weight"], target["lm_head.weight"]
     position_weights = torch.exp(-torch.arange(cfg.block_size - 1) / settings.position_decay)
-    anchor_range = torch.arange(PROMPT_TOKENS, SEQUENCE_TOKENS - cfg.block_size + 1)  # labels are all target tokens
-    started = time.time()
-    for step in range(first_step, steps):
-        for group in optimizer.param_groups:
-            group["lr"] = shared.cosine_learning_rate(step, steps, settings.learning_rate, settings.warmup_steps)
+    anchor_range = torch.arange(shared.PROMPT_TOKENS, shared.SEQUENCE_TOKENS - cfg.block_size + 1)  # labels are all target tokens
+
+    def batch_loss():
         rows = torch.randint(0, len(sequences), (settings.batch,), generator=generator)
         anchors = anchor_range[torch.randperm(len(anchor_range), generator=generator)[:settings.anchors_per_sequence]].sort().values
-        loss, accepted = draft_loss(cfg, params, embed, lm_head, sequences[rows], features[rows], anchors, position_weights)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
-        optimizer.step()
-        last_loss = loss.item()
-        seconds = earlier_seconds + time.time() - started
-        if step % 50 == 0 or step == steps - 1:
-            print(f"step {step} loss {loss.item():.3f} accepted {accepted.item():.2f} {seconds:.0f}s", flush=True)
-        if checkpoint.due() or step == steps - 1:
-            checkpoint.save(params, optimizer, generator, step + 1, seconds, last_loss)
+        return draft_loss(cfg, params, embed, lm_head, sequences[rows], features[rows], anchors, position_weights)
+
+    train_seconds, last_loss = stage.train(params, optimizer, generator, batch_loss)
 
     weights = {name: p.detach() for name, p in params.items()}
     config = dflash.draft_config_json(cfg, len(target_cfg.layer_types), target_cfg.vocab_size, preset.max_positions)
     dflash.save_draft(preset.draft_dir, config, weights)
     metrics = {
         "preset": preset.name,
-        "steps": steps,
+        "steps": stage.steps,
         "batch": settings.batch,
         "anchors_per_sequence": settings.anchors_per_sequence,
         "sequences": settings.sequences,
-        "generation_seconds": round(generation_seconds),
-        "train_seconds": round(earlier_seconds + time.time() - started),
+        "generation_seconds": round(stage.generation_seconds),
+        "train_seconds": round(train_seconds),
         "final_loss": round(last_loss, 4),
         "parameters": sum(t.numel() for t in weights.values()),
     }

@@ -6,59 +6,82 @@ model.safetensors.index.json naming it beside the target's files, and mtp_num_hi
 in config.json. With --out, a copy of the target gets the head instead.
 
 Training data are the target's own greedy continuations of training-text prompts and its
-final-normed last-layer hidden states on them. The head is unrolled as ddflash drafts with it
-(tools/reference/mtp.py): step 1 pairs hidden state i with token i+1 at position i and predicts
-token i+2; step k > 1 feeds step k-1's output and the true token i+k at position i+k-1 and
-predicts token i+k+1, attending to step 1's keys up to position i and to its own chain's.
-Later steps weigh less (exp(-(k-1)/γ)): a draft is accepted only up to its first miss. The
-layer starts as a copy of the target's last attention layer; embedding and lm_head are the
+final-normed last-layer hidden states on them. The continuations are the drafter's (the first of
+train_draft.py's batches in <cache>/<preset>/draft-data/) where it kept them and this target
+reproduces them, else generated: the same prompts either way. The head is unrolled as ddflash
+drafts with it (tools/reference/mtp.py): step 1 pairs hidden state i with token i+1 at position
+i and predicts token i+2; step k > 1 feeds step k-1's output and the true token i+k at position
+i+k-1 and predicts token i+k+1, attending to step 1's keys up to position i and to its own
+chain's. Later steps weigh less (exp(-(k-1)/γ)): a draft is accepted only up to its first miss.
+The layer starts as a copy of the target's last attention layer; embedding and lm_head are the
 target's, frozen.
 
-Both stages resume: the continuations are kept per batch of prompts in
+Both stages resume: the continuations and hidden states are kept per batch of prompts in
 <cache>/<preset>/mtp-data/, and training checkpoints to <cache>/<preset>/mtp.ckpt every few
 minutes; --resume continues from them (without it both start afresh).
 
 Usage: train_mtp.py [--preset tiny|demo] [--steps N] [--resume] [--out DIR]
 """
 
-import argparse
 import json
 import os
 import shutil
-import time
 
 import torch
 import torch.nn.functional as F
 
 import shared  # first: it puts tools/reference on the import path
-import presets
 import qwen36
 from safetensors_io import read_header, write_safetensors
 
 SEED = 3
-PROMPT_TOKENS = 32
-SEQUENCE_TOKENS = 128
-GENERATION_BATCH = 128
+MIN_AGREEMENT = 0.99  # below it, the drafter's continuations are not this target's
 LAYER = "layers.0."
 ATTN = LAYER + "self_attn."
 
 
+def drafters_continuations(path, prompts):
+    """The continuations of prompts the drafter kept at path, or None where it kept none."""
+    if not os.path.exists(path):
+        return None
+    sequences = torch.load(path)["sequences"][:len(prompts)]
+    return sequences if torch.equal(sequences[:, :shared.PROMPT_TOKENS], prompts) else None
+
+
+def greedy_agreement(logits, sequences):
+    """The fraction of the continuation tokens that are the argmax of the preceding
+    position's logits: 1 for the target's own greedy continuations but for near-ties, which
+    the incremental and the whole-sequence forward may break apart."""
+    predicted = logits[:, shared.PROMPT_TOKENS - 1:-1].argmax(-1)
+    return (predicted == sequences[:, shared.PROMPT_TOKENS:]).float().mean().item()
+
+
 def training_data(preset, cfg, target, train_ids, data_dir):
     """(sequences [N, SEQUENCE_TOKENS], final-normed last-layer hidden states [N,
-    SEQUENCE_TOKENS, hidden] in BF16), each batch of prompts generated once and kept in data_dir."""
-    prompts = shared.random_windows(train_ids, preset.mtp.sequences, PROMPT_TOKENS, SEED)
+    SEQUENCE_TOKENS, hidden] in BF16) for the drafter's first preset.mtp.sequences prompts,
+    each batch computed once and kept in data_dir."""
+    assert preset.mtp.sequences <= preset.draft.sequences, "the MTP head learns from the drafter's prompts"
+    batches = shared.continuation_prompts(preset, train_ids)[:preset.mtp.sequences].split(shared.GENERATION_BATCH)
+    drafters_dir = os.path.join(preset.cache_dir, "draft-data")
     os.makedirs(data_dir, exist_ok=True)
     sequences, hidden = [], []
-    for i, batch in enumerate(prompts.split(GENERATION_BATCH)):
-        path = os.path.join(data_dir, f"batch-{i:04d}.pt")
+    for i, batch in enumerate(batches):
+        path = shared.data_batch_path(data_dir, i)
         if not os.path.exists(path):
             with torch.no_grad():
-                sequence = shared.greedy_continuations(cfg, target, batch, SEQUENCE_TOKENS - PROMPT_TOKENS)
-                _, layers = qwen36.forward(cfg, target, sequence)
+                sequence = drafters_continuations(shared.data_batch_path(drafters_dir, i), batch)
+                if sequence is not None:
+                    logits, layers = qwen36.forward(cfg, target, sequence)
+                    agreement = greedy_agreement(logits, sequence)
+                    print(f"batch {i + 1} of {len(batches)}: the drafter's, {agreement:.2%} this target's greedy tokens", flush=True)
+                    if agreement < MIN_AGREEMENT:  # an earlier target's
+                        sequence = None
+                if sequence is None:
+                    sequence = shared.greedy_continuations(cfg, target, batch, shared.SEQUENCE_TOKENS - shared.PROMPT_TOKENS)
+                    _, layers = qwen36.forward(cfg, target, sequence)
+                    print(f"generated batch {i + 1} of {len(batches)}", flush=True)
                 normed = qwen36.rms_norm(layers[-1], target["norm.weight"], cfg.rms_norm_eps)
-            torch.save({"sequences": sequence, "hidden": normed.to(torch.bfloat16)}, path + ".partial")
-            os.replace(path + ".partial", path)
-            print(f"generated batch {i + 1} of {-(-len(prompts) // GENERATION_BATCH)}", flush=True)
+            shared.save_atomically({"sequences": sequence, "hidden": normed.to(torch.bfloat16)}, path)
         data = torch.load(path)
         sequences.append(data["sequences"])
         hidden.append(data["hidden"])
@@ -143,53 +166,27 @@ def export(directory, head):
         os.replace(path + ".partial", path)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    presets.add_argument(parser)
-    parser.add_argument("--steps", type=int, help="training steps (default: the preset's)")
-    parser.add_argument("--resume", action="store_true", help="reuse generated data and continue from the checkpoint, if any")
+def add_out_argument(parser):
     parser.add_argument("--out", help="write a copy of the target with the head here (default: into the target itself)")
-    args = parser.parse_args()
-    preset = presets.PRESETS[args.preset]
-    settings = preset.mtp
-    steps = args.steps or settings.steps
-    shared.setup_torch(SEED, preset.cache_dir)
-    data_dir = os.path.join(preset.cache_dir, "mtp-data")
-    checkpoint = shared.Checkpoint(os.path.join(preset.cache_dir, "mtp.ckpt"))
-    if not args.resume:  # a fresh run: neither stage may pick up an earlier run's files later
-        shutil.rmtree(data_dir, ignore_errors=True)
-        checkpoint.remove()
 
-    tokenizer = shared.load_tokenizer(preset.target_dir)
-    train_ids, _, _ = shared.token_streams(tokenizer)
-    cfg, target = qwen36.load_checkpoint(preset.target_dir, torch.float32)
-    started = time.time()
-    sequences, hidden = training_data(preset, cfg, target, train_ids, data_dir)
-    generation_seconds = time.time() - started
-    print(f"generated {len(sequences)} sequences in {generation_seconds:.0f}s", flush=True)
+
+def main():
+    stage = shared.start_stage("mtp", __doc__, SEED, training_data, add_out_argument)
+    args, preset, settings = stage.args, stage.preset, stage.settings
+    cfg, target = stage.target_cfg, stage.target
+    sequences, hidden = stage.data
 
     generator = torch.Generator().manual_seed(SEED)
     params = {name: torch.nn.Parameter(t) for name, t in initial_head(cfg, target, generator).items()}
     optimizer = shared.adamw(params, settings.learning_rate, settings.weight_decay)
-    first_step, earlier_seconds, last_loss = checkpoint.restore(params, optimizer, generator)
     embed, lm_head = target["embed_tokens.weight"], target["lm_head.weight"]
     step_weights = torch.exp(-torch.arange(settings.unroll) / settings.step_decay)
-    started = time.time()
-    for step in range(first_step, steps):
-        for group in optimizer.param_groups:
-            group["lr"] = shared.cosine_learning_rate(step, steps, settings.learning_rate, settings.warmup_steps)
+
+    def batch_loss():
         rows = torch.randint(0, len(sequences), (settings.batch,), generator=generator)
-        loss, accepted = unrolled_loss(cfg, params, embed, lm_head, sequences[rows], hidden[rows].to(torch.float32), settings.unroll, step_weights)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
-        optimizer.step()
-        last_loss = loss.item()
-        seconds = earlier_seconds + time.time() - started
-        if step % 50 == 0 or step == steps - 1:
-            print(f"step {step} loss {loss.item():.3f} accepted {accepted.item():.2f} of {settings.unroll} {seconds:.0f}s", flush=True)
-        if checkpoint.due() or step == steps - 1:
-            checkpoint.save(params, optimizer, generator, step + 1, seconds, last_loss)
+        return unrolled_loss(cfg, params, embed, lm_head, sequences[rows], hidden[rows].to(torch.float32), settings.unroll, step_weights)
+
+    train_seconds, last_loss = stage.train(params, optimizer, generator, batch_loss, f" of {settings.unroll}")
 
     out = args.out or preset.target_dir
     if args.out:
@@ -197,12 +194,12 @@ def main():
     export(out, params)
     metrics = {
         "preset": preset.name,
-        "steps": steps,
+        "steps": stage.steps,
         "batch": settings.batch,
         "unroll": settings.unroll,
         "sequences": settings.sequences,
-        "generation_seconds": round(generation_seconds),
-        "train_seconds": round(earlier_seconds + time.time() - started),
+        "generation_seconds": round(stage.generation_seconds),
+        "train_seconds": round(train_seconds),
         "final_loss": round(last_loss, 4),
         "parameters": sum(t.numel() for t in params.values()),
         "output": out,
