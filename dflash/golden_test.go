@@ -9,6 +9,7 @@ import (
 
 	"ddflash/engine"
 	"ddflash/internal/closeness"
+	"ddflash/internal/enginetest"
 	"ddflash/kernels"
 	"ddflash/kernels/cpu"
 )
@@ -40,7 +41,7 @@ func TestDrafterMatchesFloat64Reference(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := sess.Draft(tappedFeatures(t, e, g.context, d.TapLayers()), g.anchor)
+		got, err := sess.Draft(enginetest.TappedFeatures(t, e, g.context, d.TapLayers()), g.anchor)
 		sess.Close()
 		if err != nil {
 			t.Fatal(err)
@@ -172,25 +173,3 @@ func loadPair(t *testing.T, target, draft string) *engine.Engine {
 }
 
 func cpuBackend() kernels.Backend { return cpu.New(0) }
-
-// tappedFeatures runs the target over tokens and returns each token's tapped
-// hidden states concatenated in tap order (the drafter's input rows).
-func tappedFeatures(t *testing.T, e *engine.Engine, tokens []int32, taps []int) []float32 {
-	t.Helper()
-	m := e.Model
-	slot, err := m.States.Acquire()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.States.Release(slot)
-	var kv engine.SeqKV
-	if err := m.KV.Reserve(&kv, len(tokens)); err != nil {
-		t.Fatal(err)
-	}
-	defer m.KV.Truncate(&kv, 0)
-	out, err := m.Forward([]engine.SeqInput{{Tokens: tokens, KV: &kv, Slot: slot, Logits: engine.NoRows}}, taps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return slices.Clone(out[0].Features) // the model's buffer: the next forward reuses it
-}

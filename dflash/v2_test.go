@@ -13,6 +13,7 @@ import (
 	"ddflash/engine/config"
 	"ddflash/engine/testmodel"
 	"ddflash/internal/closeness"
+	"ddflash/internal/enginetest"
 	"ddflash/mamba"
 )
 
@@ -74,7 +75,7 @@ func checkDFlash2Step(t *testing.T, e *engine.Engine, d *Drafter, ids []int32, b
 		t.Fatal(err)
 	}
 	defer sess.Close()
-	got, err := sess.Draft(tappedFeatures(t, e, ids[:b.Anchor], d.TapLayers()), ids[b.Anchor])
+	got, err := sess.Draft(enginetest.TappedFeatures(t, e, ids[:b.Anchor], d.TapLayers()), ids[b.Anchor])
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"ddflash/engine"
 	"ddflash/engine/testmodel"
 	"ddflash/internal/closeness"
+	"ddflash/internal/enginetest"
 	"ddflash/kernels"
 	"ddflash/kernels/cpu"
 	"ddflash/mamba"
@@ -48,28 +49,6 @@ func writeTiny(t testing.TB, seed uint64, dtype string) string {
 	return dir
 }
 
-// tappedFeatures runs the target over tokens (a fresh sequence) and returns
-// each token's tapped hidden states.
-func tappedFeatures(t *testing.T, e *engine.Engine, tokens []int32, taps []int) []float32 {
-	t.Helper()
-	m := e.Model
-	slot, err := m.States.Acquire()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.States.Release(slot)
-	var kv engine.SeqKV
-	if err := m.KV.Reserve(&kv, len(tokens)); err != nil {
-		t.Fatal(err)
-	}
-	defer m.KV.Truncate(&kv, 0)
-	out, err := m.Forward([]engine.SeqInput{{Tokens: tokens, KV: &kv, Slot: slot, Logits: engine.NoRows}}, taps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return slices.Clone(out[0].Features) // the model's buffer: the next forward reuses it
-}
-
 // TestDraftMatchesFloat64Reference drafts with the MTP head of the golden
 // checkpoint (engine/testdata/golden-mtp, written by ddflash testmodel
 // --mtp) and compares each step's logits and greedy token with the float64
@@ -103,7 +82,7 @@ func TestDraftMatchesFloat64Reference(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := sess.(engine.TokenDraftSession).DraftTokens(tappedFeatures(t, e, c.IDs, d.TapLayers()), c.IDs, c.Anchor)
+		got, err := sess.(engine.TokenDraftSession).DraftTokens(enginetest.TappedFeatures(t, e, c.IDs, d.TapLayers()), c.IDs, c.Anchor)
 		sess.Close()
 		if err != nil {
 			t.Fatal(err)
@@ -145,7 +124,7 @@ func TestCacheHoldsOnlyCommittedPositions(t *testing.T) {
 	for i := range tokens {
 		tokens[i] = int32(rng.IntN(e.ValidVocab))
 	}
-	features := tappedFeatures(t, e, tokens, d.TapLayers())
+	features := enginetest.TappedFeatures(t, e, tokens, d.TapLayers())
 	H := e.Model.Cfg.HiddenSize
 	inc, err := d.NewSession(nil)
 	if err != nil {
@@ -323,7 +302,7 @@ func TestTensorParallelDraftsMatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := s.(engine.TokenDraftSession).DraftTokens(tappedFeatures(t, e, tokens, d.TapLayers()), tokens, 77)
+		got, err := s.(engine.TokenDraftSession).DraftTokens(enginetest.TappedFeatures(t, e, tokens, d.TapLayers()), tokens, 77)
 		s.Close()
 		if err != nil {
 			t.Fatal(err)

@@ -1,0 +1,33 @@
+// Package enginetest holds test helpers that drive an engine.Engine, shared
+// by the drafter packages' tests.
+package enginetest
+
+import (
+	"slices"
+	"testing"
+
+	"ddflash/engine"
+)
+
+// TappedFeatures runs the target over tokens (a fresh sequence) and returns
+// each token's tapped hidden states concatenated in tap order (a drafter's
+// input rows).
+func TappedFeatures(t *testing.T, e *engine.Engine, tokens []int32, taps []int) []float32 {
+	t.Helper()
+	m := e.Model
+	slot, err := m.States.Acquire()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.States.Release(slot)
+	var kv engine.SeqKV
+	if err := m.KV.Reserve(&kv, len(tokens)); err != nil {
+		t.Fatal(err)
+	}
+	defer m.KV.Truncate(&kv, 0)
+	out, err := m.Forward([]engine.SeqInput{{Tokens: tokens, KV: &kv, Slot: slot, Logits: engine.NoRows}}, taps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.Clone(out[0].Features) // the model's buffer: the next forward reuses it
+}
