@@ -281,20 +281,11 @@ func checkDraftLogits(t *testing.T, be kernels.Backend) {
 		for i, f := range features {
 			l, err := s.Draft(f, int32(17+i))
 			must(t, err)
-			var real []float32
-			for r := 0; r < len(l); r += V {
-				real = append(real, l[r:r+valid]...)
-			}
-			out = append(out, real)
+			out = append(out, validColumns(l, V, valid))
 		}
 		return out
 	}
-	want, got := logits(cpu.New(0)), logits(be)
-	for i := range want {
-		if d := cuda.RelNorm(got[i], want[i]); d > 1e-4 {
-			t.Errorf("draft round %d: ‖got−cpu‖/‖cpu‖ = %.2g", i, d)
-		}
-	}
+	checkRounds(t, "draft round", logits(cpu.New(0)), logits(be))
 }
 
 // checkDFlash2 runs a random DFlash2 drafter (testmodel's published
@@ -421,20 +412,11 @@ func checkMTP(t *testing.T, be kernels.Backend) {
 			l, err := s.(engine.TokenDraftSession).DraftTokens(features[done*H:(done+rows)*H], tokens[done:done+rows], next)
 			must(t, err)
 			done += rows
-			var real []float32
-			for r := 0; r < len(l); r += V {
-				real = append(real, l[r:r+valid]...)
-			}
-			out = append(out, real)
+			out = append(out, validColumns(l, V, valid))
 		}
 		return out
 	}
-	want, got := logits(cpu.New(0)), logits(be)
-	for i := range want {
-		if d := cuda.RelNorm(got[i], want[i]); d > 1e-4 {
-			t.Errorf("MTP draft round %d: ‖got−cpu‖/‖cpu‖ = %.2g", i, d)
-		}
-	}
+	checkRounds(t, "MTP draft round", logits(cpu.New(0)), logits(be))
 	prompt := []int32{12, 40, 7, 99, 3, 250, 18}
 	decode := func(spec engine.SpecOptions) []int32 {
 		e, err := engine.Load(be, target, engine.Options{Context: 64, VerifyTokens: spec.VerifyTokens(steps + 1)})
@@ -492,5 +474,26 @@ func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// validColumns cuts each row of l ([rows, V] logits) to its first valid
+// ids: the padding ids' logits are -Inf on every backend.
+func validColumns(l []float32, V, valid int) []float32 {
+	var real []float32
+	for r := 0; r < len(l); r += V {
+		real = append(real, l[r:r+valid]...)
+	}
+	return real
+}
+
+// checkRounds compares each round's logits with the CPU backend's: F32
+// activations on both, so they differ by accumulation order only.
+func checkRounds(t *testing.T, what string, want, got [][]float32) {
+	t.Helper()
+	for i := range want {
+		if d := cuda.RelNorm(got[i], want[i]); d > 1e-4 {
+			t.Errorf("%s %d: ‖got−cpu‖/‖cpu‖ = %.2g", what, i, d)
+		}
 	}
 }
