@@ -124,7 +124,8 @@ PRESETS = {
             sequences=2560, batch=16, anchors_per_sequence=8, steps=2000, learning_rate=1e-3, warmup_steps=50,
             weight_decay=0.01, position_decay=7.0,
         ),
-        mtp=MTPSettings(sequences=1280, batch=16, unroll=3, steps=1000, learning_rate=5e-4, warmup_steps=50,
+        # 400 steps (about 15 minutes here) so the whole pair trains within one working session.
+        mtp=MTPSettings(sequences=1280, batch=16, unroll=3, steps=400, learning_rate=5e-4, warmup_steps=50,
                         weight_decay=0.01, step_decay=2.0),
     ),
 }
