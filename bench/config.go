@@ -15,7 +15,9 @@ import (
 // measured cost and predicted acceptance); dflash2 and d2bN are linear and
 // bN with the sweep's DFlash2 drafter, mtpN the chain of N steps of the
 // target's own MTP head, adaptive-mtp adaptive choosing between the DFlash
-// drafter and the MTP head every step.
+// drafter and the MTP head every step. A DFlash mode may end in -dK
+// (b4-d4, linear-d8): its drafts run a block of K+1 rows, K tokens deep,
+// instead of the drafter's whole block (engine.SpecOptions.DraftDepth).
 type Mode struct {
 	Name string // as on the command line and in file names: auto, linear, b15, adaptive, mtp3
 	Kind string // auto, linear, ddtree or adaptive
@@ -27,6 +29,9 @@ type Mode struct {
 	// sweep's DFlash drafter (--draft), DFlash2Drafter, MTPDrafter or
 	// ChoiceDrafters.
 	Drafter string
+	// Depth caps a DFlash draft at Depth tokens (-dK); 0: the sweep's
+	// --draft-depth.
+	Depth int
 	// NoPrefixCache runs the mode with the engine's prefix cache off (a
 	// name ending in NoCacheSuffix), to compare with the same mode with it.
 	NoPrefixCache bool
@@ -50,15 +55,26 @@ const (
 const ChoiceMTPSteps = 3
 
 // ParseMode reads auto, linear, bN (N ≥ 1), adaptive, adaptive-mtp,
-// dflash2, d2bN or mtpN (1 ≤ N ≤ MaxMTPSteps), each optionally followed by
-// NoCacheSuffix.
+// dflash2, d2bN or mtpN (1 ≤ N ≤ MaxMTPSteps); linear, bN and adaptive
+// optionally followed by -dK (K ≥ 1), and each by NoCacheSuffix.
 func ParseMode(s string) (Mode, error) {
 	base, off := strings.CutSuffix(s, NoCacheSuffix)
+	depth := 0
+	if i := strings.LastIndex(base, "-d"); i > 0 {
+		n, err := strconv.Atoi(base[i+2:])
+		if err != nil || n < 1 || base[i+2:] != strconv.Itoa(n) {
+			return Mode{}, fmt.Errorf("mode %q: -dK wants a draft depth K of at least 1", s)
+		}
+		base, depth = base[:i], n
+	}
 	m, err := parseBaseMode(base)
 	if err != nil {
-		return Mode{}, fmt.Errorf("mode %q: want auto, linear, bN for a DDTree of N nodes (b8, b15, ...), adaptive, adaptive-mtp (choosing between the DFlash drafter and the MTP head), dflash2 or d2bN (the DFlash2 drafter linear or as a DDTree of N nodes) or mtpN for N steps of the MTP head (mtp1..mtp%d), optionally followed by %s", s, MaxMTPSteps, NoCacheSuffix)
+		return Mode{}, fmt.Errorf("mode %q: want auto, linear, bN for a DDTree of N nodes (b8, b15, ...), adaptive, adaptive-mtp (choosing between the DFlash drafter and the MTP head), dflash2 or d2bN (the DFlash2 drafter linear or as a DDTree of N nodes) or mtpN for N steps of the MTP head (mtp1..mtp%d); linear, bN and adaptive optionally followed by -dK (drafts K tokens deep), each by %s", s, MaxMTPSteps, NoCacheSuffix)
 	}
-	m.Name, m.NoPrefixCache = s, off
+	if depth > 0 && (m.Kind == "auto" || m.Drafter != "") {
+		return Mode{}, fmt.Errorf("mode %q: -dK cuts a DFlash drafter's block; %s drafts no such block", s, base)
+	}
+	m.Name, m.NoPrefixCache, m.Depth = s, off, depth
 	return m, nil
 }
 

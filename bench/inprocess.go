@@ -69,8 +69,11 @@ type InProcess struct {
 	Drafter  func(e *engine.Engine, m Mode) (engine.Drafter, error)
 	Prompter Prompter
 	Rollback mamba.Strategy
-	Threads  int    // 0: all cores
-	Device   string // the backend's name, for the record
+	// DraftDepth caps a draft's proposals (engine.SpecOptions.DraftDepth;
+	// 0: the drafter's whole block).
+	DraftDepth int
+	Threads    int    // 0: all cores
+	Device     string // the backend's name, for the record
 	// Log, when set, gets each pass's driver calls per target step on a
 	// backend that counts them (CUDA): launches, allocations, transfers.
 	Log io.Writer
@@ -175,7 +178,7 @@ func (p *InProcess) Validate(plan *Plan) error {
 func (p *InProcess) spec(c Config) engine.SpecOptions {
 	m := c.Mode
 	mode := map[string]engine.SpecMode{"auto": engine.SpecAuto, "linear": engine.SpecLinear, "ddtree": engine.SpecTree, "adaptive": engine.SpecTree}[m.Kind]
-	o := engine.SpecOptions{Mode: mode, Budget: m.Budget, Rollback: p.Rollback}
+	o := engine.SpecOptions{Mode: mode, Budget: m.Budget, Rollback: p.Rollback, DraftDepth: p.draftDepth(m)}
 	if m.Drafter == MTPDrafter {
 		o.Label = MTPDrafter // SpecStats say which drafter proposed
 	}
@@ -183,6 +186,14 @@ func (p *InProcess) spec(c Config) engine.SpecOptions {
 		o.Policy = cached(&p.policies, c.Name(), func() *adaptive.Policy { return &adaptive.Policy{Autoregressive: true} })
 	}
 	return o
+}
+
+// draftDepth is the mode's draft depth: its own (-dK), else the sweep's.
+func (p *InProcess) draftDepth(m Mode) int {
+	if m.Depth > 0 {
+		return m.Depth
+	}
+	return p.DraftDepth
 }
 
 // cached returns the map's value for name, made by newValue on first use.
@@ -213,7 +224,7 @@ func (p *InProcess) Knobs(c Config) Knobs {
 	k.Context, k.MaxRunning = l.engine.Context, l.engine.MaxSeqs()
 	if m.Kind != "auto" {
 		if d, err := p.drafter(l, m); err == nil && d != nil {
-			k.Rollback, k.BlockSize = p.Rollback.String(), d.BlockSize()
+			k.Rollback, k.BlockSize = p.Rollback.String(), engine.DraftBlock(d, p.draftDepth(m))
 		}
 	}
 	if m.Kind == "linear" {

@@ -46,15 +46,20 @@ type Drafter struct {
 	kv, ring   *engine.KVCache
 	ringPages  int
 	cacheIndex []int
-	allVisible kernels.Buffer // I32 block mask of ones: non-causal full layers
-	// nearVisible is the block mask of non-causal sliding layers: block
-	// keys less than a window away on either side (the kernel's window
-	// hides only keys before a query).
-	nearVisible kernels.Buffer
-	attn        kernels.AttnShape
-	invFreq     kernels.Buffer // RoPE inverse frequencies (plain or YaRN)
-	ropeScale   float32
-	scratch     arena // a draft's buffers, kept from draft to draft
+	masks      map[int]blockMasks // by block rows: the checkpoint's block and any shorter one a session drafts
+	attn       kernels.AttnShape
+	invFreq    kernels.Buffer // RoPE inverse frequencies (plain or YaRN)
+	ropeScale  float32
+	scratch    arena // a draft's buffers, kept from draft to draft
+}
+
+// blockMasks are a block's attention masks, I32 [rows·rows].
+type blockMasks struct {
+	all kernels.Buffer // ones: non-causal full layers
+	// near is the mask of non-causal sliding layers: block keys less than a
+	// window away on either side (the kernel's window hides only keys
+	// before a query); nil without sliding layers.
+	near kernels.Buffer
 }
 
 // Options sizes the drafter's context cache: room for Sequences sessions
@@ -107,15 +112,9 @@ func LoadDrafter(dir string, target *engine.Model, opts Options) (*Drafter, erro
 		d.Close()
 		return nil, err
 	}
-	if d.allVisible, err = d.blockMask(cfg.BlockSize); err != nil {
+	if _, err = d.blockMasks(cfg.BlockSize); err != nil {
 		d.Close()
 		return nil, err
-	}
-	if cfg.SlidingWindow > 0 {
-		if d.nearVisible, err = d.blockMask(cfg.SlidingWindow); err != nil {
-			d.Close()
-			return nil, err
-		}
 	}
 	freq, scale := cfg.RopeFrequencies()
 	if d.invFreq, err = engine.UploadRopeFrequencies(b, freq); err != nil {
@@ -130,10 +129,33 @@ func LoadDrafter(dir string, target *engine.Model, opts Options) (*Drafter, erro
 	return d, nil
 }
 
-// blockMask uploads the block mask that shows block row i the block keys j
-// with |i−j| < window.
-func (d *Drafter) blockMask(window int) (kernels.Buffer, error) {
-	Q := d.Cfg.BlockSize
+// blockMasks returns the masks of a block of Q rows, uploading them on a
+// block size's first use.
+func (d *Drafter) blockMasks(Q int) (blockMasks, error) {
+	if m, ok := d.masks[Q]; ok {
+		return m, nil
+	}
+	var m blockMasks
+	var err error
+	if m.all, err = d.blockMask(Q, Q); err != nil {
+		return blockMasks{}, err
+	}
+	if d.Cfg.SlidingWindow > 0 {
+		if m.near, err = d.blockMask(Q, d.Cfg.SlidingWindow); err != nil {
+			d.b.Free(m.all)
+			return blockMasks{}, err
+		}
+	}
+	if d.masks == nil {
+		d.masks = map[int]blockMasks{}
+	}
+	d.masks[Q] = m
+	return m, nil
+}
+
+// blockMask uploads the mask of a block of Q rows that shows block row i
+// the block keys j with |i−j| < window.
+func (d *Drafter) blockMask(Q, window int) (kernels.Buffer, error) {
 	mask := make([]int32, Q*Q)
 	for i := range Q {
 		for j := range Q {
@@ -242,11 +264,17 @@ func (d *Drafter) Close() {
 			*c = nil
 		}
 	}
-	for _, buf := range []*kernels.Buffer{&d.allVisible, &d.nearVisible, &d.invFreq} {
-		if *buf != nil {
-			d.b.Free(*buf)
-			*buf = nil
+	for _, m := range d.masks {
+		for _, buf := range []kernels.Buffer{m.all, m.near} {
+			if buf != nil {
+				d.b.Free(buf)
+			}
 		}
+	}
+	d.masks = nil
+	if d.invFreq != nil {
+		d.b.Free(d.invFreq)
+		d.invFreq = nil
 	}
 	d.scratch.free()
 }
@@ -262,6 +290,7 @@ func (d *Drafter) BlockSize() int { return d.Cfg.BlockSize }
 // ever stay in it.
 type Session struct {
 	d        *Drafter
+	block    int // rows a draft runs: the anchor and block−1 masks
 	kv, ring engine.SeqKV
 	cached   int             // committed tokens whose context K/V are in the cache
 	lattice  *ddtree.Lattice // DFlash2: the latest draft's selector lattice
@@ -270,12 +299,29 @@ type Session struct {
 // NewSession starts an empty context; the drafter sees the prompt through
 // the target's features, not its tokens. A DFlash2 drafter's session is
 // also an engine.LatticeSession.
-func (d *Drafter) NewSession([]int32) (engine.DraftSession, error) {
-	s := &Session{d: d}
-	if d.Cfg.V2 != nil {
-		return v2Session{s}, nil
+func (d *Drafter) NewSession(prompt []int32) (engine.DraftSession, error) {
+	return d.NewBlockSession(prompt, d.Cfg.BlockSize)
+}
+
+// NewBlockSession starts a session whose drafts run a block of block rows,
+// the anchor and block−1 masks, instead of the checkpoint's block_size
+// (engine.BlockDrafter): its proposals are block−1 deep, and the block's
+// cost, which on a CPU grows with its rows, shrinks with them. Each row
+// still sees the whole block, as in training, only with fewer masks after
+// it, so the drafter's distributions change a little and acceptance is the
+// measure of a shorter block. A DFlash2 drafter keeps its whole block: its
+// selector lattice spans it.
+func (d *Drafter) NewBlockSession(_ []int32, block int) (engine.DraftSession, error) {
+	if block < 2 || block > d.Cfg.BlockSize {
+		return nil, fmt.Errorf("dflash: a block of %d rows: want 2 to the drafter's %d (the anchor and at least one mask)", block, d.Cfg.BlockSize)
 	}
-	return s, nil
+	if d.Cfg.V2 != nil {
+		return v2Session{&Session{d: d, block: d.Cfg.BlockSize}}, nil
+	}
+	if _, err := d.blockMasks(block); err != nil {
+		return nil, err
+	}
+	return &Session{d: d, block: block}, nil
 }
 
 // Close returns the session's cache pages.
@@ -361,9 +407,9 @@ func (s *Session) ringCache(a *arena, ctxPos, blockPos []int32) (contextCache, e
 
 // Draft appends the fused features of newly committed tokens (rows of
 // len(TapLayers)·targetHidden values, in tap order) to the context, runs the
-// block [anchor, mask, …, mask] at positions start..start+BlockSize-1 (start
+// block [anchor, mask, …, mask] at positions start..start+block-1 (start
 // = committed tokens, the anchor's position) and returns the logits of the
-// BlockSize-1 proposal positions, row-major over the target vocabulary. A
+// block-1 proposal positions, row-major over the target vocabulary. A
 // DFlash2 drafter convolves around every sublayer, returns its unary logits
 // (after output_multiplier and the soft cap) and keeps the selector's
 // lattice of them for Lattice.
@@ -443,7 +489,7 @@ func (s *Session) DraftTop(features []float32, anchor int32, valid, k int) ([][]
 }
 
 // draft runs the block and returns its proposal rows' logits on the
-// device, [BlockSize-1, vocab], and their normed hidden states, in arena
+// device, [block-1, vocab], and their normed hidden states, in arena
 // buffers.
 func (s *Session) draft(a *arena, features []float32, anchor int32) (kernels.Buffer, kernels.Buffer, error) {
 	d, b, c := s.d, s.d.b, s.d.Cfg
@@ -452,7 +498,7 @@ func (s *Session) draft(a *arena, features []float32, anchor int32) (kernels.Buf
 	if len(features)%width != 0 {
 		return nil, nil, fmt.Errorf("dflash: %d feature values is not a whole number of %d-wide rows", len(features), width)
 	}
-	ctxRows, Q, H := len(features)/width, c.BlockSize, c.HiddenSize
+	ctxRows, Q, H := len(features)/width, s.block, c.HiddenSize
 	start := s.cached + ctxRows
 	ctxPos, blockPos := positions(s.cached, ctxRows), positions(start, Q)
 	var paged, ringed contextCache
@@ -529,9 +575,9 @@ func (s *Session) draft(a *arena, features []float32, anchor int32) (kernels.Buf
 		switch {
 		case c.LayerCausal(i): // no mask: the kernel's causal order
 		case seq.Window > 0:
-			seq.Mask = d.nearVisible
+			seq.Mask = d.masks[Q].near
 		default:
-			seq.Mask = d.allVisible
+			seq.Mask = d.masks[Q].all
 		}
 		b.Attention(attn, q, kc, vc, d.attn, []kernels.AttnSeq{seq})
 		b.MatMul(u, attn, lw.OProj, Q, H, qDim)

@@ -41,10 +41,7 @@ func tinyPairWith(t *testing.T, seed uint64, spec engine.SpecOptions, draft test
 // (draft's target and seed are set here) and returns their directories.
 func writePair(t testing.TB, preset string, seed uint64, dtype string, draft testmodel.DraftOptions) (target, draftDir string) {
 	t.Helper()
-	p, err := testmodel.PresetByName(preset)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := mustPreset(t, preset)
 	dir := t.TempDir()
 	target, draftDir = dir+"/target", dir+"/draft"
 	if err := testmodel.Write(target, testmodel.Options{Preset: p, Seed: seed, DType: dtype}); err != nil {
@@ -237,6 +234,8 @@ func TestRealDrafterIsLossless(t *testing.T) {
 			{Mode: engine.SpecLinear},
 			{Mode: engine.SpecTree, Budget: 4, Rollback: mamba.Snapshot},
 			{Mode: engine.SpecTree, Budget: 32},
+			{Mode: engine.SpecLinear, DraftDepth: 5},
+			{Mode: engine.SpecTree, Budget: 8, DraftDepth: 3},
 		} {
 			// Every other run uses a YaRN-scaled drafter.
 			draft := testmodel.DraftOptions{LayerTypes: l.types, Window: 12, YaRN: float64(2 * (seed % 2))}
@@ -245,8 +244,80 @@ func TestRealDrafterIsLossless(t *testing.T) {
 				t.Fatal(err)
 			}
 			if !slices.Equal(got.Tokens, want.Tokens) {
-				t.Fatalf("%s layout, seed %d %v b%d: output differs from autoregressive\n got %v\nwant %v", l.name, seed, spec.Mode, spec.Budget, got.Tokens, want.Tokens)
+				t.Fatalf("%s layout, seed %d %v b%d depth %d: output differs from autoregressive\n got %v\nwant %v", l.name, seed, spec.Mode, spec.Budget, spec.DraftDepth, got.Tokens, want.Tokens)
 			}
 		}
 	}
+}
+
+// TestShortBlockEqualsShortCheckpoint drafts in rounds with a session of a
+// shorter block than its drafter's (NewBlockSession) and, as the
+// reference, with the same weights under a config whose block_size is that
+// block: the proposals must agree bit for bit, in every layout, with a
+// sliding window shorter than the block so the sliding mask's stride
+// matters. Asking for no mask or a longer block than the drafter's fails.
+func TestShortBlockEqualsShortCheckpoint(t *testing.T) {
+	const block, window = 6, 4
+	for _, l := range drafterLayouts(t) {
+		target, longDir := writePair(t, "tiny", 5, "", testmodel.DraftOptions{LayerTypes: l.types, Window: window})
+		shortDir := t.TempDir()
+		if err := testmodel.WriteDrafter(shortDir, testmodel.DraftOptions{Target: mustPreset(t, "tiny"), Seed: 5, LayerTypes: l.types, Window: window, BlockSize: block}); err != nil {
+			t.Fatal(err)
+		}
+		e, err := engine.Load(cpu.New(2), target, engine.Options{PageSize: 4, MaxSeqs: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		long, err := LoadDrafter(longDir, e.Model, Options{Sequences: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		short, err := LoadDrafter(shortDir, e.Model, Options{Sequences: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, bad := range []int{1, 17} {
+			if _, err := long.NewBlockSession(nil, bad); err == nil {
+				t.Fatalf("a block of %d rows from a 16-row drafter: no error", bad)
+			}
+		}
+		got, err := long.NewBlockSession(nil, block)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := short.NewSession(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		width := len(long.TapLayers()) * e.Model.Cfg.HiddenSize
+		rng := rand.New(rand.NewPCG(5, 6))
+		for _, rows := range []int{7, 1, 5, 3} {
+			features, anchor := randomFeatures(rng, rows*width), int32(rng.IntN(290))
+			g, err := got.Draft(features, anchor)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := want.Draft(features, anchor)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(g) != (block-1)*e.Model.Cfg.VocabSize || !slices.Equal(g, w) {
+				t.Fatalf("%s layout: a %d-row block of a 16-row drafter differs from a %d-row drafter's (%d values, want %d)", l.name, block, block, len(g), len(w))
+			}
+		}
+		got.Close()
+		want.Close()
+		long.Close()
+		short.Close()
+		e.Close()
+	}
+}
+
+func mustPreset(t testing.TB, name string) testmodel.Preset {
+	t.Helper()
+	p, err := testmodel.PresetByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

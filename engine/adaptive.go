@@ -175,7 +175,7 @@ func (e *Engine) measureCost(p *adaptive.Policy) error {
 // measureDraft times two steady drafts (one context row each) on a scratch
 // drafter session.
 func (e *Engine) measureDraft(p *adaptive.Policy) error {
-	sess, err := e.Drafter.NewSession([]int32{0})
+	sess, err := e.newDraftSession([]int32{0})
 	if err != nil {
 		return err
 	}

@@ -110,7 +110,7 @@ func (e *Engine) startJob(r Request, checkpointOnly bool) (*job, error) {
 		j.stats.Budget = e.Spec.Budget
 	}
 	j.out.res.Stats.SpecStats = j.stats
-	if j.sess, err = e.Drafter.NewSession(r.Prompt); err != nil {
+	if j.sess, err = e.newDraftSession(r.Prompt); err != nil {
 		return nil, err
 	}
 	if cs, ok := j.sess.(*choiceSession); ok {

@@ -49,6 +49,25 @@ type TokenDraftSession interface {
 	DraftTokens(features []float32, tokens []int32, anchor int32) ([]float32, error)
 }
 
+// DraftBlock is the block d drafts when proposals are capped at depth
+// tokens (SpecOptions.DraftDepth; 0: no cap): depth+1 rows for a
+// BlockDrafter whose own block is longer, else its own block.
+func DraftBlock(d Drafter, depth int) int {
+	if _, ok := d.(BlockDrafter); ok && depth > 0 && depth+1 < d.BlockSize() {
+		return depth + 1
+	}
+	return d.BlockSize()
+}
+
+// newDraftSession starts a request's drafting state, DraftDepth deep when
+// the drafter can draft a shorter block than its own.
+func (e *Engine) newDraftSession(prompt []int32) (DraftSession, error) {
+	if block := DraftBlock(e.Drafter, e.Spec.DraftDepth); block < e.Drafter.BlockSize() {
+		return e.Drafter.(BlockDrafter).NewBlockSession(prompt, block)
+	}
+	return e.Drafter.NewSession(prompt)
+}
+
 // draft runs one draft of sess over the committed rows' features and tokens.
 func draft(sess DraftSession, features []float32, tokens []int32, anchor int32) ([]float32, error) {
 	if ts, ok := sess.(TokenDraftSession); ok {
@@ -64,6 +83,13 @@ type Drafter interface {
 	// NewSession starts a request's drafting state; prompt is the request's
 	// prompt (drafters that look tokens up, such as n-gram ones, need it).
 	NewSession(prompt []int32) (DraftSession, error)
+}
+
+// BlockDrafter is a Drafter that can also draft a shorter block than its
+// own, the anchor and block−1 proposals (SpecOptions.DraftDepth).
+type BlockDrafter interface {
+	Drafter
+	NewBlockSession(prompt []int32, block int) (DraftSession, error)
 }
 
 // SpecMode selects the decoding method.
@@ -106,6 +132,9 @@ type SpecOptions struct {
 	// Label names the decoding in SpecStats when Mode's name does not say
 	// which drafter proposes (mtp); empty means Mode's name.
 	Label string
+	// DraftDepth caps the tokens a draft proposes: a BlockDrafter drafts a
+	// block of DraftDepth+1 rows. 0 means the drafter's whole block.
+	DraftDepth int
 }
 
 // Name names the decoding: Label, the policy's name, or else Mode's.

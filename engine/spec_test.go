@@ -285,3 +285,27 @@ func TestChainTreeEqualsLinear(t *testing.T) {
 		t.Fatalf("oracle drafts at 30%% noise accepted only τ=%.2f: the test does not exercise acceptance", lin.Stats.AcceptanceLength)
 	}
 }
+
+// shortBlockDrafter is an oracle that can also draft a shorter block.
+type shortBlockDrafter struct{ oracleDrafter }
+
+func (d *shortBlockDrafter) NewBlockSession(prompt []int32, block int) (DraftSession, error) {
+	return d.NewSession(prompt)
+}
+
+func TestDraftBlock(t *testing.T) {
+	plain, short := &oracleDrafter{block: 16}, &shortBlockDrafter{oracleDrafter{block: 16}}
+	for _, c := range []struct {
+		d     Drafter
+		depth int
+		want  int
+	}{
+		{plain, 0, 16}, {plain, 4, 16}, // no shorter block to draft
+		{short, 0, 16}, {short, 4, 5}, {short, 1, 2}, {short, 14, 15},
+		{short, 15, 16}, {short, 40, 16}, // as deep as the block or deeper: the block
+	} {
+		if got := DraftBlock(c.d, c.depth); got != c.want {
+			t.Errorf("DraftBlock(%T with block 16, depth %d) = %d, want %d", c.d, c.depth, got, c.want)
+		}
+	}
+}

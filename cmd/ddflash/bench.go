@@ -252,7 +252,7 @@ func newInProcess(mf *modelFlags, draft2 string, plan *bench.Plan, fs *flag.Flag
 		return e, err
 	}
 	return &bench.InProcess{Load: load, Drafter: drafterFor(dirs, models), Prompter: bench.ChatPrompter{Dir: tok},
-		Rollback: rollback, Threads: mf.threads, Device: mf.device, Log: os.Stderr}, q, nil
+		Rollback: rollback, DraftDepth: mf.draftDepth, Threads: mf.threads, Device: mf.device, Log: os.Stderr}, q, nil
 }
 
 // sizeForModes returns the most tokens one verify of the sweep's modes

@@ -23,6 +23,7 @@ type modelFlags struct {
 	model, draft, spec, rollback, device string
 	budget, context, threads, tp         int
 	mtpSteps                             int // --mtp-steps: proposals per draft of the MTP head
+	draftDepth                           int // --draft-depth: proposals per DFlash draft (0: its block)
 	// withMTP (--with-mtp): --spec adaptive also loads the MTP head and
 	// chooses between it and --draft's drafter per request and step.
 	withMTP bool
@@ -65,6 +66,7 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.spec, "spec", "auto", "decoding: auto (autoregressive), linear (DFlash chain), ddtree, adaptive (a DDTree whose size, autoregressive included, is chosen every step from measured cost and predicted acceptance), mtp (the chain of the checkpoint's own MTP head) or mtp-ddtree (a DDTree from the MTP head's steps)")
 	fs.IntVar(&m.mtpSteps, "mtp-steps", 3, fmt.Sprintf("--spec mtp (and --with-mtp): proposals per draft, the MTP head applied this many times (1..%d)", mtp.MaxSteps))
 	fs.BoolVar(&m.withMTP, "with-mtp", false, "--spec adaptive: also load the checkpoint's own MTP head (--mtp-steps steps) and draft, per request and step, with whichever of it and --draft's drafter is expected to commit more tokens per second")
+	fs.IntVar(&m.draftDepth, "draft-depth", 0, "DFlash: tokens a draft proposes, a block of this many masks after the anchor instead of the drafter's block_size-1 (cheaper drafts on a CPU; acceptance changes); 0: the whole block")
 	m.budget = 15
 	fs.Var(budgetFlag{m}, "budget", "DDTree node budget B (non-root nodes per verify), or auto: chosen every step up to --max-budget")
 	fs.IntVar(&m.maxBudget, "max-budget", 32, "the largest tree --budget auto and --spec adaptive choose")
@@ -140,7 +142,10 @@ func (m *modelFlags) specOptions() (engine.SpecOptions, error) {
 	if mode != engine.SpecAuto && m.draft == "" && label == "" {
 		return engine.SpecOptions{}, fmt.Errorf("--spec %s needs a drafter: give --draft DIR", m.spec)
 	}
-	return engine.SpecOptions{Mode: mode, Budget: budget, Rollback: rollback, Policy: policy, Label: label}, nil
+	if m.draftDepth < 0 {
+		return engine.SpecOptions{}, fmt.Errorf("--draft-depth %d: want 0 (the whole block) or a token count", m.draftDepth)
+	}
+	return engine.SpecOptions{Mode: mode, Budget: budget, Rollback: rollback, Policy: policy, Label: label, DraftDepth: m.draftDepth}, nil
 }
 
 // backends makes one backend per tensor-parallel rank: CPU ranks share the

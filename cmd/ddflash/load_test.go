@@ -56,3 +56,29 @@ func TestSpecFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestDraftDepthFlag(t *testing.T) {
+	for _, c := range []struct {
+		args  string
+		depth int
+		err   string
+	}{
+		{"--spec ddtree --budget 4", 0, ""},
+		{"--spec ddtree --budget 4 --draft-depth 4", 4, ""},
+		{"--spec linear --draft-depth 7", 7, ""},
+		{"--spec ddtree --draft-depth -1", 0, "--draft-depth -1"},
+	} {
+		var m modelFlags
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		m.register(fs)
+		if err := fs.Parse(append(strings.Fields(c.args), "--draft", "d")); err != nil {
+			t.Fatal(err)
+		}
+		spec, err := m.specOptions()
+		if (err == nil) != (c.err == "") || err != nil && !strings.Contains(err.Error(), c.err) {
+			t.Errorf("%s: error %v, want %q", c.args, err, c.err)
+		} else if err == nil && spec.DraftDepth != c.depth {
+			t.Errorf("%s: draft depth %d, want %d", c.args, spec.DraftDepth, c.depth)
+		}
+	}
+}
