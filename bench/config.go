@@ -55,8 +55,8 @@ const (
 const ChoiceMTPSteps = 3
 
 // ParseMode reads auto, linear, bN (N ≥ 1), adaptive, adaptive-mtp,
-// dflash2, d2bN or mtpN (1 ≤ N ≤ MaxMTPSteps); linear, bN and adaptive
-// optionally followed by -dK (K ≥ 1), and each by NoCacheSuffix.
+// dflash2, d2bN or mtpN (1 ≤ N ≤ MaxMTPSteps); linear, bN, adaptive and
+// adaptive-mtp optionally followed by -dK (K ≥ 1), and each by NoCacheSuffix.
 func ParseMode(s string) (Mode, error) {
 	base, off := strings.CutSuffix(s, NoCacheSuffix)
 	depth := 0
@@ -69,9 +69,9 @@ func ParseMode(s string) (Mode, error) {
 	}
 	m, err := parseBaseMode(base)
 	if err != nil {
-		return Mode{}, fmt.Errorf("mode %q: want auto, linear, bN for a DDTree of N nodes (b8, b15, ...), adaptive, adaptive-mtp (choosing between the DFlash drafter and the MTP head), dflash2 or d2bN (the DFlash2 drafter linear or as a DDTree of N nodes) or mtpN for N steps of the MTP head (mtp1..mtp%d); linear, bN and adaptive optionally followed by -dK (drafts K tokens deep), each by %s", s, MaxMTPSteps, NoCacheSuffix)
+		return Mode{}, fmt.Errorf("mode %q: want auto, linear, bN for a DDTree of N nodes (b8, b15, ...), adaptive, adaptive-mtp (choosing between the DFlash drafter and the MTP head), dflash2 or d2bN (the DFlash2 drafter linear or as a DDTree of N nodes) or mtpN for N steps of the MTP head (mtp1..mtp%d); linear, bN, adaptive and adaptive-mtp optionally followed by -dK (DFlash drafts K tokens deep), each by %s", s, MaxMTPSteps, NoCacheSuffix)
 	}
-	if depth > 0 && (m.Kind == "auto" || m.Drafter != "") {
+	if depth > 0 && (m.Kind == "auto" || (m.Drafter != "" && m.Drafter != ChoiceDrafters)) {
 		return Mode{}, fmt.Errorf("mode %q: -dK cuts a DFlash drafter's block; %s drafts no such block", s, base)
 	}
 	m.Name, m.NoPrefixCache, m.Depth = s, off, depth

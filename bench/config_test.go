@@ -30,21 +30,22 @@ func TestParseModes(t *testing.T) {
 		t.Errorf("b8-nocache = %+v, %v", m, err)
 	}
 	for name, want := range map[string]Mode{
-		"dflash2":       {Name: "dflash2", Kind: "linear", Drafter: DFlash2Drafter},
-		"d2b8":          {Name: "d2b8", Kind: "ddtree", Budget: 8, Drafter: DFlash2Drafter},
-		"mtp4":          {Name: "mtp4", Kind: "linear", Budget: 4, Drafter: MTPDrafter},
-		"adaptive-mtp":  {Name: "adaptive-mtp", Kind: "adaptive", Budget: AdaptiveBudget, Drafter: ChoiceDrafters},
-		"b4-d4":         {Name: "b4-d4", Kind: "ddtree", Budget: 4, Depth: 4},
-		"linear-d8":     {Name: "linear-d8", Kind: "linear", Depth: 8},
-		"adaptive-d6":   {Name: "adaptive-d6", Kind: "adaptive", Budget: AdaptiveBudget, Depth: 6},
-		"b8-d3-nocache": {Name: "b8-d3-nocache", Kind: "ddtree", Budget: 8, Depth: 3, NoPrefixCache: true},
+		"dflash2":         {Name: "dflash2", Kind: "linear", Drafter: DFlash2Drafter},
+		"d2b8":            {Name: "d2b8", Kind: "ddtree", Budget: 8, Drafter: DFlash2Drafter},
+		"mtp4":            {Name: "mtp4", Kind: "linear", Budget: 4, Drafter: MTPDrafter},
+		"adaptive-mtp":    {Name: "adaptive-mtp", Kind: "adaptive", Budget: AdaptiveBudget, Drafter: ChoiceDrafters},
+		"b4-d4":           {Name: "b4-d4", Kind: "ddtree", Budget: 4, Depth: 4},
+		"linear-d8":       {Name: "linear-d8", Kind: "linear", Depth: 8},
+		"adaptive-d6":     {Name: "adaptive-d6", Kind: "adaptive", Budget: AdaptiveBudget, Depth: 6},
+		"adaptive-mtp-d4": {Name: "adaptive-mtp-d4", Kind: "adaptive", Budget: AdaptiveBudget, Drafter: ChoiceDrafters, Depth: 4},
+		"b8-d3-nocache":   {Name: "b8-d3-nocache", Kind: "ddtree", Budget: 8, Depth: 3, NoPrefixCache: true},
 	} {
 		if m, err := ParseMode(name); err != nil || m != want {
 			t.Errorf("%s = %+v, %v; want %+v", name, m, err, want)
 		}
 	}
 	for _, bad := range []string{"", "b0", "b", "b-3", "b08", "tree", "auto,auto", "-nocache", "auto-nocache-nocache", "d2b", "d2b0", "d2", "d2linear", "mtp", "mtp0", "mtp9", "mtp03",
-		"b4-d0", "b4-d", "b4-d04", "b4-dx", "auto-d4", "mtp3-d2", "d2b8-d4", "dflash2-d4", "adaptive-mtp-d4", "b4-nocache-d4"} {
+		"b4-d0", "b4-d", "b4-d04", "b4-dx", "auto-d4", "mtp3-d2", "d2b8-d4", "dflash2-d4", "adaptive-mtp-d0", "b4-nocache-d4"} {
 		if _, err := ParseModes(bad); err == nil {
 			t.Errorf("ParseModes(%q) accepted", bad)
 		}

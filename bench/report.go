@@ -219,6 +219,7 @@ func (r *Results) Markdown(w io.Writer) {
 		fmt.Fprintln(w)
 	}
 	r.prefixTable(w, multi)
+	r.adaptiveTable(w, multi)
 	if lossy := slices.DeleteFunc(slices.Clone(r.Rows), func(row Row) bool { return !row.lossy() }); len(lossy) > 0 {
 		fmt.Fprintln(w, "\n**Lossy runs (greedy outputs differ from autoregressive decoding's; their speed is not a result):**")
 		for _, row := range lossy {
@@ -240,6 +241,79 @@ func (r *Results) Markdown(w io.Writer) {
 }
 
 func (row *Row) lossy() bool { return row.Lossless != nil && !*row.Lossless }
+
+// AdaptiveCell is one adaptive run beside the fastest fixed mode of its
+// cell: the same directory, TP degree, weights, workload, length and
+// concurrency.
+type AdaptiveCell struct {
+	Adaptive, Best Row
+	Ratio          float64 // adaptive's throughput over the best's
+}
+
+// AdaptiveVsBest pairs every adaptive run (spec adaptive) with the fastest
+// run of a fixed mode (autoregressive included) in its cell, by output
+// throughput; lossy runs are no result and take no part. The adaptive
+// sweeps' criterion is each cell's ratio (≥ 0.95 is the project's bar).
+func (r *Results) AdaptiveVsBest() []AdaptiveCell {
+	sameCell := func(a, b Row) bool {
+		return a.Source == b.Source && a.Knobs.TP == b.Knobs.TP && a.Knobs.Weights == b.Knobs.Weights && a.Run.RunKey == b.Run.RunKey
+	}
+	var cells []AdaptiveCell
+	for _, a := range r.Rows {
+		if a.Knobs.Spec != "adaptive" || a.lossy() {
+			continue
+		}
+		var best *Row
+		for i, b := range r.Rows {
+			if b.Knobs.Spec == "adaptive" || b.lossy() || !sameCell(a, b) {
+				continue
+			}
+			if best == nil || b.Run.Metrics.OutputThroughput > best.Run.Metrics.OutputThroughput {
+				best = &r.Rows[i]
+			}
+		}
+		if best != nil && best.Run.Metrics.OutputThroughput > 0 {
+			cells = append(cells, AdaptiveCell{Adaptive: a, Best: *best, Ratio: a.Run.Metrics.OutputThroughput / best.Run.Metrics.OutputThroughput})
+		}
+	}
+	return cells
+}
+
+// adaptiveTable lists AdaptiveVsBest, and the lowest ratio of each
+// adaptive mode over its cells.
+func (r *Results) adaptiveTable(w io.Writer, multi bool) {
+	cells := r.AdaptiveVsBest()
+	if len(cells) == 0 {
+		return
+	}
+	head := "| TP | adaptive mode | workload | max tokens | conc. | tok/s | best fixed mode | its tok/s | ratio |"
+	if multi {
+		head = "| source " + head
+	}
+	fmt.Fprint(w, "\n**Adaptive against the best fixed mode of each cell:**\n\n")
+	fmt.Fprintln(w, head)
+	fmt.Fprintln(w, strings.Repeat("|---", strings.Count(head, "|")-1)+"|")
+	lowest := map[string]float64{}
+	var modes []string
+	for _, c := range cells {
+		if multi {
+			fmt.Fprintf(w, "| %s ", filepath.Base(c.Adaptive.Source))
+		}
+		a, b := &c.Adaptive, &c.Best
+		fmt.Fprintf(w, "| %d | %s | %s | %d | %d | %.1f | %s | %.1f | %.3f |\n", a.Knobs.TP, a.Knobs.Mode, a.Run.Workload,
+			a.Run.MaxTokens, a.Run.Concurrency, a.Run.Metrics.OutputThroughput, b.Knobs.Mode, b.Run.Metrics.OutputThroughput, c.Ratio)
+		if low, ok := lowest[a.Knobs.Mode]; !ok || c.Ratio < low {
+			if !ok {
+				modes = append(modes, a.Knobs.Mode)
+			}
+			lowest[a.Knobs.Mode] = c.Ratio
+		}
+	}
+	fmt.Fprintln(w)
+	for _, m := range modes {
+		fmt.Fprintf(w, "- %s: lowest ratio %.3f\n", m, lowest[m])
+	}
+}
 
 // weights names the row's weights as --weights does.
 func (row *Row) weights() string { return cmp.Or(row.Knobs.Weights, "checkpoint") }

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"encoding/csv"
 	"encoding/xml"
+	"fmt"
 	"io"
 	"maps"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -196,5 +198,43 @@ func TestReportFlagsLossyRuns(t *testing.T) {
 	var c bytes.Buffer
 	if err := res.CSV(&c); err != nil || !strings.Contains(c.String(), ",lossless\n") || strings.Count(c.String(), ",false\n") != 1 {
 		t.Errorf("csv (%v):\n%s", err, c.String())
+	}
+}
+
+// TestAdaptiveVsBest pairs each adaptive run with its cell's fastest fixed
+// mode, leaving out lossy runs and other cells.
+func TestAdaptiveVsBest(t *testing.T) {
+	res := sweepRows() // auto 100, linear 150, b8 170, b16 160 tok/s at concurrency 1
+	run := func(mode, spec string, conc int, tput float64, lossless bool) Row {
+		return Row{Source: "bench_results", Config: "tp1-" + mode, Knobs: Knobs{TP: 1, Mode: mode, Spec: spec},
+			Run:      Run{RunKey: RunKey{Workload: "fibonacci", MaxTokens: 256, Concurrency: conc}, Metrics: Metrics{OutputThroughput: tput}},
+			Lossless: &lossless}
+	}
+	res.Rows = append(res.Rows,
+		run("adaptive", "adaptive", 1, 161.5, true),
+		run("adaptive-mtp", "adaptive", 1, 180, true),
+		run("auto", "auto", 4, 300, true),
+		run("b8", "ddtree", 4, 200, true),
+		run("b4", "ddtree", 4, 400, false), // lossy: no result
+		run("adaptive", "adaptive", 4, 291, true),
+	)
+	var got []string
+	for _, c := range res.AdaptiveVsBest() {
+		got = append(got, fmt.Sprintf("%s c%d: %s %.3f", c.Adaptive.Knobs.Mode, c.Adaptive.Run.Concurrency, c.Best.Knobs.Mode, c.Ratio))
+	}
+	want := []string{"adaptive c1: b8 0.950", "adaptive-mtp c1: b8 1.059", "adaptive c4: auto 0.970"}
+	if !slices.Equal(got, want) {
+		t.Errorf("AdaptiveVsBest:\n got %q\nwant %q", got, want)
+	}
+	var b bytes.Buffer
+	res.Markdown(&b)
+	for _, line := range []string{
+		"| 1 | adaptive | fibonacci | 256 | 4 | 291.0 | auto | 300.0 | 0.970 |",
+		"- adaptive: lowest ratio 0.950",
+		"- adaptive-mtp: lowest ratio 1.059",
+	} {
+		if !strings.Contains(b.String(), line+"\n") {
+			t.Errorf("report lacks %q:\n%s", line, b.String())
+		}
 	}
 }

@@ -123,7 +123,7 @@ func (e *Engine) observeVerify(tree *ddtree.Tree, accepted int, commit time.Dura
 // Without a free state slot it leaves the curve to the first steps.
 func (e *Engine) measureCost(p *adaptive.Policy) error {
 	if c, ok := e.Drafter.(*ChoiceDrafter); ok && !c.measured() {
-		if err := c.measureDrafts(e.Model.Cfg.HiddenSize); err != nil {
+		if err := c.measureDrafts(e.Model.Cfg.HiddenSize, DraftBlock(e.Drafter, e.Spec.DraftDepth)); err != nil {
 			return err
 		}
 	}

@@ -68,9 +68,16 @@ func (c *ChoiceDrafter) Close() {
 
 // NewSession starts a session of every drafter.
 func (c *ChoiceDrafter) NewSession(prompt []int32) (DraftSession, error) {
+	return c.NewBlockSession(prompt, c.BlockSize())
+}
+
+// NewBlockSession starts a session of every drafter, each drafting at most
+// block rows (SpecOptions.DraftDepth): a drafter whose own block is longer
+// and that can draft a shorter one drafts block rows, the others their own.
+func (c *ChoiceDrafter) NewBlockSession(prompt []int32, block int) (DraftSession, error) {
 	s := &choiceSession{c: c, state: c.Choice.NewState(), chosen: -1}
 	for _, d := range c.Drafters {
-		sess, err := d.NewSession(prompt)
+		sess, err := blockSession(d, prompt, block)
 		if err != nil {
 			s.Close()
 			return nil, err
@@ -93,10 +100,10 @@ func (c *ChoiceDrafter) measured() bool {
 }
 
 // measureDrafts times two steady drafts (one context row each) of every
-// drafter on scratch sessions, for its draft cost.
-func (c *ChoiceDrafter) measureDrafts(hidden int) error {
+// drafter on scratch sessions of the requests' block, for its draft cost.
+func (c *ChoiceDrafter) measureDrafts(hidden, block int) error {
 	for i, d := range c.Drafters {
-		sess, err := d.NewSession([]int32{0})
+		sess, err := blockSession(d, []int32{0}, block)
 		if err != nil {
 			return err
 		}

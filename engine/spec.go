@@ -62,10 +62,16 @@ func DraftBlock(d Drafter, depth int) int {
 // newDraftSession starts a request's drafting state, DraftDepth deep when
 // the drafter can draft a shorter block than its own.
 func (e *Engine) newDraftSession(prompt []int32) (DraftSession, error) {
-	if block := DraftBlock(e.Drafter, e.Spec.DraftDepth); block < e.Drafter.BlockSize() {
-		return e.Drafter.(BlockDrafter).NewBlockSession(prompt, block)
+	return blockSession(e.Drafter, prompt, DraftBlock(e.Drafter, e.Spec.DraftDepth))
+}
+
+// blockSession starts d's session drafting block rows when d can draft a
+// shorter block than its own, else its own block.
+func blockSession(d Drafter, prompt []int32, block int) (DraftSession, error) {
+	if bd, ok := d.(BlockDrafter); ok && block < d.BlockSize() {
+		return bd.NewBlockSession(prompt, block)
 	}
-	return e.Drafter.NewSession(prompt)
+	return d.NewSession(prompt)
 }
 
 // draft runs one draft of sess over the committed rows' features and tokens.

@@ -287,14 +287,21 @@ func TestChainTreeEqualsLinear(t *testing.T) {
 }
 
 // shortBlockDrafter is an oracle that can also draft a shorter block.
-type shortBlockDrafter struct{ oracleDrafter }
+type shortBlockDrafter struct {
+	oracleDrafter
+	blocks []int // of the shorter-block sessions started
+}
 
 func (d *shortBlockDrafter) NewBlockSession(prompt []int32, block int) (DraftSession, error) {
+	d.blocks = append(d.blocks, block)
 	return d.NewSession(prompt)
 }
 
 func TestDraftBlock(t *testing.T) {
-	plain, short := &oracleDrafter{block: 16}, &shortBlockDrafter{oracleDrafter{block: 16}}
+	plain, short := &oracleDrafter{block: 16}, &shortBlockDrafter{oracleDrafter: oracleDrafter{block: 16}}
+	// A choice between a DFlash-like drafter and a 4-row MTP-like chain
+	// cuts the longer block only.
+	choice := NewChoiceDrafter(&shortBlockDrafter{oracleDrafter: oracleDrafter{block: 16}}, &oracleDrafter{block: 4})
 	for _, c := range []struct {
 		d     Drafter
 		depth int
@@ -303,9 +310,21 @@ func TestDraftBlock(t *testing.T) {
 		{plain, 0, 16}, {plain, 4, 16}, // no shorter block to draft
 		{short, 0, 16}, {short, 4, 5}, {short, 1, 2}, {short, 14, 15},
 		{short, 15, 16}, {short, 40, 16}, // as deep as the block or deeper: the block
+		{choice, 0, 16}, {choice, 4, 5}, {choice, 2, 3},
 	} {
 		if got := DraftBlock(c.d, c.depth); got != c.want {
 			t.Errorf("DraftBlock(%T with block 16, depth %d) = %d, want %d", c.d, c.depth, got, c.want)
 		}
+	}
+	// A choice session at block b gives the long drafter a b-row session
+	// (b < 16) and the short one its own block.
+	dflashLike := choice.Drafters[0].(*shortBlockDrafter)
+	for _, block := range []int{16, 5, 3} {
+		if _, err := blockSession(choice, []int32{1}, block); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := []int{5, 3}; !slices.Equal(dflashLike.blocks, want) {
+		t.Errorf("the choice's DFlash-like drafter started shorter blocks %v, want %v", dflashLike.blocks, want)
 	}
 }

@@ -258,12 +258,14 @@ func newInProcess(mf *modelFlags, draft2 string, plan *bench.Plan, fs *flag.Flag
 // sizeForModes returns the most tokens one verify of the sweep's modes
 // feeds the target, and sets mf's spec flags to plan memory for them (see
 // benchSizing): a DDTree of that size over the drafter it returns (the
-// DFlash drafter when a mode runs it, else the DFlash2 one) and the MTP
-// head beside it when a mode runs the head, over the head alone when only
-// mtpN modes speculate. dirs are the DFlash drafters'
+// DFlash drafter when a mode runs it, else the DFlash2 one), the DFlash2
+// drafter beside the DFlash one when modes run both (mf.besideDrafts), and
+// the MTP head beside them when a mode runs the head, over the head alone
+// when only mtpN modes speculate. dirs are the DFlash drafters'
 // directories by Mode.Drafter.
 func sizeForModes(mf *modelFlags, dirs map[string]string, modes []bench.Mode) (verify int, planned string, err error) {
 	mtpSteps := 0
+	var used []string // the DFlash drafters' directories the modes run
 	for _, m := range modes {
 		switch {
 		case m.Kind == "auto":
@@ -291,7 +293,11 @@ func sizeForModes(mf *modelFlags, dirs map[string]string, modes []bench.Mode) (v
 		if planned == "" || m.Drafter == "" {
 			planned = dirs[m.Drafter]
 		}
+		if !slices.Contains(used, dirs[m.Drafter]) {
+			used = append(used, dirs[m.Drafter])
+		}
 	}
+	mf.besideDrafts = slices.DeleteFunc(used, func(dir string) bool { return dir == planned })
 	mf.spec, mf.budget, mf.mtpSteps, mf.withMTP = "auto", 0, 0, false
 	switch {
 	case planned != "" && mtpSteps > 0: // both, as --with-mtp plans them

@@ -308,8 +308,8 @@ func TestBenchComparesMTPAndDFlash(t *testing.T) {
 		args    []string
 		configs []string
 	}{
-		{[]string{"--draft", draft, "--draft2", draft2, "--modes", "auto,mtp2,mtp4,linear,dflash2,b8,b16,adaptive,adaptive-mtp"},
-			[]string{"tp1-auto", "tp1-mtp2", "tp1-mtp4", "tp1-linear", "tp1-dflash2", "tp1-b8", "tp1-b16", "tp1-adaptive", "tp1-adaptive-mtp"}},
+		{[]string{"--draft", draft, "--draft2", draft2, "--modes", "auto,mtp2,mtp4,linear,dflash2,b8,b16,adaptive,adaptive-mtp,adaptive-mtp-d4"},
+			[]string{"tp1-auto", "tp1-mtp2", "tp1-mtp4", "tp1-linear", "tp1-dflash2", "tp1-b8", "tp1-b16", "tp1-adaptive", "tp1-adaptive-mtp", "tp1-adaptive-mtp-d4"}},
 		{[]string{"--modes", "auto,mtp3"}, []string{"tp1-auto", "tp1-mtp3"}},
 	} {
 		out := t.TempDir()
@@ -339,6 +339,8 @@ func TestBenchComparesMTPAndDFlash(t *testing.T) {
 				block, drafter = 8, bench.DFlash2Drafter
 			} else if name == "tp1-adaptive-mtp" {
 				drafter = bench.ChoiceDrafters // the larger block: the DFlash drafter's
+			} else if name == "tp1-adaptive-mtp-d4" {
+				block, drafter = 5, bench.ChoiceDrafters // the DFlash drafter's, cut to 4 proposals
 			}
 			if name != "tp1-auto" && (k.BlockSize != block || k.Drafter != drafter) {
 				t.Errorf("%s: drafter %q, block %d; want %q, %d", name, k.Drafter, k.BlockSize, drafter, block)
@@ -378,19 +380,23 @@ func TestGenerateAdaptiveWithMTP(t *testing.T) {
 
 // TestBenchPlansEveryDrafter: under --gpu-mem, bench's memory plan counts
 // the MTP head beside the DFlash drafter when mtpN and DFlash modes run
-// together (fewer KV tokens than for the DFlash modes alone, which plan
-// fewer than autoregressive decoding).
+// together, and the DFlash2 drafter beside the DFlash one when dflash2 and
+// DFlash modes do (fewer KV tokens than for the DFlash modes alone, which
+// plan fewer than autoregressive decoding).
 func TestBenchPlansEveryDrafter(t *testing.T) {
 	p, err := testmodel.PresetByName("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	model, draft := filepath.Join(dir, "tiny"), filepath.Join(dir, "draft")
+	model, draft, draft2 := filepath.Join(dir, "tiny"), filepath.Join(dir, "draft"), filepath.Join(dir, "draft2")
 	if err := testmodel.Write(model, testmodel.Options{Preset: p, Seed: 3, MTP: true}); err != nil {
 		t.Fatal(err)
 	}
 	if err := testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := testmodel.WriteDrafter(draft2, testmodel.DraftOptions{Target: p, Seed: 4, BlockSize: 8, DFlash2: true}); err != nil {
 		t.Fatal(err)
 	}
 	kvTokens := func(modes string) int {
@@ -404,7 +410,7 @@ func TestBenchPlansEveryDrafter(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, planned, err := sizeForModes(&mf, map[string]string{"": draft}, plan)
+		_, planned, err := sizeForModes(&mf, map[string]string{"": draft, bench.DFlash2Drafter: draft2}, plan)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -418,5 +424,9 @@ func TestBenchPlansEveryDrafter(t *testing.T) {
 	auto, dflashOnly, both := kvTokens("auto"), kvTokens("auto,linear,b8"), kvTokens("auto,mtp2,linear,b8")
 	if !(both < dflashOnly && dflashOnly < auto) {
 		t.Errorf("KV tokens planned: %d with the head and the drafter, %d with the drafter, %d with neither", both, dflashOnly, auto)
+	}
+	dflash2Only, twoDrafters := kvTokens("auto,dflash2"), kvTokens("auto,linear,b8,dflash2")
+	if !(twoDrafters < dflashOnly && twoDrafters < dflash2Only && dflash2Only < auto) {
+		t.Errorf("KV tokens planned: %d with both DFlash drafters, %d with --draft's, %d with --draft2's, %d with neither", twoDrafters, dflashOnly, dflash2Only, auto)
 	}
 }

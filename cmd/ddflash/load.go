@@ -30,6 +30,9 @@ type modelFlags struct {
 	// The cache dtype flags of the commands that size an engine without
 	// serve's memory flags (generate, bench; see registerCacheDtypes).
 	kvDtype, convDtype, ssmDtype string
+	// besideDrafts are DFlash drafters planned beside draft's (bench runs
+	// --draft2's modes with --draft's): memory only, none is attached.
+	besideDrafts []string
 
 	// wrapBackend, when set, wraps each rank's backend (tests count allocations).
 	wrapBackend func(kernels.Backend) kernels.Backend

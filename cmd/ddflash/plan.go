@@ -22,6 +22,7 @@ func init() {
 // planFlags are the settings plan and tune share (and serve can reuse).
 type planFlags struct {
 	model, draft             string
+	beside                   []string // drafters loaded beside draft (bench: --draft2's beside --draft's)
 	gpuName, gpuMem, gpuFree string
 	tp, maxRunning, budget   int
 	context, prefixSlots     int
@@ -163,6 +164,13 @@ func (f *planFlags) resolveOn(fs *flag.FlagSet, device func() (gpu.Device, error
 		s.draftRef = f.draft
 		if s.models.Drafter, err = planner.LoadDrafter(f.draft); err != nil {
 			return nil, err
+		}
+		for _, dir := range f.beside {
+			d, err := planner.LoadDrafter(dir)
+			if err != nil {
+				return nil, err
+			}
+			s.models.Beside = append(s.models.Beside, d)
 		}
 	}
 	return s, nil

@@ -229,7 +229,7 @@ func planEngine(m *modelFlags, f planFlags, fs *flag.FlagSet, maxRunning int, de
 	if err != nil {
 		return nil, nil, err
 	}
-	f.model, f.draft, f.spec, f.rollback, f.compat = m.model, m.draft, m.spec, m.rollback, "ddflash"
+	f.model, f.draft, f.beside, f.spec, f.rollback, f.compat = m.model, m.draft, m.besideDrafts, m.spec, m.rollback, "ddflash"
 	f.tp, f.maxRunning, f.context, f.mtpSteps, f.withMTP = m.tp, maxRunning, m.context, m.mtpSteps, m.withMTP
 	if m.spec == "adaptive" {
 		f.spec = "ddtree" // planned for its largest tree

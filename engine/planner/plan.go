@@ -29,6 +29,10 @@ const cudaContextBytes = 607 << 20
 type Models struct {
 	Target  *Target
 	Drafter *dflash.Config // nil for autoregressive decoding
+	// Beside are more DFlash drafters loaded with Drafter (a bench sweep of
+	// --draft's and --draft2's modes): their weights and KV are counted
+	// too, each whole on rank 0. Only ddflash's rules load them.
+	Beside []*dflash.Config
 }
 
 // Segment is one use of GPU memory, per rank.
@@ -121,7 +125,15 @@ func Compute(m Models, k Knobs) (*Plan, error) {
 			return nil, err
 		}
 	default:
-		m.Drafter, k.MTPSteps = nil, 0 // autoregressive decoding loads no drafter
+		m.Drafter, m.Beside, k.MTPSteps = nil, nil, 0 // autoregressive decoding loads no drafter
+	}
+	for _, d := range m.Beside {
+		if err := d.CheckTarget(m.Target.Config); err != nil {
+			return nil, err
+		}
+	}
+	if len(m.Beside) > 0 && k.Mode == ModeSGLang {
+		return nil, errors.New("SGLang loads one drafter: no drafters beside it")
 	}
 	r, err := splitRank(m, k.TP, k.Mode == ModeSGLang)
 	if err != nil {
@@ -180,15 +192,20 @@ func (p *Plan) unitCosts(m Models, k Knobs, r rank) {
 		// (the LM head by vocabulary) and runs the drafter whole on rank 0,
 		// the rank planned here.
 		p.Bytes.TargetWeights = ddflashRankBytes(t, k.TP)
-		if d != nil {
-			p.Bytes.DraftWeights = d.WeightParams() * int64(dtypeBytes(d.Dtype))
+		for _, d := range append([]*dflash.Config{d}, m.Beside...) {
+			if d != nil {
+				p.Bytes.DraftWeights += d.WeightParams() * int64(dtypeBytes(d.Dtype))
+			}
 		}
 	}
 	if d == nil && k.MTPSteps == 0 {
 		return
 	}
 	if d != nil {
-		p.unitDraftCosts(d, k, r, kvPerLayer)
+		p.unitDraftCosts(d, k, r.draftKVHeads, kvPerLayer)
+	}
+	for _, d := range m.Beside {
+		p.unitDraftCosts(d, k, d.NumKVHeads, kvPerLayer)
 	}
 	if k.MTPSteps > 0 {
 		// The head's one attention layer pages every token; ddflash runs
@@ -207,17 +224,18 @@ func (p *Plan) unitCosts(m Models, k Knobs, r rank) {
 	p.Bytes.RollbackPerRequest = rollbackBytes(rollback, r.state, k, p.DraftTokens)
 }
 
-// unitDraftCosts sets a DFlash drafter's KV costs.
-func (p *Plan) unitDraftCosts(d *dflash.Config, k Knobs, r rank, kvPerLayer func(heads, headDim int) int64) {
-	draftLayerToken := kvPerLayer(r.draftKVHeads, d.HeadDim)
+// unitDraftCosts adds a DFlash drafter's KV costs, with kvHeads of its KV
+// heads on the rank planned.
+func (p *Plan) unitDraftCosts(d *dflash.Config, k Knobs, kvHeads int, kvPerLayer func(heads, headDim int) int64) {
+	draftLayerToken := kvPerLayer(kvHeads, d.HeadDim)
 	if k.Mode == ModeSGLang {
 		// SGLang's draft pool keeps every drafter layer for every token.
-		p.Bytes.DraftKVPerToken = int64(d.NumLayers) * draftLayerToken
+		p.Bytes.DraftKVPerToken += int64(d.NumLayers) * draftLayerToken
 	} else {
 		// ddflash keeps a ring per request for the sliding layers (the
 		// window and a block, in whole pages) and pages only the full layers.
-		p.Bytes.DraftKVPerToken = int64(d.NumLayers-d.NumSliding()) * draftLayerToken
-		p.Bytes.DraftKVPerRequest = int64(d.NumSliding()) * int64(d.RingTokens(engine.DefaultPageSize, k.Context)) * draftLayerToken
+		p.Bytes.DraftKVPerToken += int64(d.NumLayers-d.NumSliding()) * draftLayerToken
+		p.Bytes.DraftKVPerRequest += int64(d.NumSliding()) * int64(d.RingTokens(engine.DefaultPageSize, k.Context)) * draftLayerToken
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"ddflash/dflash"
 	"ddflash/engine"
 	"ddflash/engine/config"
 	"ddflash/kernels"
@@ -439,6 +440,32 @@ func TestMTPPlan(t *testing.T) {
 		withHead.Bytes.DraftKVPerToken != dflashOnly.Bytes.DraftKVPerToken+p.Bytes.DraftKVPerToken ||
 		withHead.Bytes.DraftKVPerRequest != dflashOnly.Bytes.DraftKVPerRequest || withHead.DraftTokens != 16 {
 		t.Errorf("the head beside the DFlash drafter: %+v, %d verify tokens; the drafter alone %+v", withHead.Bytes, withHead.DraftTokens, dflashOnly.Bytes)
+	}
+}
+
+// TestDraftersBeside: a drafter planned beside the first (bench's --draft2
+// modes with --draft's) adds its weights and KV, so fewer KV tokens fit;
+// SGLang's rules load one drafter and refuse a second.
+func TestDraftersBeside(t *testing.T) {
+	m := qwen(t)
+	k := Knobs{GPUTotal: rtxPro6000, MaxRunningRequests: 4, Spec: SpecDDTree, Budget: 15}
+	one := mustPlan(t, m, k)
+	m.Beside = []*dflash.Config{m.Drafter}
+	two := mustPlan(t, m, k)
+	if two.Bytes.DraftWeights != 2*one.Bytes.DraftWeights || two.Bytes.DraftKVPerToken != 2*one.Bytes.DraftKVPerToken ||
+		two.Bytes.DraftKVPerRequest != 2*one.Bytes.DraftKVPerRequest || two.DraftTokens != one.DraftTokens {
+		t.Errorf("two drafters: %+v; one: %+v", two.Bytes, one.Bytes)
+	}
+	if two.KVTokens >= one.KVTokens {
+		t.Errorf("a second drafter leaves %d KV tokens, not fewer than one drafter's %d", two.KVTokens, one.KVTokens)
+	}
+	k.Mode = ModeSGLang
+	if _, err := Compute(m, k); err == nil {
+		t.Error("SGLang's rules planned two drafters")
+	}
+	k.Mode, k.Spec = ModeDDFlash, SpecAutoregressive
+	if auto := mustPlan(t, m, k); auto.Bytes.DraftWeights != 0 {
+		t.Errorf("autoregressive decoding counts the drafters: %+v", auto.Bytes)
 	}
 }
 
