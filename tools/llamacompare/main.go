@@ -89,10 +89,11 @@ func run() error {
 		if _, done := probe[n]; done {
 			continue
 		}
-		if probe[n], err = c.bandwidth(o.probeMiB, n); err != nil {
+		var streams int
+		if probe[n], streams, err = c.bandwidth(o.probeMiB, n); err != nil {
 			return err
 		}
-		fmt.Printf("read bandwidth, %d thread(s) summing %d MiB (best of 8): %.1f GB/s\n", n, o.probeMiB, probe[n])
+		fmt.Printf("read bandwidth, %d thread(s) summing %d MiB on huge pages (best of 8 passes at 1, 2, 4 and 8 streams a thread: %d): %.1f GB/s\n", n, o.probeMiB, streams, probe[n])
 	}
 	fmt.Println()
 	header := "| preset | threads | workload | ddflash tok/s | llama.cpp C API tok/s |"
@@ -533,11 +534,16 @@ func (c *cbench) generate(prompt []int32, n int) (generated, error) {
 	return g, nil
 }
 
-// bandwidth returns the read bandwidth in GB/s of threads summing mib MiB.
-func (c *cbench) bandwidth(mib, threads int) (float64, error) {
+// bandwidth returns the read bandwidth in GB/s of threads summing mib MiB
+// on huge pages, the best over 1, 2, 4 and 8 streams per thread, and the
+// stream count that gave it.
+func (c *cbench) bandwidth(mib, threads int) (gbs float64, streams int, err error) {
 	nums, err := c.numbers("bandwidth", mib, threads)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return nums[0], nil
+	if len(nums) != 2 {
+		return 0, 0, fmt.Errorf("llama.cpp C driver: bandwidth gave %d numbers, want 2", len(nums))
+	}
+	return nums[0], int(nums[1]), nil
 }
