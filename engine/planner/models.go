@@ -42,14 +42,18 @@ func TargetPresets() []string { return presetNames(false) }
 // DrafterPresets lists the built-in drafter names.
 func DrafterPresets() []string { return presetNames(true) }
 
-const drafterSuffix = "-dflash"
+// isDrafterPreset reports whether a preset is a drafter (qwen3.6-27b-dflash,
+// qwen3.8-27b-dflash2) rather than a target.
+func isDrafterPreset(name string) bool {
+	return strings.HasSuffix(name, "-dflash") || strings.HasSuffix(name, "-dflash2")
+}
 
 func presetNames(drafters bool) []string {
 	entries, _ := fs.ReadDir(presets, "presets")
 	var names []string
 	for _, e := range entries {
 		name := strings.TrimSuffix(e.Name(), ".json")
-		if strings.HasSuffix(name, drafterSuffix) == drafters {
+		if isDrafterPreset(name) == drafters {
 			names = append(names, name)
 		}
 	}

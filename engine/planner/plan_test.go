@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"bytes"
 	"encoding/json"
 	"math"
 	"os"
@@ -383,8 +384,40 @@ func TestLoadModels(t *testing.T) {
 	if got := TargetPresets(); !slices.Equal(got, []string{"qwen3.6-27b", "qwen3.6-27b-fp8", "qwen3.8-27b"}) {
 		t.Errorf("target presets %v", got)
 	}
-	if got := DrafterPresets(); len(got) != 1 || got[0] != "qwen3.6-27b-dflash" {
+	if got := DrafterPresets(); !slices.Equal(got, []string{"qwen3.6-27b-dflash", "qwen3.8-27b-dflash2"}) {
 		t.Errorf("drafter presets %v", got)
+	}
+}
+
+// TestQwen38DFlash2Preset: the Qwen3.8-27B DFlash2 drafter preset is the
+// config in dflash/testdata (its source in SOURCES.md there), loads as
+// DFlash2, fits the Qwen3.8-27B target and plans an 8-row block.
+func TestQwen38DFlash2Preset(t *testing.T) {
+	preset, err := presets.ReadFile("presets/qwen3.8-27b-dflash2.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	source, err := os.ReadFile("../../dflash/testdata/qwen3.8-27b-dflash2.config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(preset, source) {
+		t.Error("presets/qwen3.8-27b-dflash2.json differs from dflash/testdata/qwen3.8-27b-dflash2.config.json")
+	}
+	target, err := LoadTarget("qwen3.8-27b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := LoadDrafter("qwen3.8-27b-dflash2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.V2 == nil || d.BlockSize != 8 {
+		t.Fatalf("qwen3.8-27b-dflash2: DFlash2 fields %+v, block %d; want DFlash2 with block 8", d.V2, d.BlockSize)
+	}
+	p := mustPlan(t, Models{Target: target, Drafter: d}, Knobs{GPUTotal: rtxPro6000, MaxRunningRequests: 4, Spec: SpecLinear})
+	if p.DraftTokens != 8 || p.Bytes.DraftWeights != d.WeightParams()*2 {
+		t.Errorf("linear plan: %d verify tokens, %d draft weight bytes; want 8 and %d", p.DraftTokens, p.Bytes.DraftWeights, d.WeightParams()*2)
 	}
 }
 
