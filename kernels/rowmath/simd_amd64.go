@@ -56,6 +56,34 @@ func Exp16(x archsimd.Float32x16) archsimd.Float32x16 {
 	return p.Scale(n).Merge(in, in.Equal(in))
 }
 
+// Exp8 is Exp16 on 8 lanes for CPUs without AVX-512, bit for bit: the same
+// clamp, rounding and polynomial, and p·2ⁿ (VSCALEFPS is AVX-512) as two
+// multiplies by powers of two, p·2^⌊n/2⌋ exact (p is near 1 and
+// |n| ≤ 150, so it stays normal), the second rounding once as VSCALEFPS
+// does, subnormal and overflowing results included.
+func Exp8(x archsimd.Float32x8) archsimd.Float32x8 {
+	c := func(i int) archsimd.Float32x8 { return archsimd.LoadFloat32x8((*[8]float32)(expConsts[i][:8])) }
+	in := x
+	x = c(expHi).Min(c(expLo).Max(x))
+	n := x.Mul(c(expLog2E)).RoundToEven()
+	r := n.MulAdd(c(expNegLn2Hi), x)
+	r = n.MulAdd(c(expNegLn2Lo), r)
+	p := c(expP0).MulAdd(r, c(expP0+1))
+	p = p.MulAdd(r, c(expP0+2))
+	p = p.MulAdd(r, c(expP0+3))
+	p = p.MulAdd(r, c(expP0+4))
+	p = p.MulAdd(r, c(expP0+5))
+	p = p.MulAdd(r.Mul(r), r.Add(c(expOne)))
+	e := n.ConvertToInt32()
+	h := e.ShiftAllRight(1)
+	return p.Mul(pow2(h)).Mul(pow2(e.Sub(h))).Merge(in, in.Equal(in))
+}
+
+// pow2 is 2^e for normal exponents e (−126 ≤ e ≤ 127).
+func pow2(e archsimd.Int32x8) archsimd.Float32x8 {
+	return e.Add(archsimd.BroadcastInt32x8(127)).ShiftAllLeft(23).AsFloat32x8()
+}
+
 // Exp16's constants: indices into expConsts.
 const (
 	expHi = iota

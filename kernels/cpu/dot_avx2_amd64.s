@@ -1,0 +1,243 @@
+//go:build goexperiment.simd && amd64
+
+#include "textflag.h"
+
+// The AVX2 kernels (simd_avx2_amd64.go) hold each of the AVX-512 kernels'
+// 16-lane accumulators as two 8-lane halves, Y(2r) for lanes 0-7 and
+// Y(2r+1) for lanes 8-15 of weight row r, and store them to acc[r] in
+// lane order: every lane runs the AVX-512 kernels' FMA chain.
+
+// BF16_FMA widens the 8 bfloat16s at off(row) (element AX) into w and adds
+// them times x to acc.
+#define BF16_FMA(off, row, x, w, acc) \
+	VPMOVZXWD off(row)(AX*2), w; \
+	VPSLLD $16, w, w; \
+	VFMADD231PS x, w, acc
+
+// STORE_ACC stores Y0-Y7 to the [4][16]float32 at DI.
+#define STORE_ACC \
+	VMOVUPS Y0, 0(DI); \
+	VMOVUPS Y1, 32(DI); \
+	VMOVUPS Y2, 64(DI); \
+	VMOVUPS Y3, 96(DI); \
+	VMOVUPS Y4, 128(DI); \
+	VMOVUPS Y5, 160(DI); \
+	VMOVUPS Y6, 192(DI); \
+	VMOVUPS Y7, 224(DI)
+
+// ZERO_ACC clears Y0-Y7.
+#define ZERO_ACC \
+	VXORPS Y0, Y0, Y0; \
+	VXORPS Y1, Y1, Y1; \
+	VXORPS Y2, Y2, Y2; \
+	VXORPS Y3, Y3, Y3; \
+	VXORPS Y4, Y4, Y4; \
+	VXORPS Y5, Y5, Y5; \
+	VXORPS Y6, Y6, Y6; \
+	VXORPS Y7, Y7, Y7
+
+// func dot4x1BF16AVX2(p0, p1, p2, p3, q unsafe.Pointer, n int, next uintptr, acc *[4][16]float32)
+//
+// dot4x1BF16 (dot_amd64.s) on 8-lane halves: acc[r] = the 16 lane partial
+// sums of bfloat16 weight row r times the x row q over n elements (a
+// multiple of 16), prefetching the 8·n bytes at next into L2 as it goes.
+TEXT ·dot4x1BF16AVX2(SB), NOSPLIT, $0-64
+	MOVQ p0+0(FP), R8
+	MOVQ p1+8(FP), R9
+	MOVQ p2+16(FP), R10
+	MOVQ p3+24(FP), R11
+	MOVQ q+32(FP), SI
+	MOVQ n+40(FP), CX
+	MOVQ next+48(FP), DX
+	MOVQ acc+56(FP), DI
+	ZERO_ACC
+	XORQ AX, AX
+	TESTQ CX, CX
+	JZ storeBF16
+
+loopBF16:
+	PREFETCHT1 (DX)(AX*8)
+	PREFETCHT1 64(DX)(AX*8)
+	VMOVUPS (SI)(AX*4), Y8
+	VMOVUPS 32(SI)(AX*4), Y9
+	BF16_FMA(0, R8, Y8, Y10, Y0)
+	BF16_FMA(16, R8, Y9, Y11, Y1)
+	BF16_FMA(0, R9, Y8, Y12, Y2)
+	BF16_FMA(16, R9, Y9, Y13, Y3)
+	BF16_FMA(0, R10, Y8, Y10, Y4)
+	BF16_FMA(16, R10, Y9, Y11, Y5)
+	BF16_FMA(0, R11, Y8, Y12, Y6)
+	BF16_FMA(16, R11, Y9, Y13, Y7)
+	ADDQ $16, AX
+	CMPQ AX, CX
+	JLT loopBF16
+
+storeBF16:
+	STORE_ACC
+	VZEROUPPER
+	RET
+
+// func dot4x1F32AVX2(p0, p1, p2, p3, x unsafe.Pointer, n int, acc *[4][16]float32)
+//
+// acc[r] += the lane partial sums of float32 weight row r (p0…p3) times the
+// x row over n elements (a multiple of 16), continuing the chains in acc:
+// chunks of k run one after another give the chains of whole rows.
+TEXT ·dot4x1F32AVX2(SB), NOSPLIT, $0-56
+	MOVQ p0+0(FP), R8
+	MOVQ p1+8(FP), R9
+	MOVQ p2+16(FP), R10
+	MOVQ p3+24(FP), R11
+	MOVQ x+32(FP), SI
+	MOVQ n+40(FP), CX
+	MOVQ acc+48(FP), DI
+	VMOVUPS 0(DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 128(DI), Y4
+	VMOVUPS 160(DI), Y5
+	VMOVUPS 192(DI), Y6
+	VMOVUPS 224(DI), Y7
+	XORQ AX, AX
+	TESTQ CX, CX
+	JZ storeF32
+
+loopF32:
+	VMOVUPS (SI)(AX*4), Y8
+	VMOVUPS 32(SI)(AX*4), Y9
+	VFMADD231PS (R8)(AX*4), Y8, Y0
+	VFMADD231PS 32(R8)(AX*4), Y9, Y1
+	VFMADD231PS (R9)(AX*4), Y8, Y2
+	VFMADD231PS 32(R9)(AX*4), Y9, Y3
+	VFMADD231PS (R10)(AX*4), Y8, Y4
+	VFMADD231PS 32(R10)(AX*4), Y9, Y5
+	VFMADD231PS (R11)(AX*4), Y8, Y6
+	VFMADD231PS 32(R11)(AX*4), Y9, Y7
+	ADDQ $16, AX
+	CMPQ AX, CX
+	JLT loopF32
+
+storeF32:
+	STORE_ACC
+	VZEROUPPER
+	RET
+
+// The E4M3 → float32 widening without F16C, 8 weights at a time:
+// sign-extend the bytes to 32 bits and shift left by 20, which puts
+// exponent and mantissa in bits 26…20 and the sign in bit 31; clear the
+// rest (0x87F00000). That float32 is the weight times 2^-120 exactly
+// (E4M3 subnormals become float32 subnormals; the NaN patterns read ±480
+// as e4m3Values has them); multiplying by 2^120·scale rounds once to the
+// float32 of the dequantised weight, as fp8_amd64.s's 256·scale does.
+
+// FP8_WIDEN widens the 8 bytes at off(row) (element AX) into w, times Y12.
+#define FP8_WIDEN(off, row, w) \
+	VPMOVSXBD off(row)(AX*1), w; \
+	VPSLLD $20, w, w; \
+	VPAND Y14, w, w; \
+	VMULPS Y12, w, w
+
+// FP8_CONSTS loads the widening's mask (Y14) and 2^120 (Y13).
+#define FP8_CONSTS \
+	MOVL $0x87F00000, BX; \
+	MOVQ BX, X14; \
+	VPBROADCASTD X14, Y14; \
+	MOVL $0x7B800000, BX; \
+	MOVQ BX, X13; \
+	VPBROADCASTD X13, Y13
+
+// FP8_BLOCK sets Y12 to 2^120 times the next scale at DX and BX to the end
+// of its 128 elements (n at most).
+#define FP8_BLOCK \
+	VBROADCASTSS (DX), Y12; \
+	VMULPS Y13, Y12, Y12; \
+	ADDQ $4, DX; \
+	LEAQ 128(AX), BX; \
+	CMPQ BX, CX; \
+	CMOVQGT CX, BX
+
+// func fp8Dot4x1AVX2(p0, p1, p2, p3, sp, x unsafe.Pointer, n int, acc *[4][16]float32, ahead uintptr)
+//
+// fp8Dot4x1 (fp8_amd64.s) on 8-lane halves, with the same prefetch.
+TEXT ·fp8Dot4x1AVX2(SB), NOSPLIT, $0-72
+	MOVQ p0+0(FP), R8
+	MOVQ p1+8(FP), R9
+	MOVQ p2+16(FP), R10
+	MOVQ p3+24(FP), R11
+	MOVQ sp+32(FP), DX
+	MOVQ x+40(FP), SI
+	MOVQ n+48(FP), CX
+	MOVQ ahead+64(FP), R12
+	ZERO_ACC
+	FP8_CONSTS
+	XORQ AX, AX
+	TESTQ CX, CX
+	JZ doneFP8
+
+blockFP8:
+	FP8_BLOCK
+
+loopFP8:
+	PREFETCHT0 (R12)(AX*4)
+	VMOVUPS (SI)(AX*4), Y8
+	VMOVUPS 32(SI)(AX*4), Y9
+	FP8_WIDEN(0, R8, Y10)
+	VFMADD231PS Y8, Y10, Y0
+	FP8_WIDEN(8, R8, Y11)
+	VFMADD231PS Y9, Y11, Y1
+	FP8_WIDEN(0, R9, Y10)
+	VFMADD231PS Y8, Y10, Y2
+	FP8_WIDEN(8, R9, Y11)
+	VFMADD231PS Y9, Y11, Y3
+	FP8_WIDEN(0, R10, Y10)
+	VFMADD231PS Y8, Y10, Y4
+	FP8_WIDEN(8, R10, Y11)
+	VFMADD231PS Y9, Y11, Y5
+	FP8_WIDEN(0, R11, Y10)
+	VFMADD231PS Y8, Y10, Y6
+	FP8_WIDEN(8, R11, Y11)
+	VFMADD231PS Y9, Y11, Y7
+	ADDQ $16, AX
+	CMPQ AX, BX
+	JLT loopFP8
+	CMPQ AX, CX
+	JLT blockFP8
+
+doneFP8:
+	MOVQ acc+56(FP), DI
+	STORE_ACC
+	VZEROUPPER
+	RET
+
+// func fp8WidenAVX2(p, sp unsafe.Pointer, n int, dst unsafe.Pointer, ahead uintptr)
+//
+// fp8Widen (fp8_amd64.s) with this widening.
+TEXT ·fp8WidenAVX2(SB), NOSPLIT, $0-40
+	MOVQ p+0(FP), R8
+	MOVQ sp+8(FP), DX
+	MOVQ n+16(FP), CX
+	MOVQ dst+24(FP), DI
+	MOVQ ahead+32(FP), R12
+	FP8_CONSTS
+	XORQ AX, AX
+	TESTQ CX, CX
+	JZ doneWiden
+
+blockWiden:
+	FP8_BLOCK
+
+loopWiden:
+	PREFETCHT0 (R12)(AX*1)
+	FP8_WIDEN(0, R8, Y10)
+	VMOVUPS Y10, (DI)(AX*4)
+	FP8_WIDEN(8, R8, Y11)
+	VMOVUPS Y11, 32(DI)(AX*4)
+	ADDQ $16, AX
+	CMPQ AX, BX
+	JLT loopWiden
+	CMPQ AX, CX
+	JLT blockWiden
+
+doneWiden:
+	VZEROUPPER
+	RET

@@ -1,0 +1,239 @@
+//go:build goexperiment.simd && amd64
+
+package cpu
+
+import (
+	"math"
+	"simd/archsimd"
+	"unsafe"
+
+	"ddflash/internal/half"
+	"ddflash/kernels"
+)
+
+// avx2Kernels are the kernels for CPUs with AVX2 and FMA but not AVX-512
+// (AMD Zen 1-3, Intel client cores). They compute what the AVX-512 kernels
+// compute, bit for bit: each 16-lane vector of those is two 8-lane halves
+// (lanes 0-7 and 8-15) doing the same per-lane operations, reductions over
+// lanes follow the same trees, and rowmath.Exp8 is Exp16 on 8 lanes. The
+// blocking differs (16 YMM registers hold a 4×1 block of 16-lane dot
+// products, not the AVX-512 kernels' 4×4), the outputs do not, so a model
+// decodes the same tokens on either CPU.
+var avx2Kernels = kernelSet{
+	name:       "avx2",
+	rows4:      rows4AVX2,
+	rows4BF16:  rows4BF16AVX2,
+	tileFP8:    tileFP8AVX2,
+	widen:      widenAVX2,
+	swiglu:     swigluAVX2,
+	silu:       siluAVX2,
+	mulSigmoid: mulSigmoidAVX2,
+	deltaStep:  deltaStepAVX2,
+	accumRows:  accumRowsAVX2,
+	conv:       convAVX2,
+	scaledMax:  scaledMaxAVX2,
+	scaledExp:  scaledExpAVX2,
+	mixRows:    mixRowsAVX2,
+}
+
+// tile4 is one tile of four weight rows, as tileAVX2 reads it.
+type tile4 struct {
+	// one, when not nil, sets acc to one x row's 16-lane chains over the
+	// first k&^15 elements, straight from the weights (a decode step).
+	one func(x unsafe.Pointer, acc *[4][16]float32)
+	// chunk returns the four rows' elements [c, c+n) as float32 rows,
+	// widened into tile (4·n floats) where they are not float32.
+	chunk func(c, n int, tile []float32) [4]unsafe.Pointer
+	// tail sets buf to row r's last k%16 elements as float32.
+	tail func(r int, buf *[16]float32)
+}
+
+// tileAVX2 sets out[i*outStride+r] = x_i·w_r for the m rows of x [m,k] and
+// the first cols rows of the tile t: each the AVX-512 kernels' 16-lane FMA
+// chain over k, its k%16 tail and sum4's tree. A single x row with t.one
+// runs it (weights widened in registers); otherwise the weights are
+// widened fp8Chunk elements at a time into an L1-sized scratch that every
+// x row reads, each x row's chains carried from chunk to chunk in the
+// scratch (one chain per output either way: every row is bit-identical to
+// the row alone).
+func tileAVX2(out []float32, outStride, cols int, x []float32, m, k int, t *tile4) {
+	k16 := k &^ 15
+	var wt *[4][16]float32
+	var tails [4][16]float32
+	if k16 < k {
+		for r := range tails {
+			t.tail(r, &tails[r])
+		}
+		wt = &tails
+	}
+	if m == 1 && t.one != nil {
+		var acc [4][16]float32
+		t.one(rowPtr(x, k), &acc)
+		finish4AVX2(out, cols, &acc, x[k16:k], wt)
+		return
+	}
+	chunk := min(k16, fp8Chunk)
+	scratch := scratchPool.Get().(*[]float32)
+	defer scratchPool.Put(scratch)
+	if need := matmulTile*chunk + m*64; cap(*scratch) < need {
+		*scratch = make([]float32, need)
+	}
+	tile := (*scratch)[:matmulTile*chunk]
+	accs := (*scratch)[matmulTile*chunk : matmulTile*chunk+m*64]
+	clear(accs)
+	acc := func(i int) *[4][16]float32 { return (*[4][16]float32)(unsafe.Pointer(&accs[i*64])) }
+	for c := 0; c < k16; c += chunk {
+		n := min(chunk, k16-c)
+		w := t.chunk(c, n, tile)
+		for i := range m {
+			dot4x1F32AVX2(w[0], w[1], w[2], w[3], rowPtr(x[i*k+c:], n), n, acc(i))
+		}
+	}
+	for i := range m {
+		finish4AVX2(out[i*outStride:], cols, acc(i), x[i*k+k16:(i+1)*k], wt)
+	}
+}
+
+// finish4AVX2 adds the k%16 tail (x's xTail times the rows' wt, zero-filled;
+// nil for none) to the four rows' chains in acc, as addTail does, sums
+// their lanes by sum4's tree and stores the first cols sums to out.
+func finish4AVX2(out []float32, cols int, acc *[4][16]float32, xTail []float32, wt *[4][16]float32) {
+	var xt [16]float32
+	copy(xt[:], xTail)
+	sum := func(r int) archsimd.Float32x4 {
+		lo, hi := lanes8(&acc[r], 0), lanes8(&acc[r], 8)
+		if wt != nil {
+			lo = lanes8(&wt[r], 0).MulAdd(lanes8(&xt, 0), lo)
+			hi = lanes8(&wt[r], 8).MulAdd(lanes8(&xt, 8), hi)
+		}
+		h := lo.Add(hi)
+		return h.GetLo().Add(h.GetHi())
+	}
+	s := sum(0).AddPairs(sum(1)).AddPairs(sum(2).AddPairs(sum(3)))
+	var buf [4]float32
+	s.Store(&buf)
+	archsimd.ClearAVXUpperBits()
+	copy(out[:cols], buf[:cols])
+}
+
+// lanes8 loads lanes l…l+7 of a 16-lane vector held in memory.
+func lanes8(a *[16]float32, l int) archsimd.Float32x8 {
+	return archsimd.LoadFloat32x8((*[8]float32)(a[l : l+8]))
+}
+
+// rows4AVX2 runs tileAVX2 on each tile of float32 weight rows. (The
+// prefill's next tile is left to the hardware prefetcher.)
+func rows4AVX2(out []float32, outStride int, x []float32, m, k int, w []float32, _ []uint16) {
+	k16 := k &^ 15
+	for j := 0; j*k < len(w); j += 4 {
+		rows := w[j*k : (j+4)*k]
+		p := rowPtr(rows, 4*k)
+		tileAVX2(out[j:], outStride, 4, x, m, k, &tile4{
+			chunk: func(c, _ int, _ []float32) [4]unsafe.Pointer {
+				return [4]unsafe.Pointer{unsafe.Add(p, 4*c), unsafe.Add(p, 4*(k+c)), unsafe.Add(p, 4*(2*k+c)), unsafe.Add(p, 4*(3*k+c))}
+			},
+			tail: func(r int, buf *[16]float32) { copy(buf[:], rows[r*k+k16:(r+1)*k]) },
+		})
+	}
+}
+
+// rows4BF16AVX2 runs tileAVX2 on each tile of bfloat16 weight rows: a
+// decode step widens in registers (dot4x1BF16AVX2, prefetching the next
+// tile), more x rows widen each chunk once.
+func rows4BF16AVX2(out []float32, outStride int, x []float32, m, k int, w []uint16) {
+	k16 := k &^ 15
+	for j := 0; j*k < len(w); j += 4 {
+		rows := w[j*k : (j+4)*k]
+		p := rowPtr(rows, 4*k)
+		tileAVX2(out[j:], outStride, 4, x, m, k, &tile4{
+			one: func(xr unsafe.Pointer, acc *[4][16]float32) {
+				dot4x1BF16AVX2(p, unsafe.Add(p, 2*k), unsafe.Add(p, 4*k), unsafe.Add(p, 6*k), xr, k16, uintptr(p)+uintptr(8*k), acc)
+			},
+			chunk: func(c, n int, tile []float32) (d [4]unsafe.Pointer) {
+				for r := range d {
+					dst := tile[r*n : (r+1)*n]
+					widenAVX2(dst, rows[r*k+c:r*k+c+n], kernels.BF16)
+					d[r] = unsafe.Pointer(&dst[0])
+				}
+				return d
+			},
+			tail: func(r int, buf *[16]float32) {
+				for l, h := range rows[r*k+k16 : (r+1)*k] {
+					buf[l] = half.BF16ToFloat32(h)
+				}
+			},
+		})
+	}
+}
+
+// tileFP8AVX2 is tileFP8AVX512 on tileAVX2: fp8Dot4x1AVX2 for a single x
+// row, fp8WidenAVX2's chunks for more (see dot_avx2_amd64.s for the
+// widening); a scale of 2^8 or more takes the portable kernel.
+func tileFP8AVX2(out []float32, outStride, cols int, x []float32, m, k int, q *[4][]uint8, scales []float32) {
+	blocks := scales[:(k+kernels.FP8Block-1)/kernels.FP8Block]
+	for _, s := range blocks {
+		if math.Abs(float64(s)) >= fp8MaxSIMDScale {
+			tileFP8Portable(out, outStride, cols, x, m, k, q, scales)
+			return
+		}
+	}
+	k16 := k &^ 15
+	sp := unsafe.Pointer(unsafe.SliceData(blocks))
+	p := [4]unsafe.Pointer{rowPtr(q[0], k), rowPtr(q[1], k), rowPtr(q[2], k), rowPtr(q[3], k)}
+	tileAVX2(out, outStride, cols, x, m, k, &tile4{
+		one: func(xr unsafe.Pointer, acc *[4][16]float32) {
+			fp8Dot4x1AVX2(p[0], p[1], p[2], p[3], sp, xr, k16, acc, uintptr(p[3])+uintptr(k))
+		},
+		chunk: func(c, n int, tile []float32) (d [4]unsafe.Pointer) {
+			for r := range d {
+				d[r] = unsafe.Pointer(&tile[r*n])
+				fp8WidenAVX2(unsafe.Add(p[r], c), unsafe.Add(sp, 4*(c/kernels.FP8Block)), n, d[r], uintptr(p[r])+matmulTile*uintptr(k)+uintptr(c))
+			}
+			return d
+		},
+		tail: func(r int, buf *[16]float32) {
+			s := scales[k16/kernels.FP8Block]
+			for l, b := range q[r][k16:k] {
+				buf[l] = e4m3Values[b] * s
+			}
+		},
+	})
+}
+
+// dot4x1BF16AVX2 is dot4x1BF16 on 8-lane halves (dot_avx2_amd64.s).
+//
+//go:noescape
+func dot4x1BF16AVX2(p0, p1, p2, p3, q unsafe.Pointer, n int, next uintptr, acc *[4][16]float32)
+
+// dot4x1F32AVX2 adds to acc[r], continuing its 16-lane chains, the x row
+// times float32 weight row r over the first n elements (a multiple of 16).
+//
+//go:noescape
+func dot4x1F32AVX2(p0, p1, p2, p3, x unsafe.Pointer, n int, acc *[4][16]float32)
+
+// fp8Dot4x1AVX2 is fp8Dot4x1 on 8-lane halves, without F16C.
+//
+//go:noescape
+func fp8Dot4x1AVX2(p0, p1, p2, p3, sp, x unsafe.Pointer, n int, acc *[4][16]float32, ahead uintptr)
+
+// fp8WidenAVX2 is fp8Widen without F16C.
+//
+//go:noescape
+func fp8WidenAVX2(p, sp unsafe.Pointer, n int, dst unsafe.Pointer, ahead uintptr)
+
+// widenAVX2 widens bfloat16 weights 8 at a time; F16 takes the portable path.
+func widenAVX2(dst []float32, src []uint16, dt kernels.DType) {
+	if dt != kernels.BF16 {
+		widenInto(dst, src, dt)
+		return
+	}
+	src = src[:len(dst)]
+	l := 0
+	for ; l+8 <= len(dst); l += 8 {
+		archsimd.LoadUint16x8Slice(src[l:]).ExtendToUint32().ShiftAllLeft(16).AsFloat32x8().StoreSlice(dst[l:])
+	}
+	archsimd.ClearAVXUpperBits()
+	for ; l < len(dst); l++ {
+		dst[l] = half.BF16ToFloat32(src[l])
+	}
+}
