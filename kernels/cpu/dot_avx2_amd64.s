@@ -100,7 +100,7 @@ TEXT ·dot4x1F32AVX2(SB), NOSPLIT, $0-56
 	VMOVUPS 224(DI), Y7
 	XORQ AX, AX
 	TESTQ CX, CX
-	JZ storeF32
+	JZ doneF32
 
 loopF32:
 	VMOVUPS (SI)(AX*4), Y8
@@ -117,8 +117,152 @@ loopF32:
 	CMPQ AX, CX
 	JLT loopF32
 
-storeF32:
+doneF32:
 	STORE_ACC
+	VZEROUPPER
+	RET
+
+// func sums4AVX2(acc unsafe.Pointer, m int, out unsafe.Pointer, outStride int)
+//
+// For the m [4][16]float32 chains at acc, stores the four lane sums of
+// each, by sum4's tree, to out + i·outStride floats: halves of 256 bits
+// (lanes i and i+8), then of 128 bits (i and i+4), then adjacent pairs
+// twice (VHADDPS, as AddPairs).
+TEXT ·sums4AVX2(SB), NOSPLIT, $0-32
+	MOVQ acc+0(FP), SI
+	MOVQ m+8(FP), CX
+	MOVQ out+16(FP), DI
+	MOVQ outStride+24(FP), BX
+	SHLQ $2, BX
+	TESTQ CX, CX
+	JZ doneSums
+
+loopSums:
+	VMOVUPS 0(SI), Y0
+	VADDPS 32(SI), Y0, Y0
+	VMOVUPS 64(SI), Y2
+	VADDPS 96(SI), Y2, Y2
+	VMOVUPS 128(SI), Y4
+	VADDPS 160(SI), Y4, Y4
+	VMOVUPS 192(SI), Y6
+	VADDPS 224(SI), Y6, Y6
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VEXTRACTF128 $1, Y2, X3
+	VADDPS X3, X2, X2
+	VEXTRACTF128 $1, Y4, X5
+	VADDPS X5, X4, X4
+	VEXTRACTF128 $1, Y6, X7
+	VADDPS X7, X6, X6
+	VHADDPS X2, X0, X0
+	VHADDPS X6, X4, X4
+	VHADDPS X4, X0, X0
+	VMOVUPS X0, (DI)
+	ADDQ $256, SI
+	ADDQ BX, DI
+	DECQ CX
+	JNZ loopSums
+
+doneSums:
+	VZEROUPPER
+	RET
+
+// func dot4x2F32AVX2(p0, p1, p2, p3, x0, x1 unsafe.Pointer, n int, acc0, acc1 *[4][16]float32)
+//
+// dot4x1F32AVX2 for two x rows at once: acc0[r] and acc1[r]
+// continue their chains over n elements (a multiple of 16). Sixteen 8-lane
+// accumulators do not fit beside their operands, so it runs lanes 0-7 of
+// every 16 elements, then lanes 8-15: each pass holds 8 accumulators, and
+// each weight vector loaded feeds both x rows (6 loads per 8 FMAs, where
+// dot4x1F32AVX2 takes 10). Each lane's chain is the same either way.
+TEXT ·dot4x2F32AVX2(SB), NOSPLIT, $0-72
+	MOVQ p0+0(FP), R8
+	MOVQ p1+8(FP), R9
+	MOVQ p2+16(FP), R10
+	MOVQ p3+24(FP), R11
+	MOVQ x0+32(FP), SI
+	MOVQ x1+40(FP), R12
+	MOVQ n+48(FP), CX
+	MOVQ acc0+56(FP), DI
+	MOVQ acc1+64(FP), R13
+	VMOVUPS 0(DI), Y0
+	VMOVUPS 64(DI), Y1
+	VMOVUPS 128(DI), Y2
+	VMOVUPS 192(DI), Y3
+	VMOVUPS 0(R13), Y4
+	VMOVUPS 64(R13), Y5
+	VMOVUPS 128(R13), Y6
+	VMOVUPS 192(R13), Y7
+	XORQ AX, AX
+	TESTQ CX, CX
+	JZ hiPass
+loopLo:
+	VMOVUPS (SI)(AX*4), Y8
+	VMOVUPS (R12)(AX*4), Y9
+	VMOVUPS (R8)(AX*4), Y10
+	VFMADD231PS Y8, Y10, Y0
+	VFMADD231PS Y9, Y10, Y4
+	VMOVUPS (R9)(AX*4), Y11
+	VFMADD231PS Y8, Y11, Y1
+	VFMADD231PS Y9, Y11, Y5
+	VMOVUPS (R10)(AX*4), Y12
+	VFMADD231PS Y8, Y12, Y2
+	VFMADD231PS Y9, Y12, Y6
+	VMOVUPS (R11)(AX*4), Y13
+	VFMADD231PS Y8, Y13, Y3
+	VFMADD231PS Y9, Y13, Y7
+	ADDQ $16, AX
+	CMPQ AX, CX
+	JLT loopLo
+
+hiPass:
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 64(DI)
+	VMOVUPS Y2, 128(DI)
+	VMOVUPS Y3, 192(DI)
+	VMOVUPS Y4, 0(R13)
+	VMOVUPS Y5, 64(R13)
+	VMOVUPS Y6, 128(R13)
+	VMOVUPS Y7, 192(R13)
+	VMOVUPS 32(DI), Y0
+	VMOVUPS 96(DI), Y1
+	VMOVUPS 160(DI), Y2
+	VMOVUPS 224(DI), Y3
+	VMOVUPS 32(R13), Y4
+	VMOVUPS 96(R13), Y5
+	VMOVUPS 160(R13), Y6
+	VMOVUPS 224(R13), Y7
+	XORQ AX, AX
+	TESTQ CX, CX
+	JZ done4x2
+loopHi:
+	VMOVUPS 32(SI)(AX*4), Y8
+	VMOVUPS 32(R12)(AX*4), Y9
+	VMOVUPS 32(R8)(AX*4), Y10
+	VFMADD231PS Y8, Y10, Y0
+	VFMADD231PS Y9, Y10, Y4
+	VMOVUPS 32(R9)(AX*4), Y11
+	VFMADD231PS Y8, Y11, Y1
+	VFMADD231PS Y9, Y11, Y5
+	VMOVUPS 32(R10)(AX*4), Y12
+	VFMADD231PS Y8, Y12, Y2
+	VFMADD231PS Y9, Y12, Y6
+	VMOVUPS 32(R11)(AX*4), Y13
+	VFMADD231PS Y8, Y13, Y3
+	VFMADD231PS Y9, Y13, Y7
+	ADDQ $16, AX
+	CMPQ AX, CX
+	JLT loopHi
+
+done4x2:
+	VMOVUPS Y0, 32(DI)
+	VMOVUPS Y1, 96(DI)
+	VMOVUPS Y2, 160(DI)
+	VMOVUPS Y3, 224(DI)
+	VMOVUPS Y4, 32(R13)
+	VMOVUPS Y5, 96(R13)
+	VMOVUPS Y6, 160(R13)
+	VMOVUPS Y7, 224(R13)
 	VZEROUPPER
 	RET
 

@@ -53,72 +53,76 @@ type tile4 struct {
 // chain over k, its k%16 tail and sum4's tree. A single x row with t.one
 // runs it (weights widened in registers); otherwise the weights are
 // widened fp8Chunk elements at a time into an L1-sized scratch that every
-// x row reads, each x row's chains carried from chunk to chunk in the
-// scratch (one chain per output either way: every row is bit-identical to
-// the row alone).
+// pair of x rows reads, each x row's chains carried from chunk to chunk in
+// the scratch (one chain per output either way: every row is
+// bit-identical to the row alone). The tail is one more step of the
+// chains, on zero-filled copies of the last k%16 elements, as addTail
+// adds it.
 func tileAVX2(out []float32, outStride, cols int, x []float32, m, k int, t *tile4) {
 	k16 := k &^ 15
-	var wt *[4][16]float32
-	var tails [4][16]float32
-	if k16 < k {
-		for r := range tails {
-			t.tail(r, &tails[r])
-		}
-		wt = &tails
-	}
 	if m == 1 && t.one != nil {
 		var acc [4][16]float32
 		t.one(rowPtr(x, k), &acc)
-		finish4AVX2(out, cols, &acc, x[k16:k], wt)
+		var xt [16]float32
+		finishAVX2(out, outStride, cols, x, 1, k, t, unsafe.Slice(&acc[0][0], 64), xt[:])
 		return
 	}
 	chunk := min(k16, fp8Chunk)
 	scratch := scratchPool.Get().(*[]float32)
 	defer scratchPool.Put(scratch)
-	if need := matmulTile*chunk + m*64; cap(*scratch) < need {
+	if need := matmulTile*chunk + m*(64+16); cap(*scratch) < need {
 		*scratch = make([]float32, need)
 	}
 	tile := (*scratch)[:matmulTile*chunk]
 	accs := (*scratch)[matmulTile*chunk : matmulTile*chunk+m*64]
 	clear(accs)
-	acc := func(i int) *[4][16]float32 { return (*[4][16]float32)(unsafe.Pointer(&accs[i*64])) }
 	for c := 0; c < k16; c += chunk {
 		n := min(chunk, k16-c)
 		w := t.chunk(c, n, tile)
+		rowPairs(&w, x[c:], k, m, n, accs)
+	}
+	finishAVX2(out, outStride, cols, x, m, k, t, accs, (*scratch)[matmulTile*chunk+m*64:matmulTile*chunk+m*80])
+}
+
+// rowPairs continues the chains accs (m of [4][16]) of the m x rows (k
+// apart from x[0]) with the n float32 elements at w of four weight rows:
+// pairs of x rows, then a last odd one.
+func rowPairs(w *[4]unsafe.Pointer, x []float32, k, m, n int, accs []float32) {
+	acc := func(i int) *[4][16]float32 { return (*[4][16]float32)(unsafe.Pointer(&accs[i*64 : (i+1)*64][0])) }
+	i := 0
+	for ; i+2 <= m; i += 2 {
+		dot4x2F32AVX2(w[0], w[1], w[2], w[3], rowPtr(x[i*k:], n), rowPtr(x[(i+1)*k:], n), n, acc(i), acc(i+1))
+	}
+	if i < m {
+		dot4x1F32AVX2(w[0], w[1], w[2], w[3], rowPtr(x[i*k:], n), n, acc(i))
+	}
+}
+
+// finishAVX2 adds the k%16 tails to the chains accs of the m x rows (in
+// xt, zero-filled 16-float copies of them) and stores the sums.
+func finishAVX2(out []float32, outStride, cols int, x []float32, m, k int, t *tile4, accs, xt []float32) {
+	if k16 := k &^ 15; k16 < k {
+		var tails [4][16]float32 // the weight rows' tails
+		for r := range tails {
+			t.tail(r, &tails[r])
+		}
+		clear(xt)
 		for i := range m {
-			dot4x1F32AVX2(w[0], w[1], w[2], w[3], rowPtr(x[i*k+c:], n), n, acc(i))
+			copy(xt[i*16:], x[i*k+k16:(i+1)*k])
 		}
+		w := [4]unsafe.Pointer{unsafe.Pointer(&tails[0]), unsafe.Pointer(&tails[1]), unsafe.Pointer(&tails[2]), unsafe.Pointer(&tails[3])}
+		rowPairs(&w, xt, 16, m, 16, accs)
 	}
-	for i := range m {
-		finish4AVX2(out[i*outStride:], cols, acc(i), x[i*k+k16:(i+1)*k], wt)
+	if cols == 4 {
+		_ = out[(m-1)*outStride+3] // the assembly writes rows 0…m-1, columns 0…3
+		sums4AVX2(unsafe.Pointer(&accs[0]), m, unsafe.Pointer(&out[0]), outStride)
+		return
 	}
-}
-
-// finish4AVX2 adds the k%16 tail (x's xTail times the rows' wt, zero-filled;
-// nil for none) to the four rows' chains in acc, as addTail does, sums
-// their lanes by sum4's tree and stores the first cols sums to out.
-func finish4AVX2(out []float32, cols int, acc *[4][16]float32, xTail []float32, wt *[4][16]float32) {
-	var xt [16]float32
-	copy(xt[:], xTail)
-	sum := func(r int) archsimd.Float32x4 {
-		lo, hi := lanes8(&acc[r], 0), lanes8(&acc[r], 8)
-		if wt != nil {
-			lo = lanes8(&wt[r], 0).MulAdd(lanes8(&xt, 0), lo)
-			hi = lanes8(&wt[r], 8).MulAdd(lanes8(&xt, 8), hi)
-		}
-		h := lo.Add(hi)
-		return h.GetLo().Add(h.GetHi())
+	for i := range m { // a partial tile: four sums, then the first cols
+		var sums [4]float32
+		sums4AVX2(unsafe.Pointer(&accs[i*64]), 1, unsafe.Pointer(&sums), 4)
+		copy(out[i*outStride:i*outStride+cols], sums[:cols])
 	}
-	s := sum(0).AddPairs(sum(1)).AddPairs(sum(2).AddPairs(sum(3)))
-	var buf [4]float32
-	s.Store(&buf)
-	archsimd.ClearAVXUpperBits()
-	copy(out[:cols], buf[:cols])
-}
-
-// lanes8 loads lanes l…l+7 of a 16-lane vector held in memory.
-func lanes8(a *[16]float32, l int) archsimd.Float32x8 {
-	return archsimd.LoadFloat32x8((*[8]float32)(a[l : l+8]))
 }
 
 // rows4AVX2 runs tileAVX2 on each tile of float32 weight rows. (The
@@ -210,6 +214,17 @@ func dot4x1BF16AVX2(p0, p1, p2, p3, q unsafe.Pointer, n int, next uintptr, acc *
 //
 //go:noescape
 func dot4x1F32AVX2(p0, p1, p2, p3, x unsafe.Pointer, n int, acc *[4][16]float32)
+
+// sums4AVX2 stores the lane sums (sum4's tree) of the m [4][16]float32
+// chains at acc to four floats at out + i·outStride floats each.
+//
+//go:noescape
+func sums4AVX2(acc unsafe.Pointer, m int, out unsafe.Pointer, outStride int)
+
+// dot4x2F32AVX2 is dot4x1F32AVX2 for two x rows, acc0 and acc1.
+//
+//go:noescape
+func dot4x2F32AVX2(p0, p1, p2, p3, x0, x1 unsafe.Pointer, n int, acc0, acc1 *[4][16]float32)
 
 // fp8Dot4x1AVX2 is fp8Dot4x1 on 8-lane halves, without F16C.
 //

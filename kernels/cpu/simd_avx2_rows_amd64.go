@@ -115,6 +115,11 @@ func scaledMaxAVX2(x []float32, scale float32) float32 {
 	return top
 }
 
+// lanes8 loads lanes l…l+7 of a 16-lane vector held in memory.
+func lanes8(a *[16]float32, l int) archsimd.Float32x8 {
+	return archsimd.LoadFloat32x8((*[8]float32)(a[l : l+8]))
+}
+
 // scaledExpAVX2 is scaledExpAVX512 with rowmath.Exp8.
 func scaledExpAVX2(x []float32, scale, top float32) {
 	s, t, none := splat8(scale), splat8(top), splat8(float32(math.Inf(-1)))
