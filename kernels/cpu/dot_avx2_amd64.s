@@ -266,6 +266,37 @@ done4x2:
 	VZEROUPPER
 	RET
 
+// func widenBF16AVX2(p unsafe.Pointer, n int, dst unsafe.Pointer, ahead uintptr)
+//
+// dst[l] = the bfloat16 at p + 2·l widened, for n elements (a multiple of
+// 16), prefetching the 2·n bytes from ahead on (the row of the next tile:
+// a verify block's weights come from memory, and the widening of a chunk
+// would otherwise wait for each line while the FMAs wait for it).
+TEXT ·widenBF16AVX2(SB), NOSPLIT, $0-32
+	MOVQ p+0(FP), R8
+	MOVQ n+8(FP), CX
+	MOVQ dst+16(FP), DI
+	MOVQ ahead+24(FP), R12
+	XORQ AX, AX
+	TESTQ CX, CX
+	JZ doneBF16Widen
+
+loopBF16Widen:
+	PREFETCHT0 (R12)(AX*2)
+	VPMOVZXWD (R8)(AX*2), Y0
+	VPSLLD $16, Y0, Y0
+	VMOVUPS Y0, (DI)(AX*4)
+	VPMOVZXWD 16(R8)(AX*2), Y1
+	VPSLLD $16, Y1, Y1
+	VMOVUPS Y1, 32(DI)(AX*4)
+	ADDQ $16, AX
+	CMPQ AX, CX
+	JLT loopBF16Widen
+
+doneBF16Widen:
+	VZEROUPPER
+	RET
+
 // The E4M3 → float32 widening without F16C, 8 weights at a time:
 // sign-extend the bytes to 32 bits and shift left by 20, which puts
 // exponent and mantissa in bits 26…20 and the sign in bit 31; clear the

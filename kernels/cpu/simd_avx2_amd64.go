@@ -155,9 +155,9 @@ func rows4BF16AVX2(out []float32, outStride int, x []float32, m, k int, w []uint
 			},
 			chunk: func(c, n int, tile []float32) (d [4]unsafe.Pointer) {
 				for r := range d {
-					dst := tile[r*n : (r+1)*n]
-					widenAVX2(dst, rows[r*k+c:r*k+c+n], kernels.BF16)
-					d[r] = unsafe.Pointer(&dst[0])
+					d[r] = unsafe.Pointer(&tile[r*n : (r+1)*n][0])
+					row := unsafe.Add(p, 2*(r*k+c))
+					widenBF16AVX2(row, n, d[r], uintptr(row)+uintptr(8*k))
 				}
 				return d
 			},
@@ -225,6 +225,12 @@ func sums4AVX2(acc unsafe.Pointer, m int, out unsafe.Pointer, outStride int)
 //
 //go:noescape
 func dot4x2F32AVX2(p0, p1, p2, p3, x0, x1 unsafe.Pointer, n int, acc0, acc1 *[4][16]float32)
+
+// widenBF16AVX2 widens n bfloat16s at p (a multiple of 16) to dst,
+// prefetching the 2·n bytes at ahead.
+//
+//go:noescape
+func widenBF16AVX2(p unsafe.Pointer, n int, dst unsafe.Pointer, ahead uintptr)
 
 // fp8Dot4x1AVX2 is fp8Dot4x1 on 8-lane halves, without F16C.
 //
