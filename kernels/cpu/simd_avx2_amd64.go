@@ -38,14 +38,16 @@ var avx2Kernels = kernelSet{
 
 // tile4 is one tile of four weight rows, as tileAVX2 reads it.
 type tile4 struct {
-	// one, when not nil, sets acc to one x row's 16-lane chains over the
+	// one, when not nil, returns one x row's 16-lane chains over the
 	// first k&^15 elements, straight from the weights (a decode step).
-	one func(x unsafe.Pointer, acc *[4][16]float32)
+	// (one and tail return arrays, as a pointer passed to a func value
+	// would move them to the heap.)
+	one func(x unsafe.Pointer) [4][16]float32
 	// chunk returns the four rows' elements [c, c+n) as float32 rows,
 	// widened into tile (4·n floats) where they are not float32.
 	chunk func(c, n int, tile []float32) [4]unsafe.Pointer
-	// tail sets buf to row r's last k%16 elements as float32.
-	tail func(r int, buf *[16]float32)
+	// tail returns row r's last k%16 elements as float32, zero-filled.
+	tail func(r int) [16]float32
 }
 
 // tileAVX2 sets out[i*outStride+r] = x_i·w_r for the m rows of x [m,k] and
@@ -60,9 +62,11 @@ type tile4 struct {
 // adds it.
 func tileAVX2(out []float32, outStride, cols int, x []float32, m, k int, t *tile4) {
 	k16 := k &^ 15
+	if m == 0 {
+		return
+	}
 	if m == 1 && t.one != nil {
-		var acc [4][16]float32
-		t.one(rowPtr(x, k), &acc)
+		acc := t.one(rowPtr(x, k))
 		var xt [16]float32
 		finishAVX2(out, outStride, cols, x, 1, k, t, unsafe.Slice(&acc[0][0], 64), xt[:])
 		return
@@ -104,7 +108,7 @@ func finishAVX2(out []float32, outStride, cols int, x []float32, m, k int, t *ti
 	if k16 := k &^ 15; k16 < k {
 		var tails [4][16]float32 // the weight rows' tails
 		for r := range tails {
-			t.tail(r, &tails[r])
+			tails[r] = t.tail(r)
 		}
 		clear(xt)
 		for i := range m {
@@ -136,7 +140,10 @@ func rows4AVX2(out []float32, outStride int, x []float32, m, k int, w []float32,
 			chunk: func(c, _ int, _ []float32) [4]unsafe.Pointer {
 				return [4]unsafe.Pointer{unsafe.Add(p, 4*c), unsafe.Add(p, 4*(k+c)), unsafe.Add(p, 4*(2*k+c)), unsafe.Add(p, 4*(3*k+c))}
 			},
-			tail: func(r int, buf *[16]float32) { copy(buf[:], rows[r*k+k16:(r+1)*k]) },
+			tail: func(r int) (buf [16]float32) {
+				copy(buf[:], rows[r*k+k16:(r+1)*k])
+				return buf
+			},
 		})
 	}
 }
@@ -150,8 +157,9 @@ func rows4BF16AVX2(out []float32, outStride int, x []float32, m, k int, w []uint
 		rows := w[j*k : (j+4)*k]
 		p := rowPtr(rows, 4*k)
 		tileAVX2(out[j:], outStride, 4, x, m, k, &tile4{
-			one: func(xr unsafe.Pointer, acc *[4][16]float32) {
-				dot4x1BF16AVX2(p, unsafe.Add(p, 2*k), unsafe.Add(p, 4*k), unsafe.Add(p, 6*k), xr, k16, uintptr(p)+uintptr(8*k), acc)
+			one: func(xr unsafe.Pointer) (acc [4][16]float32) {
+				dot4x1BF16AVX2(p, unsafe.Add(p, 2*k), unsafe.Add(p, 4*k), unsafe.Add(p, 6*k), xr, k16, uintptr(p)+uintptr(8*k), &acc)
+				return acc
 			},
 			chunk: func(c, n int, tile []float32) (d [4]unsafe.Pointer) {
 				for r := range d {
@@ -161,10 +169,11 @@ func rows4BF16AVX2(out []float32, outStride int, x []float32, m, k int, w []uint
 				}
 				return d
 			},
-			tail: func(r int, buf *[16]float32) {
+			tail: func(r int) (buf [16]float32) {
 				for l, h := range rows[r*k+k16 : (r+1)*k] {
 					buf[l] = half.BF16ToFloat32(h)
 				}
+				return buf
 			},
 		})
 	}
@@ -185,8 +194,9 @@ func tileFP8AVX2(out []float32, outStride, cols int, x []float32, m, k int, q *[
 	sp := unsafe.Pointer(unsafe.SliceData(blocks))
 	p := [4]unsafe.Pointer{rowPtr(q[0], k), rowPtr(q[1], k), rowPtr(q[2], k), rowPtr(q[3], k)}
 	tileAVX2(out, outStride, cols, x, m, k, &tile4{
-		one: func(xr unsafe.Pointer, acc *[4][16]float32) {
-			fp8Dot4x1AVX2(p[0], p[1], p[2], p[3], sp, xr, k16, acc, uintptr(p[3])+uintptr(k))
+		one: func(xr unsafe.Pointer) (acc [4][16]float32) {
+			fp8Dot4x1AVX2(p[0], p[1], p[2], p[3], sp, xr, k16, &acc, uintptr(p[3])+uintptr(k))
+			return acc
 		},
 		chunk: func(c, n int, tile []float32) (d [4]unsafe.Pointer) {
 			for r := range d {
@@ -195,11 +205,12 @@ func tileFP8AVX2(out []float32, outStride, cols int, x []float32, m, k int, q *[
 			}
 			return d
 		},
-		tail: func(r int, buf *[16]float32) {
+		tail: func(r int) (buf [16]float32) {
 			s := scales[k16/kernels.FP8Block]
 			for l, b := range q[r][k16:k] {
 				buf[l] = e4m3Values[b] * s
 			}
+			return buf
 		},
 	})
 }
