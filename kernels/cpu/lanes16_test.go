@@ -283,7 +283,9 @@ func TestElementwiseMatch16Lanes(t *testing.T) {
 			for i := range nq {
 				sameBits(t, fmt.Sprintf("%s mixRows n=%d row %d", set.name, n, i), acc[i*accStride:i*accStride+n], wantAcc[i*accStride:i*accStride+n])
 			}
-			sameBits(t, fmt.Sprintf("%s mixRows sums n=%d", set.name, n), sums, wantSums)
+			for i := range nq { // only each row's first lane is the contract (mix3x128 stores 16)
+				sameBits(t, fmt.Sprintf("%s mixRows sum of row %d n=%d", set.name, i, n), sums[i*attnSumStride:][:1], wantSums[i*attnSumStride:][:1])
+			}
 
 			taps := make([][]float32, 4)
 			for j := range taps {

@@ -3,7 +3,6 @@
 package cpu
 
 import (
-	"math"
 	"simd/archsimd"
 	"unsafe"
 
@@ -183,12 +182,10 @@ func rows4BF16AVX2(out []float32, outStride int, x []float32, m, k int, w []uint
 // row, fp8WidenAVX2's chunks for more (see dot_avx2_amd64.s for the
 // widening); a scale of 2^8 or more takes the portable kernel.
 func tileFP8AVX2(out []float32, outStride, cols int, x []float32, m, k int, q *[4][]uint8, scales []float32) {
-	blocks := scales[:(k+kernels.FP8Block-1)/kernels.FP8Block]
-	for _, s := range blocks {
-		if math.Abs(float64(s)) >= fp8MaxSIMDScale {
-			tileFP8Portable(out, outStride, cols, x, m, k, q, scales)
-			return
-		}
+	blocks, ok := fp8SIMDBlocks(scales, k)
+	if !ok {
+		tileFP8Portable(out, outStride, cols, x, m, k, q, scales)
+		return
 	}
 	k16 := k &^ 15
 	sp := unsafe.Pointer(unsafe.SliceData(blocks))
