@@ -86,7 +86,7 @@ func expLane(x float32) float32 {
 	return float32(float64(p) * math.Pow(2, float64(n))) // exact in float64, rounded once as VSCALEFPS does
 }
 
-// sigmoid16 is the SIMD kernels' 1/(1+e^-x).
+// sigmoidLane is the SIMD kernels' 1/(1+e^-x) on one lane.
 func sigmoidLane(x float32) float32 { return float32(1 / float32(1+expLane(float32(x*-1)))) }
 
 // simdSets returns the SIMD kernel sets to hold to the model, skipping the
@@ -111,6 +111,7 @@ func sameBits(t *testing.T, what string, got, want []float32) {
 	}
 }
 
+// normals returns n standard normal floats.
 func normals(rng *rand.Rand, n int) []float32 {
 	v := make([]float32, n)
 	for i := range v {
@@ -122,7 +123,8 @@ func normals(rng *rand.Rand, n int) []float32 {
 // TestRows4Match16Lanes checks rows4 (float32 weights) and rows4BF16 of
 // every SIMD set against dot16 bit for bit: a decode row (m = 1) and
 // verify blocks (4, 5, 16 rows), k with and without a k%16 tail, under,
-// at and over the chunks that several x rows widen at a time (fp8Chunk).
+// at and over the chunks that the AVX2 kernels widen at a time for
+// several x rows (avx2Chunk).
 func TestRows4Match16Lanes(t *testing.T) {
 	rng := testrand.Seeded(t, 40)
 	const n = 8
@@ -157,7 +159,8 @@ func TestRows4Match16Lanes(t *testing.T) {
 
 // TestFP8TileMatch16Lanes checks every SIMD set's tileFP8 against dot16 on
 // the dequantised weights (e4m3Values·scale rounded to float32), bit for
-// bit, over every byte value, subnormal-sized scales and partial tiles.
+// bit, over random bytes (each value many times over the test),
+// subnormal to large scales and partial tiles.
 func TestFP8TileMatch16Lanes(t *testing.T) {
 	rng := testrand.Seeded(t, 41)
 	for _, k := range []int{53, 256, 1040, 2100} {
@@ -166,7 +169,7 @@ func TestFP8TileMatch16Lanes(t *testing.T) {
 		deq := make([]float32, 4*k)
 		scales := make([]float32, blocks)
 		for b := range scales {
-			scales[b] = float32(rng.ExpFloat64() * math.Pow(2, float64(rng.IntN(140)-135)))
+			scales[b] = float32(math.Ldexp(rng.ExpFloat64(), rng.IntN(134)-130)) // below fp8MaxSIMDScale
 		}
 		for r := range q {
 			q[r] = make([]uint8, k)
