@@ -297,31 +297,30 @@ doneBF16Widen:
 	VZEROUPPER
 	RET
 
-// The E4M3 → float32 widening without F16C, 8 weights at a time:
-// sign-extend the bytes to 32 bits and shift left by 20, which puts
-// exponent and mantissa in bits 26…20 and the sign in bit 31; clear the
-// rest (0x87F00000). That float32 is the weight times 2^-120 exactly
-// (E4M3 subnormals become float32 subnormals; the NaN patterns read ±480
-// as e4m3Values has them); multiplying by 2^120·scale rounds once to the
-// float32 of the dequantised weight, as fp8_amd64.s's 256·scale does.
+// The E4M3 → float32 widening of fp8_amd64.s, 8 weights at a time (F16C):
+// sign-extend the bytes to 16 bits, shift left by 7, clear bit 14, convert
+// as half precision (exact, subnormals included: float32 subnormals would
+// cost microcode assists) and multiply by 256·scale.
 
-// FP8_WIDEN widens the 8 bytes at off(row) (element AX) into w, times Y12.
-#define FP8_WIDEN(off, row, w) \
-	VPMOVSXBD off(row)(AX*1), w; \
-	VPSLLD $20, w, w; \
-	VPAND Y14, w, w; \
+// FP8_WIDEN widens the 8 bytes at off(row) (element AX) into w (its X form
+// wx), times Y12.
+#define FP8_WIDEN(off, row, wx, w) \
+	VPMOVSXBW off(row)(AX*1), wx; \
+	VPSLLW $7, wx, wx; \
+	VPAND X14, wx, wx; \
+	VCVTPH2PS wx, w; \
 	VMULPS Y12, w, w
 
-// FP8_CONSTS loads the widening's mask (Y14) and 2^120 (Y13).
+// FP8_CONSTS loads the widening's mask (X14) and 256.0 (Y13).
 #define FP8_CONSTS \
-	MOVL $0x87F00000, BX; \
+	MOVL $0xBFFFBFFF, BX; \
 	MOVQ BX, X14; \
-	VPBROADCASTD X14, Y14; \
-	MOVL $0x7B800000, BX; \
+	VPBROADCASTD X14, X14; \
+	MOVL $0x43800000, BX; \
 	MOVQ BX, X13; \
 	VPBROADCASTD X13, Y13
 
-// FP8_BLOCK sets Y12 to 2^120 times the next scale at DX and BX to the end
+// FP8_BLOCK sets Y12 to 256 times the next scale at DX and BX to the end
 // of its 128 elements (n at most).
 #define FP8_BLOCK \
 	VBROADCASTSS (DX), Y12; \
@@ -356,21 +355,21 @@ loopFP8:
 	PREFETCHT0 (R12)(AX*4)
 	VMOVUPS (SI)(AX*4), Y8
 	VMOVUPS 32(SI)(AX*4), Y9
-	FP8_WIDEN(0, R8, Y10)
+	FP8_WIDEN(0, R8, X10, Y10)
 	VFMADD231PS Y8, Y10, Y0
-	FP8_WIDEN(8, R8, Y11)
+	FP8_WIDEN(8, R8, X11, Y11)
 	VFMADD231PS Y9, Y11, Y1
-	FP8_WIDEN(0, R9, Y10)
+	FP8_WIDEN(0, R9, X10, Y10)
 	VFMADD231PS Y8, Y10, Y2
-	FP8_WIDEN(8, R9, Y11)
+	FP8_WIDEN(8, R9, X11, Y11)
 	VFMADD231PS Y9, Y11, Y3
-	FP8_WIDEN(0, R10, Y10)
+	FP8_WIDEN(0, R10, X10, Y10)
 	VFMADD231PS Y8, Y10, Y4
-	FP8_WIDEN(8, R10, Y11)
+	FP8_WIDEN(8, R10, X11, Y11)
 	VFMADD231PS Y9, Y11, Y5
-	FP8_WIDEN(0, R11, Y10)
+	FP8_WIDEN(0, R11, X10, Y10)
 	VFMADD231PS Y8, Y10, Y6
-	FP8_WIDEN(8, R11, Y11)
+	FP8_WIDEN(8, R11, X11, Y11)
 	VFMADD231PS Y9, Y11, Y7
 	ADDQ $16, AX
 	CMPQ AX, BX
@@ -386,7 +385,7 @@ doneFP8:
 
 // func fp8WidenAVX2(p, sp unsafe.Pointer, n int, dst unsafe.Pointer, ahead uintptr)
 //
-// fp8Widen (fp8_amd64.s) with this widening.
+// fp8Widen (fp8_amd64.s) on 8-lane halves.
 TEXT ·fp8WidenAVX2(SB), NOSPLIT, $0-40
 	MOVQ p+0(FP), R8
 	MOVQ sp+8(FP), DX
@@ -403,9 +402,9 @@ blockWiden:
 
 loopWiden:
 	PREFETCHT0 (R12)(AX*1)
-	FP8_WIDEN(0, R8, Y10)
+	FP8_WIDEN(0, R8, X10, Y10)
 	VMOVUPS Y10, (DI)(AX*4)
-	FP8_WIDEN(8, R8, Y11)
+	FP8_WIDEN(8, R8, X11, Y11)
 	VMOVUPS Y11, 32(DI)(AX*4)
 	ADDQ $16, AX
 	CMPQ AX, BX
@@ -415,4 +414,16 @@ loopWiden:
 
 doneWiden:
 	VZEROUPPER
+	RET
+
+// func cpuHasF16C() bool
+//
+// Reports CPUID leaf 1's F16C bit (ECX bit 29), which archsimd does not.
+TEXT ·cpuHasF16C(SB), NOSPLIT, $0-1
+	MOVL $1, AX
+	XORL CX, CX
+	CPUID
+	SHRL $29, CX
+	ANDL $1, CX
+	MOVB CX, ret+0(FP)
 	RET

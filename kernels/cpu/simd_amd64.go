@@ -11,13 +11,13 @@ import (
 
 // simdKernels returns the SIMD kernel sets this CPU can run, the fastest
 // first: the AVX-512 kernels, and the AVX2 ones (bit-identical to them,
-// see avx2Kernels) on any CPU with AVX2 and FMA.
+// see avx2Kernels) on any CPU with AVX2, FMA and F16C.
 func simdKernels() []kernelSet {
 	var sets []kernelSet
 	if archsimd.X86.AVX512() {
 		sets = append(sets, avx512Kernels)
 	}
-	if archsimd.X86.AVX2() && archsimd.X86.FMA() {
+	if archsimd.X86.AVX2() && archsimd.X86.FMA() && cpuHasF16C() {
 		sets = append(sets, avx2Kernels)
 	}
 	return sets

@@ -10,8 +10,8 @@ import (
 	"ddflash/kernels"
 )
 
-// avx2Kernels are the kernels for CPUs with AVX2 and FMA but not AVX-512
-// (AMD Zen 1-3, Intel client cores). They compute what the AVX-512 kernels
+// avx2Kernels are the kernels for CPUs with AVX2, FMA and F16C but not
+// AVX-512 (AMD Zen 1-3, Intel client cores). They compute what the AVX-512 kernels
 // compute, bit for bit: each 16-lane vector of those is two 8-lane halves
 // (lanes 0-7 and 8-15) doing the same per-lane operations, reductions over
 // lanes follow the same trees, and rowmath.Exp8 is Exp16 on 8 lanes. The
@@ -186,8 +186,8 @@ func rows4BF16AVX2(out []float32, outStride int, x []float32, m, k int, w []uint
 }
 
 // tileFP8AVX2 is tileFP8AVX512 on tileAVX2: fp8Dot4x1AVX2 for a single x
-// row, fp8WidenAVX2's chunks for more (see dot_avx2_amd64.s for the
-// widening); a scale of 2^8 or more takes the portable kernel.
+// row, fp8WidenAVX2's chunks for more (the same widening, 8 lanes at a
+// time); a scale of 2^8 or more takes the portable kernel.
 func tileFP8AVX2(out []float32, outStride, cols int, x []float32, m, k int, q *[4][]uint8, scales []float32) {
 	blocks, ok := fp8SIMDBlocks(scales, k)
 	if !ok {
@@ -247,15 +247,18 @@ func dot4x2F32AVX2(p0, p1, p2, p3, x0, x1 unsafe.Pointer, n int, acc0, acc1 *[4]
 //go:noescape
 func widenBF16AVX2(p unsafe.Pointer, n int, dst unsafe.Pointer, ahead uintptr)
 
-// fp8Dot4x1AVX2 is fp8Dot4x1 on 8-lane halves, without F16C.
+// fp8Dot4x1AVX2 is fp8Dot4x1 on 8-lane halves.
 //
 //go:noescape
 func fp8Dot4x1AVX2(p0, p1, p2, p3, sp, x unsafe.Pointer, n int, acc *[4][16]float32, ahead uintptr)
 
-// fp8WidenAVX2 is fp8Widen without F16C.
+// fp8WidenAVX2 is fp8Widen on 8-lane halves.
 //
 //go:noescape
 func fp8WidenAVX2(p, sp unsafe.Pointer, n int, dst unsafe.Pointer, ahead uintptr)
+
+// cpuHasF16C reports whether the CPU converts half precision (VCVTPH2PS).
+func cpuHasF16C() bool
 
 // widenAVX2 widens bfloat16 weights 8 at a time; F16 takes the portable path.
 func widenAVX2(dst []float32, src []uint16, dt kernels.DType) {
