@@ -1,7 +1,7 @@
 # ddflash build and test entry points. `make run` and `make test` do all set-up.
 GO ?= go
 export GOFLAGS ?= -trimpath
-# The CPU backend's AVX-512 kernels need Go's SIMD experiment; they check the
+# The CPU backend's AVX-512 and AVX2 kernels need Go's SIMD experiment; they check the
 # CPU at run time and fall back to the portable kernels, which test-portable
 # keeps covered.
 export GOEXPERIMENT ?= simd

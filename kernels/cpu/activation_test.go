@@ -12,10 +12,7 @@ import (
 // NaN (which must propagate). Bound: 8u relative, plus 1e-30 absolute
 // where e^-x overflows float32 and the result flushes to zero.
 func TestActivations(t *testing.T) {
-	sets := []kernelSet{portableKernels}
-	if simd, ok := simdKernels(); ok {
-		sets = append(sets, simd)
-	}
+	sets := kernelVariants()
 	rng := testrand.Seeded(t, 2)
 	x := []float32{0, float32(math.Copysign(0, -1)), 1e-30, -1e-30, 88.5, -88.5, 89.5, -89.5, 103.9, -103.9, 104.5, -104.5, 300, -300, float32(math.NaN())}
 	for len(x) < 1000 {

@@ -48,11 +48,12 @@ type Backend struct {
 var _ kernels.Backend = (*Backend)(nil)
 
 // New returns a CPU backend using threads workers (runtime.NumCPU() when threads <= 0).
-// It uses the AVX-512 kernels when the build and the CPU have them.
+// It uses the AVX-512 kernels, else the AVX2 ones, when the build and the
+// CPU have them.
 func New(threads int) kernels.Backend {
-	kern, ok := simdKernels()
-	if !ok {
-		kern = portableKernels
+	kern := portableKernels
+	if simd := simdKernels(); len(simd) > 0 {
+		kern = simd[0]
 	}
 	return newBackend(threads, kern, defaultMinWork)
 }

@@ -33,11 +33,7 @@ func TestConformance(t *testing.T) {
 
 // kernelVariants are the kernel sets this build and CPU can run.
 func kernelVariants() []kernelSet {
-	variants := []kernelSet{portableKernels}
-	if simd, ok := simdKernels(); ok {
-		variants = append(variants, simd)
-	}
-	return variants
+	return append([]kernelSet{portableKernels}, simdKernels()...)
 }
 
 // TestMatMulBatchInvariant checks that each row of a multi-row MatMul

@@ -88,6 +88,9 @@ func BenchmarkMatMulFloor(b *testing.B) {
 // the share of the peak that its widening, loads and reduction leave
 // (mean and least times of 100 calls).
 func BenchmarkDot4x4BF16(b *testing.B) {
+	if !archsimd.X86.AVX512() {
+		b.Skip("dot4x4BF16 is an AVX-512 kernel")
+	}
 	const k, calls = 1536, 100
 	be := New(1).(*Backend)
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -127,13 +130,24 @@ func BenchmarkDot4x4BF16(b *testing.B) {
 }
 
 // readAll sums a BF16 buffer's memory on the backend's threads, 64 bytes
-// per load into four independent sums (as float32s: the sum is discarded,
-// only the reads count).
+// per load (32 without AVX-512) into independent sums (as float32s: the
+// sum is discarded, only the reads count).
 func (be *Backend) readAll(w kernels.Buffer) {
 	u16 := asBuffer(w).u16
 	words := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(u16))), len(u16)/2)
 	const block = 64 // floats per item: four vectors
 	be.pool.parallelFor(len(words)/block, block, func(lo, hi int) {
+		if !archsimd.X86.AVX512() {
+			var s0, s1, s2, s3 archsimd.Float32x8
+			for i := lo * block; i < hi*block; i += 32 {
+				s0 = s0.Add(archsimd.LoadFloat32x8Slice(words[i:]))
+				s1 = s1.Add(archsimd.LoadFloat32x8Slice(words[i+8:]))
+				s2 = s2.Add(archsimd.LoadFloat32x8Slice(words[i+16:]))
+				s3 = s3.Add(archsimd.LoadFloat32x8Slice(words[i+24:]))
+			}
+			keep8(s0.Add(s1).Add(s2.Add(s3)))
+			return
+		}
 		var s0, s1, s2, s3 archsimd.Float32x16
 		for i := lo * block; i < hi*block; i += block {
 			s0 = s0.Add(archsimd.LoadFloat32x16Slice(words[i:]))
@@ -145,12 +159,24 @@ func (be *Backend) readAll(w kernels.Buffer) {
 	})
 }
 
-// fmaPeak runs iters iterations of eight independent FMAs over 16 lanes,
-// split over the backend's threads: enough chains to keep both FMA units
-// of a core busy through the FMA latency.
+// fmaPeak runs iters iterations of eight independent FMAs over 16 lanes
+// (without AVX-512, twice as many over 8 lanes), split over the backend's
+// threads: enough chains to keep both FMA units of a core busy through
+// the FMA latency.
 func (be *Backend) fmaPeak(iters int) {
 	const items = 64
 	be.pool.parallelFor(items, 1<<30, func(lo, hi int) {
+		if !archsimd.X86.AVX512() {
+			var a0, a1, a2, a3, a4, a5, a6, a7 archsimd.Float32x8
+			x := archsimd.BroadcastFloat32x8(1)
+			y := archsimd.BroadcastFloat32x8(0x1p-20)
+			for range 2 * (hi - lo) * iters / items {
+				a0, a1, a2, a3 = x.MulAdd(y, a0), x.MulAdd(y, a1), x.MulAdd(y, a2), x.MulAdd(y, a3)
+				a4, a5, a6, a7 = x.MulAdd(y, a4), x.MulAdd(y, a5), x.MulAdd(y, a6), x.MulAdd(y, a7)
+			}
+			keep8(a0.Add(a1).Add(a2.Add(a3)).Add(a4.Add(a5).Add(a6.Add(a7))))
+			return
+		}
 		var a0, a1, a2, a3, a4, a5, a6, a7 archsimd.Float32x16
 		x := archsimd.BroadcastFloat32x16(1)
 		y := archsimd.BroadcastFloat32x16(0x1p-20)
@@ -168,8 +194,10 @@ var sink struct {
 	sum float32
 }
 
-func keep(v archsimd.Float32x16) {
-	var lanes [16]float32
+func keep(v archsimd.Float32x16) { keep8(v.GetLo()) }
+
+func keep8(v archsimd.Float32x8) {
+	var lanes [8]float32
 	v.Store(&lanes)
 	archsimd.ClearAVXUpperBits()
 	sink.Lock()

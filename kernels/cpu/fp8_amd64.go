@@ -25,12 +25,10 @@ import (
 // with a scale of 2^8 or more (never seen in checkpoints: weights beyond
 // 10^5) takes the portable kernel, whose widening has no range limit.
 func tileFP8AVX512(out []float32, outStride, cols int, x []float32, m, k int, q *[4][]uint8, scales []float32) {
-	blocks := scales[:(k+kernels.FP8Block-1)/kernels.FP8Block]
-	for _, s := range blocks {
-		if math.Abs(float64(s)) >= fp8MaxSIMDScale {
-			tileFP8Portable(out, outStride, cols, x, m, k, q, scales)
-			return
-		}
+	blocks, ok := fp8SIMDBlocks(scales, k)
+	if !ok {
+		tileFP8Portable(out, outStride, cols, x, m, k, q, scales)
+		return
 	}
 	k16 := k &^ 15
 	sp := unsafe.Pointer(unsafe.SliceData(blocks))
@@ -76,6 +74,18 @@ func tileFP8AVX512(out []float32, outStride, cols int, x []float32, m, k int, q 
 
 // fp8MaxSIMDScale bounds the block scales the assembly widening handles.
 const fp8MaxSIMDScale = 1 << 8
+
+// fp8SIMDBlocks returns the tile's ceil(k/128) block scales, and false if
+// one is beyond what the SIMD widening handles (fp8MaxSIMDScale).
+func fp8SIMDBlocks(scales []float32, k int) ([]float32, bool) {
+	blocks := scales[:(k+kernels.FP8Block-1)/kernels.FP8Block]
+	for _, s := range blocks {
+		if math.Abs(float64(s)) >= fp8MaxSIMDScale {
+			return nil, false
+		}
+	}
+	return blocks, true
+}
 
 // fp8Chunk is how many elements of a tile's four weight rows are widened at
 // a time for fours of x rows: 16 KiB of float32 that stay in the L1 cache

@@ -140,3 +140,51 @@ func BenchmarkMatMulPrefill(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkKernelSets times MatMul with every kernel set this build and
+// CPU run, in turn within each iteration (so that a shared machine's load
+// falls on all alike), on the mid preset's 1536→6144 BF16 projection: a
+// decode row (m=1: weights GB/s) and a 16-row verify block (GFLOP/s), on
+// two threads, and each SIMD set's speedup over the portable one.
+// The weights rotate over copies larger than the L3, so decode reads them
+// from memory. Run:
+//
+//	GOEXPERIMENT=simd go test ./kernels/cpu/ -run '^$' -bench KernelSets -benchtime 20x
+func BenchmarkKernelSets(b *testing.B) {
+	const k, n, copies = 1536, 6144, 4
+	rng := rand.New(rand.NewPCG(1, 2))
+	sets := kernelVariants()
+	bes := make([]*Backend, len(sets))
+	for i, set := range sets {
+		bes[i] = newBackend(2, set, defaultMinWork)
+	}
+	ws := make([]kernels.Buffer, copies)
+	for i := range ws {
+		ws[i] = benchWeights(b, bes[0], kernels.BF16, n*k, rng)
+	}
+	for _, m := range []int{1, 16} {
+		b.Run(fmt.Sprintf("m=%d", m), func(b *testing.B) {
+			x := benchActivations(b, bes[0], m*k, rng)
+			out, _ := bes[0].Alloc(kernels.F32, m*n)
+			spent := make([]time.Duration, len(sets))
+			for i := range b.N {
+				for s, be := range bes {
+					t0 := time.Now()
+					be.MatMul(out, x, ws[(i*len(bes)+s)%copies], m, n, k)
+					spent[s] += time.Since(t0)
+				}
+			}
+			for s, set := range sets {
+				sec := spent[s].Seconds() / float64(b.N)
+				if m == 1 {
+					b.ReportMetric(float64(2*n*k)/sec/1e9, set.name+"-GB/s")
+				} else {
+					b.ReportMetric(float64(2*m*n*k)/sec/1e9, set.name+"-GFLOP/s")
+				}
+				if s > 0 {
+					b.ReportMetric(spent[0].Seconds()/spent[s].Seconds(), set.name+"-speedup")
+				}
+			}
+		})
+	}
+}

@@ -9,27 +9,35 @@ import (
 	"ddflash/kernels"
 )
 
-// simdKernels returns the AVX-512 kernels when the CPU has AVX-512.
-func simdKernels() (kernelSet, bool) {
-	if !archsimd.X86.AVX512() {
-		return kernelSet{}, false
+// simdKernels returns the SIMD kernel sets this CPU can run, the fastest
+// first: the AVX-512 kernels, and the AVX2 ones (bit-identical to them,
+// see avx2Kernels) on any CPU with AVX2, FMA and F16C.
+func simdKernels() []kernelSet {
+	var sets []kernelSet
+	if archsimd.X86.AVX512() {
+		sets = append(sets, avx512Kernels)
 	}
-	return kernelSet{
-		name:       "avx512",
-		rows4:      rows4AVX512,
-		rows4BF16:  rows4BF16AVX512,
-		tileFP8:    tileFP8AVX512,
-		widen:      widenAVX512,
-		swiglu:     swigluAVX512,
-		silu:       siluAVX512,
-		mulSigmoid: mulSigmoidAVX512,
-		deltaStep:  deltaStepAVX512,
-		accumRows:  accumRowsAVX512,
-		conv:       convAVX512,
-		scaledMax:  scaledMaxAVX512,
-		scaledExp:  scaledExpAVX512,
-		mixRows:    mixRowsAVX512,
-	}, true
+	if archsimd.X86.AVX2() && archsimd.X86.FMA() && cpuHasF16C() {
+		sets = append(sets, avx2Kernels)
+	}
+	return sets
+}
+
+var avx512Kernels = kernelSet{
+	name:       "avx512",
+	rows4:      rows4AVX512,
+	rows4BF16:  rows4BF16AVX512,
+	tileFP8:    tileFP8AVX512,
+	widen:      widenAVX512,
+	swiglu:     swigluAVX512,
+	silu:       siluAVX512,
+	mulSigmoid: mulSigmoidAVX512,
+	deltaStep:  deltaStepAVX512,
+	accumRows:  accumRowsAVX512,
+	conv:       convAVX512,
+	scaledMax:  scaledMaxAVX512,
+	scaledExp:  scaledExpAVX512,
+	mixRows:    mixRowsAVX512,
 }
 
 // Notes on the Go compiler these kernels are shaped for:

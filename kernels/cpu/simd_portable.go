@@ -3,5 +3,5 @@
 package cpu
 
 // simdKernels reports that this build has no SIMD kernels (build with
-// GOEXPERIMENT=simd on amd64 for the AVX-512 ones).
-func simdKernels() (kernelSet, bool) { return kernelSet{}, false }
+// GOEXPERIMENT=simd on amd64 for the AVX-512 and AVX2 ones).
+func simdKernels() []kernelSet { return nil }

@@ -56,6 +56,32 @@ func Exp16(x archsimd.Float32x16) archsimd.Float32x16 {
 	return p.Scale(n).Merge(in, in.Equal(in))
 }
 
+// Exp8 is Exp16 on 8 lanes for CPUs without AVX-512, bit for bit: the same
+// clamp, rounding and polynomial, and p·2ⁿ (VSCALEFPS is AVX-512) as two
+// multiplies by powers of two, p·2^⌊n/2⌋ exact (p is near 1 and
+// |n| ≤ 150, so it stays normal), the second rounding once as VSCALEFPS
+// does, subnormal and overflowing results included. Unlike Exp16 it is
+// beyond Go's inlining budget: a call per 8 lanes.
+func Exp8(x archsimd.Float32x8) archsimd.Float32x8 {
+	c := func(i int) archsimd.Float32x8 { return archsimd.LoadFloat32x8((*[8]float32)(expConsts[i][:8])) }
+	in := x
+	x = c(expHi).Min(c(expLo).Max(x))
+	n := x.Mul(c(expLog2E)).RoundToEven()
+	r := n.MulAdd(c(expNegLn2Hi), x)
+	r = n.MulAdd(c(expNegLn2Lo), r)
+	p := c(expP0).MulAdd(r, c(expP0+1))
+	p = p.MulAdd(r, c(expP0+2))
+	p = p.MulAdd(r, c(expP0+3))
+	p = p.MulAdd(r, c(expP0+4))
+	p = p.MulAdd(r, c(expP0+5))
+	p = p.MulAdd(r.Mul(r), r.Add(c(expOne)))
+	// 2^h is h<<23 plus the bits of 1.0 (a normal exponent: |h| ≤ 75).
+	e, one := n.ConvertToInt32(), c(expOne).AsInt32x8()
+	h := e.ShiftAllRight(1)
+	p = p.Mul(h.ShiftAllLeft(23).Add(one).AsFloat32x8())
+	return p.Mul(e.Sub(h).ShiftAllLeft(23).Add(one).AsFloat32x8()).Merge(in, in.Equal(in))
+}
+
 // Exp16's constants: indices into expConsts.
 const (
 	expHi = iota
