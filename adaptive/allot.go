@@ -92,15 +92,28 @@ func outcome(reqs []Request, rest Rest, n []int) (tokens float64, rows, speculat
 // whose draft pays has a positive gain (its Rate is higher with it). A
 // request that got no nodes paid for its draft in vain.
 func DraftGains(reqs []Request, rest Rest, n []int, stepMs func(rows int) float64, overheadMs float64) []float64 {
+	gains := make([]float64, len(reqs))
+	for i, r := range draftRatios(reqs, rest, n, stepMs, overheadMs) {
+		gains[i] = r.tokens - r.time
+	}
+	return gains
+}
+
+// ratios are what a request's draft changes in the batch's step: the
+// tokens committed with it over those without it, and the step's time
+// with it over the time without.
+type ratios struct{ tokens, time float64 }
+
+func draftRatios(reqs []Request, rest Rest, n []int, stepMs func(rows int) float64, overheadMs float64) []ratios {
 	tokens, rows, _ := outcome(reqs, rest, n)
 	with := stepMs(rows) + float64(len(reqs))*overheadMs
-	gains := make([]float64, len(reqs))
+	rs := make([]ratios, len(reqs))
 	for i, r := range reqs {
 		accepted := sum(r.Probs[:n[i]])
 		without := stepMs(rows-n[i]) + float64(len(reqs)-1)*overheadMs
-		gains[i] = tokens/(tokens-accepted) - with/math.Max(without, 1e-9)
+		rs[i] = ratios{tokens / (tokens - accepted), with / math.Max(without, 1e-9)}
 	}
-	return gains
+	return rs
 }
 
 func sum(xs []float64) float64 {
@@ -141,6 +154,22 @@ const (
 // gets (the mean of the best allotments, not the best allotment of the
 // mean draft).
 func ExpectedGain(recent [][]float64, rest Rest, stepMs func(rows int) float64, commitMs, draftMs float64) float64 {
+	return expected(recent, rest, stepMs, commitMs, draftMs, func(r ratios) float64 { return r.tokens - r.time })
+}
+
+// ExpectedSpeedup is what a request's next draft is expected to speed the
+// batch's step up by (its tokens per time with the draft over those
+// without), judged as ExpectedGain judges a draft. Choosing between
+// drafters of different draft times, this is what to compare: a gain of
+// g batch steps over a step c times as long is a speedup of 1 + g/c, so of
+// two drafts gaining alike the cheaper one speeds decoding up more.
+func ExpectedSpeedup(recent [][]float64, rest Rest, stepMs func(rows int) float64, commitMs, draftMs float64) float64 {
+	return expected(recent, rest, stepMs, commitMs, draftMs, func(r ratios) float64 { return r.tokens / r.time })
+}
+
+// expected is the mean of judge over recent drafts, each with its best
+// allotment (0 for none).
+func expected(recent [][]float64, rest Rest, stepMs func(rows int) float64, commitMs, draftMs float64, judge func(ratios) float64) float64 {
 	if len(recent) == 0 {
 		return 0
 	}
@@ -148,7 +177,7 @@ func ExpectedGain(recent [][]float64, rest Rest, stepMs func(rows int) float64, 
 	for _, probs := range recent {
 		reqs := []Request{{Probs: probs}}
 		n := Allot(reqs, rest, stepMs, commitMs) // the draft made: only the commit weighs against nodes
-		total += DraftGains(reqs, rest, n, stepMs, draftMs+commitMs)[0]
+		total += judge(draftRatios(reqs, rest, n, stepMs, draftMs+commitMs)[0])
 	}
 	return total / float64(len(recent))
 }

@@ -9,12 +9,15 @@ import (
 // several loaded, such as the target's MTP head and a DFlash drafter), made
 // as budgets are: per request and step, from each drafter's own measured
 // draft cost and calibrated acceptance. A request drafts with the drafter
-// whose recent drafts for it are expected to gain the batch the most (as
-// ExpectedGain judges a draft: its tokens per step time, the draft's time
-// counted); the others wait, their context kept for their next draft, and
-// each is tried again every ReprobeSteps of the request's drafts, so that
-// a drafter that starts to do better is seen. Only the proposal changes, so
-// decoding stays as lossless as with one drafter.
+// whose recent drafts are expected to speed the batch's steps up the most
+// (ExpectedSpeedup: its tokens per step time, the draft's time counted):
+// its latest drafts for the request, and while it has fewer than
+// a window of those, its latest drafts for other requests (so that one
+// unlucky draft for a request does not rule a drafter out for it); the
+// others wait, their context kept for their next draft, and each is tried
+// again every ReprobeSteps of the request's drafts, so that a drafter that
+// starts to do better is seen. Only the proposal changes, so decoding stays
+// as lossless as with one drafter.
 type Choice struct {
 	Drafters []DrafterStats
 }
@@ -27,8 +30,9 @@ func NewChoice(n int) *Choice { return &Choice{Drafters: make([]DrafterStats, n)
 type DrafterStats struct {
 	Calibration Calibration
 
-	mu    sync.Mutex
-	draft samples // steady drafts' times, ms
+	mu     sync.Mutex
+	draft  samples // steady drafts' times, ms
+	recent []draft // its latest drafts for any request (at most recentDrafts)
 }
 
 // ObserveDraft records one of the drafter's drafts that took d; as
@@ -56,44 +60,64 @@ const ReprobeSteps = 16
 // ChoiceState is one request's view of its drafters: each one's recent
 // drafts for it and the request's drafts since it last drafted.
 type ChoiceState struct {
+	choice *Choice
 	recent [][]draft // per drafter, its latest drafts (at most recentDrafts)
 	since  []int
 }
 
-// draft is a draft tree's raw path probabilities and depths, in tree order.
+// draft is a draft tree's raw path probabilities and depths, in tree order,
+// and the request it was made for.
 type draft struct {
 	probs  []float64
 	depths []int32
+	owner  *ChoiceState
 }
 
 // NewState starts a request's state: no drafter has drafted for it.
 func (c *Choice) NewState() *ChoiceState {
 	n := len(c.Drafters)
-	return &ChoiceState{recent: make([][]draft, n), since: make([]int, n)}
+	return &ChoiceState{choice: c, recent: make([][]draft, n), since: make([]int, n)}
+}
+
+// evidence is the drafts drafter i is judged by for request s: its latest
+// for s, then, up to a window, its latest for other requests.
+func (c *Choice) evidence(s *ChoiceState, i int) []draft {
+	drafts := s.recent[i]
+	d := &c.Drafters[i]
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for k := len(d.recent) - 1; k >= 0 && len(drafts) < recentDrafts; k-- {
+		if d.recent[k].owner != s {
+			drafts = append(drafts[:len(drafts):len(drafts)], d.recent[k])
+		}
+	}
+	return drafts
 }
 
 // Choose returns the drafter a request drafts with next, in a batch of
 // seqs sequences (itself included) with the step times and commit cost
 // given (Policy.StepCosts): first each drafter once, in order; then one
 // not chosen for ReprobeSteps drafts; else the one of the highest
-// ExpectedGain over its recent drafts, calibrated by its own calibration,
-// with its own draft time. Ties go to the first.
+// ExpectedSpeedup over its evidence (its recent drafts for the request, then
+// for others), calibrated by its own calibration, with its own draft time.
+// Ties go to the first.
 func (c *Choice) Choose(s *ChoiceState, seqs int, stepMs func(rows int) float64, commitMs float64) int {
 	for i, r := range s.recent {
 		if len(r) == 0 || s.since[i] >= ReprobeSteps {
 			return i
 		}
 	}
-	best, bestGain := 0, 0.0
+	best, bestSpeedup := 0, 0.0
 	for i := range c.Drafters {
 		d := &c.Drafters[i]
-		calibrated := make([][]float64, len(s.recent[i]))
-		for k, r := range s.recent[i] {
+		evidence := c.evidence(s, i)
+		calibrated := make([][]float64, len(evidence))
+		for k, r := range evidence {
 			calibrated[k] = d.Calibration.Calibrate(r.probs, r.depths)
 		}
-		gain := ExpectedGain(calibrated, plainBatch(seqs-1), stepMs, commitMs, d.DraftMs())
-		if i == 0 || gain > bestGain {
-			best, bestGain = i, gain
+		speedup := ExpectedSpeedup(calibrated, plainBatch(seqs-1), stepMs, commitMs, d.DraftMs())
+		if i == 0 || speedup > bestSpeedup {
+			best, bestSpeedup = i, speedup
 		}
 	}
 	return best
@@ -102,8 +126,12 @@ func (c *Choice) Choose(s *ChoiceState, seqs int, stepMs func(rows int) float64,
 // Drafted records that drafter i drafted for the request a tree of these
 // raw path probabilities and depths (in tree order).
 func (s *ChoiceState) Drafted(i int, probs []float64, depths []int32) {
-	s.recent[i] = append(s.recent[i], draft{probs: probs, depths: depths})
-	s.recent[i] = s.recent[i][max(0, len(s.recent[i])-recentDrafts):]
+	dr := draft{probs: probs, depths: depths, owner: s}
+	s.recent[i] = latest(append(s.recent[i], dr))
+	d := &s.choice.Drafters[i]
+	d.mu.Lock()
+	d.recent = latest(append(d.recent, dr))
+	d.mu.Unlock()
 	for k := range s.since {
 		s.since[k]++
 	}
@@ -116,3 +144,6 @@ func (p *Policy) StepCosts(seqs int) (func(rows int) float64, float64) {
 	costs, stepMs := p.batchCosts(seqs)
 	return stepMs, costs.CommitMs
 }
+
+// latest is the last recentDrafts of drafts.
+func latest(drafts []draft) []draft { return drafts[max(0, len(drafts)-recentDrafts):] }
