@@ -442,16 +442,16 @@ func (m *Model) attention(r *rank, lw *LayerWeights, idx int, meta *stepMeta, ro
 	H, hd := cfg.HiddenSize, cfg.HeadDim
 	qDim, kvDim := cfg.NumHeads*hd, KVDim(cfg)
 	eps := float32(cfg.RMSNormEps)
+	q := kernels.MatMulPart{W: lw.QProj, Out: s.q, N: qDim}
+	if cfg.AttnOutputGate {
+		q.Out, q.N = s.qg, 2*qDim
+	}
+	b.MatMulParts(s.h, rows, H, []kernels.MatMulPart{q, {W: lw.KProj, Out: s.k, N: kvDim}, {W: lw.VProj, Out: s.v, N: kvDim}})
 	if cfg.AttnOutputGate {
 		// q_proj emits [query | gate] per head: split the halves.
-		b.MatMul(s.qg, s.h, lw.QProj, rows, 2*qDim, H)
 		b.Copy(s.q, s.qg, rows*cfg.NumHeads, hd, hd, 2*hd)
 		b.Copy(s.gate, b.Slice(s.qg, hd, s.qg.Len()-hd), rows*cfg.NumHeads, hd, hd, 2*hd)
-	} else {
-		b.MatMul(s.q, s.h, lw.QProj, rows, qDim, H)
 	}
-	b.MatMul(s.k, s.h, lw.KProj, rows, kvDim, H)
-	b.MatMul(s.v, s.h, lw.VProj, rows, kvDim, H)
 	kc, vc := m.KV.Layer(r.id, idx)
 	b.AttnInputs(s.q, s.k, s.v, lw.QNorm, lw.KNorm, meta.pos, r.invFreq, kc, vc, meta.slots, rows, kernels.AttnInputShape{
 		Heads: cfg.NumHeads, KVHeads: cfg.NumKVHeads, HeadDim: hd, RotDim: cfg.RotaryDim(), Eps: eps, RoPEScale: r.ropeScale,
@@ -472,10 +472,10 @@ func (m *Model) deltaNet(r *rank, lw *LayerWeights, idx int, seqs []SeqInput, ro
 	H := cfg.HiddenSize
 	convDim, keyDim, valueDim := cfg.ConvDim(), cfg.KeyDim(), cfg.ValueDim()
 	hv, K := cfg.LinearValueHeads, cfg.ConvKernel
-	b.MatMul(s.mixed, s.h, lw.InProjQKV, rows, convDim, H)
-	b.MatMul(s.z, s.h, lw.InProjZ, rows, valueDim, H)
-	b.MatMul(s.beta, s.h, lw.InProjB, rows, hv, H)
-	b.MatMul(s.g, s.h, lw.InProjA, rows, hv, H)
+	b.MatMulParts(s.h, rows, H, []kernels.MatMulPart{
+		{W: lw.InProjQKV, Out: s.mixed, N: convDim}, {W: lw.InProjZ, Out: s.z, N: valueDim},
+		{W: lw.InProjB, Out: s.beta, N: hv}, {W: lw.InProjA, Out: s.g, N: hv},
+	})
 	b.GDNGates(s.g, s.beta, lw.ALog, lw.DtBias, rows, hv)
 
 	r0 := 0
@@ -548,9 +548,7 @@ func (m *Model) gdnChain(r *rank, start, T, r0 int, state kernels.Buffer) {
 func (m *Model) mlp(r *rank, lw *LayerWeights, rows int) {
 	b, s := r.b, &r.s
 	H, I := r.cfg.HiddenSize, r.cfg.IntermediateSize
-	b.MatMul(s.up, s.h, lw.Up, rows, I, H)
-	b.MatMul(s.act, s.h, lw.Gate, rows, I, H)
-	b.SwiGLU(s.act, s.act, s.up, rows*I)
+	b.MatMulGLU(s.act, s.up, s.h, lw.Gate, lw.Up, rows, I, H)
 	b.MatMul(s.mix, s.act, lw.Down, rows, H, I)
 }
 

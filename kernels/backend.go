@@ -108,6 +108,13 @@ type GDNShape struct {
 	ValueDim   int
 }
 
+// MatMulPart is one weight of a MatMulParts call: Out [m, N] (F32)
+// receives x·Wᵀ for W [N, k].
+type MatMulPart struct {
+	W, Out Buffer
+	N      int
+}
+
 // StateLen is the number of F32 elements of one recurrent state: [ValueHeads, KeyDim, ValueDim].
 func (s GDNShape) StateLen() int { return s.ValueHeads * s.KeyDim * s.ValueDim }
 
@@ -145,6 +152,15 @@ type Backend interface {
 	// MatMul computes out[m,n] = x[m,k] · w[n,k]ᵀ. x and out are F32; w is any
 	// float dtype or a *BlockScaled FP8 weight, widened as it is read.
 	MatMul(out, x, w Buffer, m, n, k int)
+	// MatMulParts computes MatMul(p.Out, x, p.W, m, p.N, k) for every
+	// part, bit for bit, in one pass over x where the backend can (the
+	// projections that share an input: q/k/v, a GDN layer's in_proj).
+	MatMulParts(x Buffer, m, k int, parts []MatMulPart)
+	// MatMulGLU computes out [m, n] = silu(x·gateᵀ)·(x·upWᵀ): what MatMul
+	// into out and up and then SwiGLU(out, out, up) compute, bit for bit,
+	// in one pass where the backend can. up [m, n] is scratch, its
+	// contents afterwards undefined.
+	MatMulGLU(out, up, x, gate, upW Buffer, m, n, k int)
 	// Add computes out = a + b over n elements (out may alias a or b).
 	Add(out, a, b Buffer, n int)
 

@@ -50,6 +50,7 @@ func checkEngineSteps(t *testing.T, be kernels.Backend) {
 		}
 	})
 	t.Run("DecodeCounts", func(t *testing.T) { checkDecodeCounts(t, be, dir) })
+	t.Run("EagerLaunches", func(t *testing.T) { checkEagerLaunches(t, be) })
 	t.Run("DDTreeCounts", func(t *testing.T) { checkDDTreeCounts(t, be) })
 	t.Run("DraftTop", func(t *testing.T) { checkDraftTop(t, be) })
 }
@@ -313,6 +314,34 @@ func checkDecodeCounts(t *testing.T, be kernels.Backend, dir string) {
 	}
 	if len(out[0].TopIDs) != 1 || len(out[1].TopIDs) != 1 {
 		t.Errorf("the step returned %d and %d top ids, want 1 each", len(out[0].TopIDs), len(out[1].TopIDs))
+	}
+}
+
+// checkEagerLaunches counts the launches of an eager greedy decode step of
+// one sequence (embedding, LM head and device top-k included) at
+// Qwen3.6-27B's 64 layers in its pattern (48 GDN, 16 attention) and tiny
+// widths, and per layer of each kind from a 4-layer model of the same
+// pattern. Issue 34 asks for at most 600 without graphs; the bound is what
+// the fused ops reach so far (1,063 before MatMulParts and MatMulGLU).
+func checkEagerLaunches(t *testing.T, be kernels.Backend) {
+	const bound = 759
+	count := func(layers int) int64 {
+		p, err := testmodel.PresetByName("tiny")
+		must(t, err)
+		p.Layers = layers
+		dir := t.TempDir()
+		must(t, testmodel.Write(dir, testmodel.Options{Preset: p, Seed: 3, DType: "bf16"}))
+		run := newStepRun(t, be, dir, 1, true, nil)
+		run.step(t, [][]int32{{5, 6, 7}}, nil, false, 0)
+		before := driverCounts(t, be)
+		run.step(t, [][]int32{{11}}, nil, false, 1)
+		return driverCounts(t, be).Sub(before).Launches
+	}
+	four, three, step := count(4), count(3), count(64)
+	attn, gdn := four-three, three-count(2)
+	t.Logf("an eager decode step: %d launches at 64 layers (an attention layer %d, a GDN layer %d, %d outside the layers)", step, attn, gdn, step-16*attn-48*gdn)
+	if step > bound {
+		t.Errorf("an eager decode step at 64 layers makes %d launches, above %d", step, bound)
 	}
 }
 

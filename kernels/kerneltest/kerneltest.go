@@ -38,6 +38,8 @@ var suite = []struct {
 	{"Embedding", testEmbedding},
 	{"MatMul", testMatMul},
 	{"MatMulFP8", testMatMulFP8},
+	{"MatMulParts", testMatMulParts},
+	{"MatMulGLU", testMatMulGLU},
 	{"Add", testAdd},
 	{"RMSNorm", testRMSNorm},
 	{"AttnInputs", testAttnInputs},

@@ -186,6 +186,25 @@ func (p *Backend) MatMul(out, x, w kernels.Buffer, m, n, k int) {
 	p.end(t0, size(w, n*k)+4*int64(m*k+m*n), opKey{"MatMul", dt, k, n})
 }
 
+// MatMulParts counts every part's weights and output, and x once.
+func (p *Backend) MatMulParts(x kernels.Buffer, m, k int, parts []kernels.MatMulPart) {
+	t0 := p.begin()
+	p.Backend.MatMulParts(x, m, k, parts)
+	bytes, n := 4*int64(m*k), 0
+	for _, pt := range parts {
+		bytes += size(pt.W, pt.N*k) + 4*int64(m*pt.N)
+		n += pt.N
+	}
+	p.end(t0, bytes, opKey{name: "MatMulParts", a: k, b: n})
+}
+
+// MatMulGLU counts both weights, x and out.
+func (p *Backend) MatMulGLU(out, up, x, gate, upW kernels.Buffer, m, n, k int) {
+	t0 := p.begin()
+	p.Backend.MatMulGLU(out, up, x, gate, upW, m, n, k)
+	p.end(t0, size(gate, n*k)+size(upW, n*k)+4*int64(m*k+m*n), opKey{name: "MatMulGLU", a: k, b: n})
+}
+
 func (p *Backend) Add(out, a, b kernels.Buffer, n int) {
 	t0 := p.begin()
 	p.Backend.Add(out, a, b, n)
