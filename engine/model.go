@@ -476,22 +476,14 @@ func (m *Model) deltaNet(r *rank, lw *LayerWeights, idx int, seqs []SeqInput, ro
 		{W: lw.InProjQKV, Out: s.mixed, N: convDim}, {W: lw.InProjZ, Out: s.z, N: valueDim},
 		{W: lw.InProjB, Out: s.beta, N: hv}, {W: lw.InProjA, Out: s.g, N: hv},
 	})
-	b.GDNGates(s.g, s.beta, lw.ALog, lw.DtBias, rows, hv)
-
-	r0 := 0
-	for _, sq := range seqs {
-		T := len(sq.Tokens)
-		state, x := m.States.Conv(r.id, idx, sq.Slot), rowsOf(b, s.mixed, r0, T, convDim)
-		b.CausalConv(rowsOf(b, s.conv, r0, T, convDim), x, state, lw.Conv, sq.Spec.Parents(r.id), T, convDim, K)
-		if sq.Spec == nil {
-			b.ConvCommit(state, x, nil, T-1, convDim, K)
-		}
-		r0 += T
+	convSeqs := make([]kernels.GDNConvSeq, len(seqs))
+	for i, sq := range seqs {
+		convSeqs[i] = kernels.GDNConvSeq{Rows: len(sq.Tokens), State: m.States.Conv(r.id, idx, sq.Slot), Parents: sq.Spec.Parents(r.id), Commit: sq.Spec == nil}
 	}
 	const l2eps = 1e-6
-	b.GDNInputs(s.gq, s.gk, s.gv, s.conv, rows, r.gdn, l2eps, float32(1/math.Sqrt(float64(cfg.LinearKeyDim))))
+	b.GDNConvInputs(s.gq, s.gk, s.gv, s.g, s.beta, s.mixed, lw.Conv, lw.ALog, lw.DtBias, convSeqs, K, r.gdn, l2eps, float32(1/math.Sqrt(float64(cfg.LinearKeyDim))))
 
-	r0 = 0
+	r0 := 0
 	for _, sq := range seqs {
 		T := len(sq.Tokens)
 		state := m.States.SSM(r.id, idx, sq.Slot)
@@ -1036,7 +1028,7 @@ type scratch struct {
 	x, h, mix           kernels.Buffer // [rows, hidden]
 	qg, q, gate, attn   kernels.Buffer // attention
 	k, v                kernels.Buffer
-	mixed, conv, z      kernels.Buffer // GDN
+	mixed, z            kernels.Buffer // GDN
 	g, beta, gq, gk, gv kernels.Buffer
 	gout                kernels.Buffer
 	up, act             kernels.Buffer // MLP
@@ -1061,7 +1053,7 @@ func (s *scratch) ensure(b kernels.Backend, cfg *config.Config, rows int) error 
 	}{
 		{&s.x, H}, {&s.h, H}, {&s.mix, H},
 		{&s.qg, 2 * qDim}, {&s.q, qDim}, {&s.gate, qDim}, {&s.attn, qDim}, {&s.k, kvDim}, {&s.v, kvDim},
-		{&s.mixed, cfg.ConvDim()}, {&s.conv, cfg.ConvDim()}, {&s.z, cfg.ValueDim()},
+		{&s.mixed, cfg.ConvDim()}, {&s.z, cfg.ValueDim()},
 		{&s.g, cfg.LinearValueHeads}, {&s.beta, cfg.LinearValueHeads},
 		{&s.gq, cfg.KeyDim()}, {&s.gk, cfg.KeyDim()}, {&s.gv, cfg.ValueDim()}, {&s.gout, cfg.ValueDim()},
 		{&s.up, cfg.IntermediateSize}, {&s.act, cfg.IntermediateSize},

@@ -115,6 +115,16 @@ type MatMulPart struct {
 	N      int
 }
 
+// GDNConvSeq is one sequence of a GDNConvInputs call: the next Rows rows,
+// their conv state [K-1, channels] (F32 or BF16) and tree parents (I32
+// [Rows], nil for a chain); Commit sets the state to the window of the
+// last row afterwards (ConvCommit).
+type GDNConvSeq struct {
+	Rows           int
+	State, Parents Buffer
+	Commit         bool
+}
+
 // StateLen is the number of F32 elements of one recurrent state: [ValueHeads, KeyDim, ValueDim].
 func (s GDNShape) StateLen() int { return s.ValueHeads * s.KeyDim * s.ValueDim }
 
@@ -237,12 +247,18 @@ type Backend interface {
 	// GDNGates computes per row and value head g = -exp(aLog)·softplus(a+dtBias)
 	// into a, and beta = sigmoid(b) into b, in place. a, b are [T, heads].
 	GDNGates(a, b, aLog, dtBias Buffer, T, heads int)
-	// GDNInputs splits the convolved rows conv [T, 2·KeyHeads·KeyDim +
-	// ValueHeads·ValueDim] into q, k [T, KeyHeads·KeyDim] and v [T,
-	// ValueHeads·ValueDim], scaling every key head of q and k to unit length
-	// (x·rsqrt(Σx²+eps)), then q by qScale: what three Copy and two L2Norm
-	// calls compute, bit for bit, in one pass.
-	GDNInputs(q, k, v, conv Buffer, T int, shape GDNShape, eps, qScale float32)
+	// GDNConvInputs prepares a GDN layer's recurrence inputs from its
+	// in_proj outputs, every sequence of a step in one pass: the rows x [T,
+	// 2·KeyHeads·KeyDim + ValueHeads·ValueDim] (T the sequences' rows, one
+	// sequence after another) go through CausalConv with convW [channels, K]
+	// and each sequence's state and parents (then ConvCommit of its last
+	// row where Commit is set), and the convolved rows are split into q, k
+	// [T, KeyHeads·KeyDim] and v [T, ValueHeads·ValueDim], every key head of
+	// q and k scaled to unit length (x·rsqrt(Σx²+eps)), then q by qScale;
+	// a and b [T, ValueHeads] become the gates as GDNGates makes them. What
+	// those ops (the split as three Copy and two L2Norm calls) compute, bit
+	// for bit. convW, aLog and dtBias share one dtype.
+	GDNConvInputs(q, k, v, a, b, x, convW, aLog, dtBias Buffer, seqs []GDNConvSeq, K int, shape GDNShape, eps, qScale float32)
 	// GDNRecurrence runs the gated delta rule over T tokens. q, k [T, KeyHeads*KeyDim]
 	// (already L2-normalised and scaled), v [T, ValueHeads*ValueDim], g and beta
 	// [T, ValueHeads]. Per value head, with S [KeyDim, ValueDim]:

@@ -91,7 +91,6 @@ func TestLaunchArguments(t *testing.T) {
 			wide := kernels.GDNShape{KeyHeads: 1, ValueHeads: 1, KeyDim: 160, ValueDim: 8}
 			be.GDNChunked(f32(24), f32(480), f32(480), f32(24), f32(3), f32(3), f32(1280), f32(1280), 3, 64, wide)
 		},
-		"GDNInputs":  func() { be.GDNInputs(f32(96), f32(96), f32(96), f32(288), 3, gdn, 1e-6, 0.25) },
 		"LogSoftmax": func() { be.LogSoftmax(f32(20), 2, 10) },
 		"TopK":       func() { be.TopK(f32(6), i32(6), f32(20), 2, 10, 3) },
 		"split_bf16": func() { be.launch("split_bf16", d1(1), d1(32), 0, devPtr(0), f32(8), int64(8), int32(2)) },
@@ -113,6 +112,14 @@ func TestLaunchArguments(t *testing.T) {
 		ops["CausalConv "+dt.String()] = func() { be.CausalConv(f32(40), f32(40), f32(30), w(40), nil, 4, 10, 4) }
 		ops["CausalConv tree "+dt.String()] = func() { be.CausalConv(f32(40), f32(40), f32(30), w(40), i32(4), 4, 10, 4) }
 		ops["GDNGates "+dt.String()] = func() { be.GDNGates(f32(12), f32(12), w(4), w(4), 3, 4) }
+		ops["GDNConvInputs "+dt.String()] = func() {
+			be.GDNConvInputs(f32(96), f32(96), f32(96), f32(12), f32(12), f32(288), w(384), w(4), w(4),
+				[]kernels.GDNConvSeq{{Rows: 1, State: f32(288), Commit: true}, {Rows: 2, State: fake(kernels.BF16, 288), Parents: i32(2)}}, 4, gdn, 1e-6, 0.25)
+		}
+		ops["MatMulParts "+dt.String()] = func() {
+			be.MatMulParts(f32(64), 2, 32, []kernels.MatMulPart{{W: w(320), Out: f32(20), N: 10}, {W: w(64), Out: f32(4), N: 2}})
+		}
+		ops["MatMulGLU "+dt.String()] = func() { be.MatMulGLU(f32(20), f32(20), f32(64), w(320), w(320), 2, 10, 32) }
 	}
 	for name, op := range ops {
 		func() {

@@ -324,7 +324,7 @@ func checkDecodeCounts(t *testing.T, be kernels.Backend, dir string) {
 // pattern. Issue 34 asks for at most 600 without graphs; the bound is what
 // the fused ops reach so far (1,063 before MatMulParts and MatMulGLU).
 func checkEagerLaunches(t *testing.T, be kernels.Backend) {
-	const bound = 759
+	const bound = 615
 	count := func(layers int) int64 {
 		p, err := testmodel.PresetByName("tiny")
 		must(t, err)

@@ -209,28 +209,6 @@ func testAttnInputs(h *harness) {
 	}
 }
 
-// testGDNInputs checks the fused split and L2 norms of the convolved GDN
-// rows against three Copy and two L2Norm calls on the same backend (each
-// checked against float64 references): equal, bit for bit.
-func testGDNInputs(h *harness) {
-	const T, eps, qScale = 3, 1e-6, 0.125
-	s := kernels.GDNShape{KeyHeads: 2, ValueHeads: 4, KeyDim: 20, ValueDim: 9}
-	qk, vd := s.KeyHeads*s.KeyDim, s.ValueHeads*s.ValueDim
-	width := 2*qk + vd
-	conv := h.f32(h.normal(T*width, 2))
-	q, k, v := h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*vd)
-	h.be.GDNInputs(q, k, v, conv, T, s, eps, qScale)
-	wq, wk, wv := h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*vd)
-	h.be.Copy(wq, conv, T, qk, qk, width)
-	h.be.Copy(wk, h.be.Slice(conv, qk, T*width-qk), T, qk, qk, width)
-	h.be.Copy(wv, h.be.Slice(conv, 2*qk, T*width-2*qk), T, vd, vd, width)
-	h.be.L2Norm(wq, T*s.KeyHeads, s.KeyDim, eps, qScale)
-	h.be.L2Norm(wk, T*s.KeyHeads, s.KeyDim, eps, 1)
-	h.expectEqual("GDNInputs q", h.read(q, T*qk), h.read(wq, T*qk))
-	h.expectEqual("GDNInputs k", h.read(k, T*qk), h.read(wk, T*qk))
-	h.expectEqual("GDNInputs v", h.read(v, T*vd), h.read(wv, T*vd))
-}
-
 // testSwiGLU includes gates far into both tails, where a naive exp overflows.
 func testSwiGLU(h *harness) {
 	gate, up := h.normal(41, 4), h.normal(41, 1)

@@ -259,10 +259,17 @@ func (p *Backend) GroupedConv(out, x, base, delta kernels.Buffer, rows, dim, tap
 	p.end(t0, 4*int64(rows*dim*(2+taps)+taps*dim+rows*taps*(dim/groupSize)), opKey{name: "GroupedConv"})
 }
 
-func (p *Backend) GDNInputs(q, k, v, conv kernels.Buffer, T int, s kernels.GDNShape, eps, qScale float32) {
+// GDNConvInputs counts x, q, k, v, the gates and each sequence's state
+// read and written.
+func (p *Backend) GDNConvInputs(q, k, v, a, b, x, convW, aLog, dtBias kernels.Buffer, seqs []kernels.GDNConvSeq, K int, s kernels.GDNShape, eps, qScale float32) {
 	t0 := p.begin()
-	p.Backend.GDNInputs(q, k, v, conv, T, s, eps, qScale)
-	p.end(t0, 8*int64(T*(2*s.KeyHeads*s.KeyDim+s.ValueHeads*s.ValueDim)), opKey{name: "GDNInputs"})
+	p.Backend.GDNConvInputs(q, k, v, a, b, x, convW, aLog, dtBias, seqs, K, s, eps, qScale)
+	width := 2*s.KeyHeads*s.KeyDim + s.ValueHeads*s.ValueDim
+	bytes := size(convW, width*K)
+	for _, sq := range seqs {
+		bytes += 8*int64(sq.Rows*width) + 16*int64(sq.Rows*s.ValueHeads) + 2*size(sq.State, (K-1)*width)
+	}
+	p.end(t0, bytes, opKey{name: "GDNConvInputs"})
 }
 
 func (p *Backend) AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {

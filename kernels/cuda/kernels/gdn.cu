@@ -2,16 +2,10 @@
 // decode, replay) and trees (verify, one state per node).
 #include "common.cuh"
 
-// gdn_gates: a = -exp(a_log)·softplus(a + dt_bias) in double; b = sigmoid(b).
+// gdn_gates: gdn_gate per (row, head).
 template <typename W>
 INLINE void gdn_gates(float *a, float *b, const W *a_log, const W *dt_bias, int T, int heads) {
-  GRID_LOOP(i, (i64)T * heads) {
-    int h = (int)(i % heads);
-    double x = (double)(a[i] + to_f32(dt_bias[h]));
-    double sp = x > 20 ? x : log1p_(exp_(x));  // torch's softplus threshold
-    a[i] = (float)(-exp_((double)to_f32(a_log[h])) * sp);
-    b[i] = sigmoidf_(b[i]);
-  }
+  GRID_LOOP(i, (i64)T * heads) gdn_gate(a + i, b + i, a_log, dt_bias, (int)(i % heads));
 }
 WEIGHT_KERNELS(gdn_gates, (float *a, float *b, const void *a_log, const void *dt_bias, int T, int heads),
                (a, b, (const W *)a_log, (const W *)dt_bias, T, heads))

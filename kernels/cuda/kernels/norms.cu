@@ -2,15 +2,6 @@
 // the CPU reference. out may alias x: each thread rereads only its own elements.
 #include "common.cuh"
 
-// inv_rms returns rsqrt(Σx²/dim + eps) of row x, to every thread.
-INLINE float inv_rms(const float *x, int dim, float eps, bool mean) {
-  __shared__ double scratch[32];
-  double ss = 0;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += (double)x[i] * x[i];
-  ss = block_sum_d(ss, scratch);
-  return (float)(1.0 / sqrt_((mean ? ss / dim : ss) + (double)eps));
-}
-
 // rmsnorm: out = x·inv·(offset + w), offset 1 for Qwen's zero-centred weights.
 template <typename W>
 INLINE void rmsnorm(float *out, const float *x, const W *w, int dim, float eps, float offset) {
@@ -52,26 +43,6 @@ KERNEL l2norm(float *x, int dim, float eps, float scale) {
   i64 row = (i64)blockIdx.x * dim;
   float f = inv_rms(x + row, dim, eps, false) * scale;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) x[row + i] *= f;
-}
-
-// gdn_inputs: block (row, part) over the key heads of q, those of k, and
-// one block for the row's v. A q or k block scales its head as l2norm
-// does; the v block copies.
-KERNEL gdn_inputs(float *q, float *k, float *v, const float *conv, int key_heads, int key_dim, int v_dim, float eps,
-                  float q_scale) {
-  i64 r = blockIdx.x, qk = (i64)key_heads * key_dim;
-  int part = blockIdx.y;
-  const float *row = conv + r * (2 * qk + v_dim);
-  if (part == 2 * key_heads) {
-    for (int i = threadIdx.x; i < v_dim; i += blockDim.x) v[r * v_dim + i] = row[2 * qk + i];
-    return;
-  }
-  bool is_q = part < key_heads;
-  int h = is_q ? part : part - key_heads;
-  const float *x = row + (is_q ? 0 : qk) + h * key_dim;
-  float *out = (is_q ? q : k) + r * qk + h * key_dim;
-  float f = inv_rms(x, key_dim, eps, false) * (is_q ? q_scale : 1.0f);
-  for (int i = threadIdx.x; i < key_dim; i += blockDim.x) out[i] = x[i] * f;
 }
 
 // attn_inputs: block (row, head) over the query heads of q, then the KV
