@@ -443,17 +443,13 @@ func (m *Model) attention(r *rank, lw *LayerWeights, idx int, meta *stepMeta, ro
 	qDim, kvDim := cfg.NumHeads*hd, KVDim(cfg)
 	eps := float32(cfg.RMSNormEps)
 	q := kernels.MatMulPart{W: lw.QProj, Out: s.q, N: qDim}
-	if cfg.AttnOutputGate {
-		q.Out, q.N = s.qg, 2*qDim
+	var qg, gate kernels.Buffer
+	if cfg.AttnOutputGate { // q_proj emits [query | gate] per head: AttnInputs splits the halves
+		q.Out, q.N, qg, gate = s.qg, 2*qDim, s.qg, s.gate
 	}
 	b.MatMulParts(s.h, rows, H, []kernels.MatMulPart{q, {W: lw.KProj, Out: s.k, N: kvDim}, {W: lw.VProj, Out: s.v, N: kvDim}})
-	if cfg.AttnOutputGate {
-		// q_proj emits [query | gate] per head: split the halves.
-		b.Copy(s.q, s.qg, rows*cfg.NumHeads, hd, hd, 2*hd)
-		b.Copy(s.gate, b.Slice(s.qg, hd, s.qg.Len()-hd), rows*cfg.NumHeads, hd, hd, 2*hd)
-	}
 	kc, vc := m.KV.Layer(r.id, idx)
-	b.AttnInputs(s.q, s.k, s.v, lw.QNorm, lw.KNorm, meta.pos, r.invFreq, kc, vc, meta.slots, rows, kernels.AttnInputShape{
+	b.AttnInputs(s.q, qg, gate, s.k, s.v, lw.QNorm, lw.KNorm, meta.pos, r.invFreq, kc, vc, meta.slots, rows, kernels.AttnInputShape{
 		Heads: cfg.NumHeads, KVHeads: cfg.NumKVHeads, HeadDim: hd, RotDim: cfg.RotaryDim(), Eps: eps, RoPEScale: r.ropeScale,
 	})
 	if rp, ok := b.(kernels.Replayer); ok {

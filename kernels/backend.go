@@ -210,8 +210,12 @@ type Backend interface {
 	// KVHeads, HeadDim] is RMS-normalised with qNorm or kNorm (unit
 	// offset) and rotated by RoPE at its row's position, in place; then k
 	// and v are stored in the caches at slots. What RMSNorm, RoPE and
-	// WriteKV compute, to F32 rounding.
-	AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots Buffer, rows int, shape AttnInputShape)
+	// WriteKV compute, to F32 rounding. When qg is non-nil it holds
+	// q_proj's output with the attention output gate, [rows, Heads,
+	// 2·HeadDim], each head's query then its gate: the queries are read
+	// from it (q is only written) and the gates copied to gate [rows,
+	// Heads·HeadDim], as the two Copy calls that split them would.
+	AttnInputs(q, qg, gate, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots Buffer, rows int, shape AttnInputShape)
 	// Attention computes out [rows, NumHeads*HeadDim] from q [rows, NumHeads*HeadDim]
 	// over the paged caches ([slots, NumKVHeads*HeadDim], F32 or BF16, read
 	// widened to F32); softmax in F32.

@@ -178,9 +178,15 @@ func (be *Backend) RoPE(x, positions, invFreq kernels.Buffer, rows, heads, headD
 	}
 }
 
-// AttnInputs normalises and rotates q and k in place, then writes k and v
-// to the caches: the unfused ops.
-func (be *Backend) AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {
+// AttnInputs splits qg into q and gate (when given), normalises and
+// rotates q and k in place, then writes k and v to the caches: the
+// unfused ops.
+func (be *Backend) AttnInputs(q, qg, gate, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {
+	if qg != nil {
+		hd := s.HeadDim
+		be.Copy(q, qg, rows*s.Heads, hd, hd, 2*hd)
+		be.Copy(gate, be.Slice(qg, hd, qg.Len()-hd), rows*s.Heads, hd, hd, 2*hd)
+	}
 	be.RMSNorm(q, q, qNorm, rows*s.Heads, s.HeadDim, s.Eps, true)
 	be.RMSNorm(k, k, kNorm, rows*s.KVHeads, s.HeadDim, s.Eps, true)
 	be.RoPE(q, positions, invFreq, rows, s.Heads, s.HeadDim, s.RotDim, s.RoPEScale)

@@ -104,7 +104,7 @@ func TestLaunchArguments(t *testing.T) {
 		ops["AddRMSNorm "+dt.String()] = func() { be.AddRMSNorm(f32(32), f32(32), f32(32), w(16), 2, 16, 1e-6, true) }
 		for _, cdt := range []kernels.DType{kernels.F32, kernels.BF16} {
 			ops["AttnInputs "+cdt.String()+" cache "+dt.String()] = func() {
-				be.AttnInputs(f32(128), f32(64), f32(64), w(16), w(16), i32(2), f32(4), fake(cdt, 320), fake(cdt, 320), i32(2), 2,
+				be.AttnInputs(f32(128), f32(256), f32(128), f32(64), f32(64), w(16), w(16), i32(2), f32(4), fake(cdt, 320), fake(cdt, 320), i32(2), 2,
 					kernels.AttnInputShape{Heads: 4, KVHeads: 2, HeadDim: 16, RotDim: 8, Eps: 1e-6, RoPEScale: 1})
 			}
 		}

@@ -35,8 +35,8 @@ func TestEmulatedStep(t *testing.T) {
 
 // checkEngineSteps: replayed decode, linear-verify and DDTree-verify steps
 // give the eager steps' outputs bit for bit, one sequence and two at once;
-// a steady decode step costs what issue 34 allows; and what a DDTree step
-// costs is measured.
+// a steady decode step, and an eager one at 64 layers, cost what issue 34
+// allows; and what a DDTree step costs is measured.
 func checkEngineSteps(t *testing.T, be kernels.Backend) {
 	p, err := testmodel.PresetByName("tiny")
 	must(t, err)
@@ -320,11 +320,12 @@ func checkDecodeCounts(t *testing.T, be kernels.Backend, dir string) {
 // checkEagerLaunches counts the launches of an eager greedy decode step of
 // one sequence (embedding, LM head and device top-k included) at
 // Qwen3.6-27B's 64 layers in its pattern (48 GDN, 16 attention) and tiny
-// widths, and per layer of each kind from a 4-layer model of the same
-// pattern. Issue 34 asks for at most 600 without graphs; the bound is what
-// the fused ops reach so far (1,063 before MatMulParts and MatMulGLU).
+// widths, and per layer of each kind from models of 2, 3 and 4 layers of
+// the same pattern. Issue 34 allows 600 without graphs; the fused ops make
+// it 583 (1,063 before MatMulParts, MatMulGLU, GDNConvInputs and the q/gate
+// split in AttnInputs), and the bound holds them to it.
 func checkEagerLaunches(t *testing.T, be kernels.Backend) {
-	const bound = 615
+	const bound = 583
 	count := func(layers int) int64 {
 		p, err := testmodel.PresetByName("tiny")
 		must(t, err)

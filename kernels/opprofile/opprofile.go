@@ -272,11 +272,15 @@ func (p *Backend) GDNConvInputs(q, k, v, a, b, x, convW, aLog, dtBias kernels.Bu
 	p.end(t0, bytes, opKey{name: "GDNConvInputs"})
 }
 
-func (p *Backend) AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {
+func (p *Backend) AttnInputs(q, qg, gate, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {
 	t0 := p.begin()
-	p.Backend.AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots, rows, s)
+	p.Backend.AttnInputs(q, qg, gate, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots, rows, s)
 	kvDim := s.KVHeads * s.HeadDim
-	p.end(t0, 8*int64(rows*(s.Heads*s.HeadDim+kvDim))+4*int64(rows*kvDim)+2*size(kCache, rows*kvDim), opKey{name: "AttnInputs"})
+	bytes := 8*int64(rows*(s.Heads*s.HeadDim+kvDim)) + 4*int64(rows*kvDim) + 2*size(kCache, rows*kvDim)
+	if qg != nil {
+		bytes += 8 * int64(rows*s.Heads*s.HeadDim) // the gates read and written
+	}
+	p.end(t0, bytes, opKey{name: "AttnInputs"})
 }
 
 func (p *Backend) WriteKV(kCache, vCache, k, v, slots kernels.Buffer, n, kvDim int) {
