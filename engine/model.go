@@ -479,24 +479,43 @@ func (m *Model) deltaNet(r *rank, lw *LayerWeights, idx int, seqs []SeqInput, ro
 	const l2eps = 1e-6
 	b.GDNConvInputs(s.gq, s.gk, s.gv, s.g, s.beta, s.mixed, lw.Conv, lw.ALog, lw.DtBias, convSeqs, K, r.gdn, l2eps, float32(1/math.Sqrt(float64(cfg.LinearKeyDim))))
 
+	// The token-loop recurrences (verifies, decode) run together; chains
+	// long enough for the chunked form run on their own.
+	var rec []kernels.GDNSeq
 	r0 := 0
 	for _, sq := range seqs {
 		T := len(sq.Tokens)
 		state := m.States.SSM(r.id, idx, sq.Slot)
-		if sq.Spec != nil {
-			out := rowsOf(b, s.gout, r0, T, valueDim)
+		switch _, whole := chainSplit(sq.Start, T); {
+		case sq.Spec != nil:
 			q, k, v := rowsOf(b, s.gq, r0, T, keyDim), rowsOf(b, s.gk, r0, T, keyDim), rowsOf(b, s.gv, r0, T, valueDim)
 			g, beta := rowsOf(b, s.g, r0, T, hv), rowsOf(b, s.beta, r0, T, hv)
 			sq.Spec.Save(r.id, idx, rowsOf(b, s.mixed, r0, T, convDim), q, k, v, g, beta)
 			stateOut, nodeStates := sq.Spec.Targets(r.id, idx)
-			b.GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeStates, sq.Spec.Parents(r.id), T, r.gdn)
-		} else {
+			rec = append(rec, kernels.GDNSeq{Start: r0, Rows: T, State: state, StateOut: stateOut, NodeStates: nodeStates, Parents: sq.Spec.Parents(r.id)})
+		case whole == 0:
+			rec = append(rec, kernels.GDNSeq{Start: r0, Rows: T, State: state, StateOut: state})
+		default:
 			m.gdnChain(r, sq.Start, T, r0, state)
 		}
 		r0 += T
 	}
+	b.GDNRecurrences(s.gout, s.gq, s.gk, s.gv, s.g, s.beta, rec, r.gdn)
 	b.GatedRMSNorm(s.gout, s.gout, s.z, lw.Norm, rows*hv, cfg.LinearValueDim, float32(cfg.RMSNormEps))
 	b.MatMul(s.mix, s.gout, lw.OutProj, rows, H, valueDim)
+}
+
+// chainSplit splits a chain of T tokens from position start into the
+// tokens before the first whole gdnChunk-aligned chunk (by absolute
+// position) and the whole chunks after them: all head when the chunks
+// would be fewer than chunkedPrefillMin tokens.
+func chainSplit(start, T int) (head, whole int) {
+	head = min((gdnChunk-start%gdnChunk)%gdnChunk, T)
+	whole = (T - head) / gdnChunk * gdnChunk
+	if whole < chunkedPrefillMin {
+		return T, 0
+	}
+	return head, whole
 }
 
 // gdnChain runs the recurrence over a chain of T tokens from position start
@@ -509,11 +528,7 @@ func (m *Model) deltaNet(r *rank, lw *LayerWeights, idx int, seqs []SeqInput, ro
 func (m *Model) gdnChain(r *rank, start, T, r0 int, state kernels.Buffer) {
 	b, s, cfg := r.b, &r.s, r.cfg
 	keyDim, valueDim, hv := cfg.KeyDim(), cfg.ValueDim(), cfg.LinearValueHeads
-	head := min((gdnChunk-start%gdnChunk)%gdnChunk, T)
-	whole := (T - head) / gdnChunk * gdnChunk
-	if whole < chunkedPrefillMin {
-		head, whole = T, 0
-	}
+	head, whole := chainSplit(start, T)
 	run := func(from, n int, chunked bool) {
 		if n == 0 {
 			return

@@ -125,6 +125,14 @@ type GDNConvSeq struct {
 	Commit         bool
 }
 
+// GDNSeq is one sequence of a GDNRecurrences call: its rows Start ..
+// Start+Rows-1 of the operands, and the states and tree parents (I32
+// [Rows] or nil) that GDNRecurrence takes.
+type GDNSeq struct {
+	Start, Rows                          int
+	State, StateOut, NodeStates, Parents Buffer
+}
+
 // StateLen is the number of F32 elements of one recurrent state: [ValueHeads, KeyDim, ValueDim].
 func (s GDNShape) StateLen() int { return s.ValueHeads * s.KeyDim * s.ValueDim }
 
@@ -279,6 +287,11 @@ type Backend interface {
 	// equals T one-token calls bit for bit and tree nodes hold what decoding
 	// their path token by token stores.
 	GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeStates, parents Buffer, T int, shape GDNShape)
+	// GDNRecurrences runs GDNRecurrence for every sequence on its rows of
+	// out, q, k, v, g and beta (out may be nil), in one pass where the
+	// backend can: what one GDNRecurrence call per sequence computes, bit
+	// for bit. The sequences' states share one dtype.
+	GDNRecurrences(out, q, k, v, g, beta Buffer, seqs []GDNSeq, shape GDNShape)
 	// GDNChunked computes the same as a chain GDNRecurrence without nodeStates
 	// (outputs and final state), using the chunked WY form with the given chunk
 	// length: the fast path for prefill. Results agree with the token loop to

@@ -84,6 +84,11 @@ func TestLaunchArguments(t *testing.T) {
 		"GDNTree": func() {
 			be.GDNRecurrence(nil, f32(96), f32(96), f32(96), f32(12), f32(12), f32(512), nil, f32(1536), i32(3), 3, gdn)
 		},
+		"GDNRecurrences": func() {
+			be.GDNRecurrences(f32(96), f32(96), f32(96), f32(96), f32(12), f32(12), []kernels.GDNSeq{
+				{Start: 0, Rows: 1, State: f32(512), StateOut: f32(512)}, {Start: 1, Rows: 2, State: f32(512), NodeStates: f32(1024), Parents: i32(2)},
+			}, gdn)
+		},
 		"GDNChunked": func() {
 			be.GDNChunked(f32(96), f32(96), f32(96), f32(96), f32(12), f32(12), f32(512), f32(512), 3, 64, gdn)
 		},

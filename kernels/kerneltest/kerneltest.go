@@ -58,6 +58,7 @@ var suite = []struct {
 	{"GDNConvInputs", testGDNConvInputs},
 	{"GDNRecurrenceChain", testGDNChain},
 	{"GDNRecurrenceTree", testGDNTree},
+	{"GDNRecurrences", testGDNRecurrences},
 	{"GDNChunked", testGDNChunked},
 	{"LogSoftmax", testLogSoftmax},
 	{"TopK", testTopK},

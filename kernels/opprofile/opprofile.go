@@ -333,6 +333,18 @@ func (p *Backend) GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeStat
 	p.end(t0, 4*int64(T*(2*qk+2*vo))+2*int64(T)*size(state, shape.StateLen()), opKey{name: "GDNRecurrence"})
 }
 
+// GDNRecurrences counts what GDNRecurrence does, per sequence.
+func (p *Backend) GDNRecurrences(out, q, k, v, g, beta kernels.Buffer, seqs []kernels.GDNSeq, shape kernels.GDNShape) {
+	t0 := p.begin()
+	p.Backend.GDNRecurrences(out, q, k, v, g, beta, seqs, shape)
+	qk, vo := shape.KeyHeads*shape.KeyDim, shape.ValueHeads*shape.ValueDim
+	var bytes int64
+	for _, sq := range seqs {
+		bytes += 4*int64(sq.Rows*(2*qk+2*vo)) + 2*int64(sq.Rows)*size(sq.State, shape.StateLen())
+	}
+	p.end(t0, bytes, opKey{name: "GDNRecurrences"})
+}
+
 func (p *Backend) GDNChunked(out, q, k, v, g, beta, state, stateOut kernels.Buffer, T, chunk int, shape kernels.GDNShape) {
 	t0 := p.begin()
 	p.Backend.GDNChunked(out, q, k, v, g, beta, state, stateOut, T, chunk, shape)
