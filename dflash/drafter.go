@@ -584,9 +584,7 @@ func (s *Session) draft(a *arena, features []float32, anchor int32) (kernels.Buf
 		b.Add(x, x, d.convOut(&lw.attnConv, &conv, u, Q), Q*H)
 		b.RMSNorm(u, x, lw.PostNorm, Q, H, eps, false)
 		in = d.convIn(&lw.mlpConv, &conv, u, Q)
-		b.MatMul(up, in, lw.Up, Q, c.IntermediateSize, H)
-		b.MatMul(act, in, lw.Gate, Q, c.IntermediateSize, H)
-		b.SwiGLU(act, act, up, Q*c.IntermediateSize)
+		b.MatMulGLU(act, up, in, lw.Gate, lw.Up, Q, c.IntermediateSize, H)
 		b.MatMul(u, act, lw.Down, Q, H, c.IntermediateSize)
 		b.Add(x, x, d.convOut(&lw.mlpConv, &conv, u, Q), Q*H)
 	}

@@ -442,18 +442,14 @@ func (m *Model) attention(r *rank, lw *LayerWeights, idx int, meta *stepMeta, ro
 	H, hd := cfg.HiddenSize, cfg.HeadDim
 	qDim, kvDim := cfg.NumHeads*hd, KVDim(cfg)
 	eps := float32(cfg.RMSNormEps)
-	if cfg.AttnOutputGate {
-		// q_proj emits [query | gate] per head: split the halves.
-		b.MatMul(s.qg, s.h, lw.QProj, rows, 2*qDim, H)
-		b.Copy(s.q, s.qg, rows*cfg.NumHeads, hd, hd, 2*hd)
-		b.Copy(s.gate, b.Slice(s.qg, hd, s.qg.Len()-hd), rows*cfg.NumHeads, hd, hd, 2*hd)
-	} else {
-		b.MatMul(s.q, s.h, lw.QProj, rows, qDim, H)
+	q := kernels.MatMulPart{W: lw.QProj, Out: s.q, N: qDim}
+	var qg, gate kernels.Buffer
+	if cfg.AttnOutputGate { // q_proj emits [query | gate] per head: AttnInputs splits the halves
+		q.Out, q.N, qg, gate = s.qg, 2*qDim, s.qg, s.gate
 	}
-	b.MatMul(s.k, s.h, lw.KProj, rows, kvDim, H)
-	b.MatMul(s.v, s.h, lw.VProj, rows, kvDim, H)
+	b.MatMulParts(s.h, rows, H, []kernels.MatMulPart{q, {W: lw.KProj, Out: s.k, N: kvDim}, {W: lw.VProj, Out: s.v, N: kvDim}})
 	kc, vc := m.KV.Layer(r.id, idx)
-	b.AttnInputs(s.q, s.k, s.v, lw.QNorm, lw.KNorm, meta.pos, r.invFreq, kc, vc, meta.slots, rows, kernels.AttnInputShape{
+	b.AttnInputs(s.q, qg, gate, s.k, s.v, lw.QNorm, lw.KNorm, meta.pos, r.invFreq, kc, vc, meta.slots, rows, kernels.AttnInputShape{
 		Heads: cfg.NumHeads, KVHeads: cfg.NumKVHeads, HeadDim: hd, RotDim: cfg.RotaryDim(), Eps: eps, RoPEScale: r.ropeScale,
 	})
 	if rp, ok := b.(kernels.Replayer); ok {
@@ -472,43 +468,54 @@ func (m *Model) deltaNet(r *rank, lw *LayerWeights, idx int, seqs []SeqInput, ro
 	H := cfg.HiddenSize
 	convDim, keyDim, valueDim := cfg.ConvDim(), cfg.KeyDim(), cfg.ValueDim()
 	hv, K := cfg.LinearValueHeads, cfg.ConvKernel
-	b.MatMul(s.mixed, s.h, lw.InProjQKV, rows, convDim, H)
-	b.MatMul(s.z, s.h, lw.InProjZ, rows, valueDim, H)
-	b.MatMul(s.beta, s.h, lw.InProjB, rows, hv, H)
-	b.MatMul(s.g, s.h, lw.InProjA, rows, hv, H)
-	b.GDNGates(s.g, s.beta, lw.ALog, lw.DtBias, rows, hv)
+	b.MatMulParts(s.h, rows, H, []kernels.MatMulPart{
+		{W: lw.InProjQKV, Out: s.mixed, N: convDim}, {W: lw.InProjZ, Out: s.z, N: valueDim},
+		{W: lw.InProjB, Out: s.beta, N: hv}, {W: lw.InProjA, Out: s.g, N: hv},
+	})
+	convSeqs := make([]kernels.GDNConvSeq, len(seqs))
+	for i, sq := range seqs {
+		convSeqs[i] = kernels.GDNConvSeq{Rows: len(sq.Tokens), State: m.States.Conv(r.id, idx, sq.Slot), Parents: sq.Spec.Parents(r.id), Commit: sq.Spec == nil}
+	}
+	const l2eps = 1e-6
+	b.GDNConvInputs(s.gq, s.gk, s.gv, s.g, s.beta, s.mixed, lw.Conv, lw.ALog, lw.DtBias, convSeqs, K, r.gdn, l2eps, float32(1/math.Sqrt(float64(cfg.LinearKeyDim))))
 
+	// The token-loop recurrences (verifies, decode) run together; chains
+	// long enough for the chunked form run on their own.
+	var rec []kernels.GDNSeq
 	r0 := 0
 	for _, sq := range seqs {
 		T := len(sq.Tokens)
-		state, x := m.States.Conv(r.id, idx, sq.Slot), rowsOf(b, s.mixed, r0, T, convDim)
-		b.CausalConv(rowsOf(b, s.conv, r0, T, convDim), x, state, lw.Conv, sq.Spec.Parents(r.id), T, convDim, K)
-		if sq.Spec == nil {
-			b.ConvCommit(state, x, nil, T-1, convDim, K)
-		}
-		r0 += T
-	}
-	const l2eps = 1e-6
-	b.GDNInputs(s.gq, s.gk, s.gv, s.conv, rows, r.gdn, l2eps, float32(1/math.Sqrt(float64(cfg.LinearKeyDim))))
-
-	r0 = 0
-	for _, sq := range seqs {
-		T := len(sq.Tokens)
 		state := m.States.SSM(r.id, idx, sq.Slot)
-		if sq.Spec != nil {
-			out := rowsOf(b, s.gout, r0, T, valueDim)
+		switch _, whole := chainSplit(sq.Start, T); {
+		case sq.Spec != nil:
 			q, k, v := rowsOf(b, s.gq, r0, T, keyDim), rowsOf(b, s.gk, r0, T, keyDim), rowsOf(b, s.gv, r0, T, valueDim)
 			g, beta := rowsOf(b, s.g, r0, T, hv), rowsOf(b, s.beta, r0, T, hv)
 			sq.Spec.Save(r.id, idx, rowsOf(b, s.mixed, r0, T, convDim), q, k, v, g, beta)
 			stateOut, nodeStates := sq.Spec.Targets(r.id, idx)
-			b.GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeStates, sq.Spec.Parents(r.id), T, r.gdn)
-		} else {
+			rec = append(rec, kernels.GDNSeq{Start: r0, Rows: T, State: state, StateOut: stateOut, NodeStates: nodeStates, Parents: sq.Spec.Parents(r.id)})
+		case whole == 0:
+			rec = append(rec, kernels.GDNSeq{Start: r0, Rows: T, State: state, StateOut: state})
+		default:
 			m.gdnChain(r, sq.Start, T, r0, state)
 		}
 		r0 += T
 	}
+	b.GDNRecurrences(s.gout, s.gq, s.gk, s.gv, s.g, s.beta, rec, r.gdn)
 	b.GatedRMSNorm(s.gout, s.gout, s.z, lw.Norm, rows*hv, cfg.LinearValueDim, float32(cfg.RMSNormEps))
 	b.MatMul(s.mix, s.gout, lw.OutProj, rows, H, valueDim)
+}
+
+// chainSplit splits a chain of T tokens from position start into the
+// tokens before the first whole gdnChunk-aligned chunk (by absolute
+// position) and the whole chunks after them: all head when the chunks
+// would be fewer than chunkedPrefillMin tokens.
+func chainSplit(start, T int) (head, whole int) {
+	head = min((gdnChunk-start%gdnChunk)%gdnChunk, T)
+	whole = (T - head) / gdnChunk * gdnChunk
+	if whole < chunkedPrefillMin {
+		return T, 0
+	}
+	return head, whole
 }
 
 // gdnChain runs the recurrence over a chain of T tokens from position start
@@ -521,11 +528,7 @@ func (m *Model) deltaNet(r *rank, lw *LayerWeights, idx int, seqs []SeqInput, ro
 func (m *Model) gdnChain(r *rank, start, T, r0 int, state kernels.Buffer) {
 	b, s, cfg := r.b, &r.s, r.cfg
 	keyDim, valueDim, hv := cfg.KeyDim(), cfg.ValueDim(), cfg.LinearValueHeads
-	head := min((gdnChunk-start%gdnChunk)%gdnChunk, T)
-	whole := (T - head) / gdnChunk * gdnChunk
-	if whole < chunkedPrefillMin {
-		head, whole = T, 0
-	}
+	head, whole := chainSplit(start, T)
 	run := func(from, n int, chunked bool) {
 		if n == 0 {
 			return
@@ -548,9 +551,7 @@ func (m *Model) gdnChain(r *rank, start, T, r0 int, state kernels.Buffer) {
 func (m *Model) mlp(r *rank, lw *LayerWeights, rows int) {
 	b, s := r.b, &r.s
 	H, I := r.cfg.HiddenSize, r.cfg.IntermediateSize
-	b.MatMul(s.up, s.h, lw.Up, rows, I, H)
-	b.MatMul(s.act, s.h, lw.Gate, rows, I, H)
-	b.SwiGLU(s.act, s.act, s.up, rows*I)
+	b.MatMulGLU(s.act, s.up, s.h, lw.Gate, lw.Up, rows, I, H)
 	b.MatMul(s.mix, s.act, lw.Down, rows, H, I)
 }
 
@@ -1038,7 +1039,7 @@ type scratch struct {
 	x, h, mix           kernels.Buffer // [rows, hidden]
 	qg, q, gate, attn   kernels.Buffer // attention
 	k, v                kernels.Buffer
-	mixed, conv, z      kernels.Buffer // GDN
+	mixed, z            kernels.Buffer // GDN
 	g, beta, gq, gk, gv kernels.Buffer
 	gout                kernels.Buffer
 	up, act             kernels.Buffer // MLP
@@ -1063,7 +1064,7 @@ func (s *scratch) ensure(b kernels.Backend, cfg *config.Config, rows int) error 
 	}{
 		{&s.x, H}, {&s.h, H}, {&s.mix, H},
 		{&s.qg, 2 * qDim}, {&s.q, qDim}, {&s.gate, qDim}, {&s.attn, qDim}, {&s.k, kvDim}, {&s.v, kvDim},
-		{&s.mixed, cfg.ConvDim()}, {&s.conv, cfg.ConvDim()}, {&s.z, cfg.ValueDim()},
+		{&s.mixed, cfg.ConvDim()}, {&s.z, cfg.ValueDim()},
 		{&s.g, cfg.LinearValueHeads}, {&s.beta, cfg.LinearValueHeads},
 		{&s.gq, cfg.KeyDim()}, {&s.gk, cfg.KeyDim()}, {&s.gv, cfg.ValueDim()}, {&s.gout, cfg.ValueDim()},
 		{&s.up, cfg.IntermediateSize}, {&s.act, cfg.IntermediateSize},

@@ -108,6 +108,31 @@ type GDNShape struct {
 	ValueDim   int
 }
 
+// MatMulPart is one weight of a MatMulParts call: Out [m, N] (F32)
+// receives x·Wᵀ for W [N, k].
+type MatMulPart struct {
+	W, Out Buffer
+	N      int
+}
+
+// GDNConvSeq is one sequence of a GDNConvInputs call: the next Rows rows,
+// their conv state [K-1, channels] (F32 or BF16) and tree parents (I32
+// [Rows], nil for a chain); Commit sets the state to the window of the
+// last row afterwards (ConvCommit).
+type GDNConvSeq struct {
+	Rows           int
+	State, Parents Buffer
+	Commit         bool
+}
+
+// GDNSeq is one sequence of a GDNRecurrences call: its rows Start ..
+// Start+Rows-1 of the operands, and the states and tree parents (I32
+// [Rows] or nil) that GDNRecurrence takes.
+type GDNSeq struct {
+	Start, Rows                          int
+	State, StateOut, NodeStates, Parents Buffer
+}
+
 // StateLen is the number of F32 elements of one recurrent state: [ValueHeads, KeyDim, ValueDim].
 func (s GDNShape) StateLen() int { return s.ValueHeads * s.KeyDim * s.ValueDim }
 
@@ -145,6 +170,15 @@ type Backend interface {
 	// MatMul computes out[m,n] = x[m,k] · w[n,k]ᵀ. x and out are F32; w is any
 	// float dtype or a *BlockScaled FP8 weight, widened as it is read.
 	MatMul(out, x, w Buffer, m, n, k int)
+	// MatMulParts computes MatMul(p.Out, x, p.W, m, p.N, k) for every
+	// part, bit for bit, in one pass over x where the backend can (the
+	// projections that share an input: q/k/v, a GDN layer's in_proj).
+	MatMulParts(x Buffer, m, k int, parts []MatMulPart)
+	// MatMulGLU computes out [m, n] = silu(x·gateᵀ)·(x·upWᵀ): what MatMul
+	// into out and up and then SwiGLU(out, out, up) compute, bit for bit,
+	// in one pass where the backend can. up [m, n] is scratch, its
+	// contents afterwards undefined.
+	MatMulGLU(out, up, x, gate, upW Buffer, m, n, k int)
 	// Add computes out = a + b over n elements (out may alias a or b).
 	Add(out, a, b Buffer, n int)
 
@@ -184,8 +218,12 @@ type Backend interface {
 	// KVHeads, HeadDim] is RMS-normalised with qNorm or kNorm (unit
 	// offset) and rotated by RoPE at its row's position, in place; then k
 	// and v are stored in the caches at slots. What RMSNorm, RoPE and
-	// WriteKV compute, to F32 rounding.
-	AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots Buffer, rows int, shape AttnInputShape)
+	// WriteKV compute, to F32 rounding. When qg is non-nil it holds
+	// q_proj's output with the attention output gate, [rows, Heads,
+	// 2·HeadDim], each head's query then its gate: the queries are read
+	// from it (q is only written) and the gates copied to gate [rows,
+	// Heads·HeadDim], as the two Copy calls that split them would.
+	AttnInputs(q, qg, gate, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots Buffer, rows int, shape AttnInputShape)
 	// Attention computes out [rows, NumHeads*HeadDim] from q [rows, NumHeads*HeadDim]
 	// over the paged caches ([slots, NumKVHeads*HeadDim], F32 or BF16, read
 	// widened to F32); softmax in F32.
@@ -221,12 +259,18 @@ type Backend interface {
 	// GDNGates computes per row and value head g = -exp(aLog)·softplus(a+dtBias)
 	// into a, and beta = sigmoid(b) into b, in place. a, b are [T, heads].
 	GDNGates(a, b, aLog, dtBias Buffer, T, heads int)
-	// GDNInputs splits the convolved rows conv [T, 2·KeyHeads·KeyDim +
-	// ValueHeads·ValueDim] into q, k [T, KeyHeads·KeyDim] and v [T,
-	// ValueHeads·ValueDim], scaling every key head of q and k to unit length
-	// (x·rsqrt(Σx²+eps)), then q by qScale: what three Copy and two L2Norm
-	// calls compute, bit for bit, in one pass.
-	GDNInputs(q, k, v, conv Buffer, T int, shape GDNShape, eps, qScale float32)
+	// GDNConvInputs prepares a GDN layer's recurrence inputs from its
+	// in_proj outputs, every sequence of a step in one pass: the rows x [T,
+	// 2·KeyHeads·KeyDim + ValueHeads·ValueDim] (T the sequences' rows, one
+	// sequence after another) go through CausalConv with convW [channels, K]
+	// and each sequence's state and parents (then ConvCommit of its last
+	// row where Commit is set), and the convolved rows are split into q, k
+	// [T, KeyHeads·KeyDim] and v [T, ValueHeads·ValueDim], every key head of
+	// q and k scaled to unit length (x·rsqrt(Σx²+eps)), then q by qScale;
+	// a and b [T, ValueHeads] become the gates as GDNGates makes them. What
+	// those ops (the split as three Copy and two L2Norm calls) compute, bit
+	// for bit. convW, aLog and dtBias share one dtype.
+	GDNConvInputs(q, k, v, a, b, x, convW, aLog, dtBias Buffer, seqs []GDNConvSeq, K int, shape GDNShape, eps, qScale float32)
 	// GDNRecurrence runs the gated delta rule over T tokens. q, k [T, KeyHeads*KeyDim]
 	// (already L2-normalised and scaled), v [T, ValueHeads*ValueDim], g and beta
 	// [T, ValueHeads]. Per value head, with S [KeyDim, ValueDim]:
@@ -243,6 +287,11 @@ type Backend interface {
 	// equals T one-token calls bit for bit and tree nodes hold what decoding
 	// their path token by token stores.
 	GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeStates, parents Buffer, T int, shape GDNShape)
+	// GDNRecurrences runs GDNRecurrence for every sequence on its rows of
+	// out, q, k, v, g and beta (out may be nil), in one pass where the
+	// backend can: what one GDNRecurrence call per sequence computes, bit
+	// for bit. The sequences' states share one dtype.
+	GDNRecurrences(out, q, k, v, g, beta Buffer, seqs []GDNSeq, shape GDNShape)
 	// GDNChunked computes the same as a chain GDNRecurrence without nodeStates
 	// (outputs and final state), using the chunked WY form with the given chunk
 	// length: the fast path for prefill. Results agree with the token loop to

@@ -123,11 +123,27 @@ func (be *Backend) L2Norm(x kernels.Buffer, rows, dim int, eps, scale float32) {
 	}
 }
 
-// GDNInputs splits conv into q, k and v and L2-normalises q and k's key
-// heads: the unfused ops.
-func (be *Backend) GDNInputs(q, k, v, conv kernels.Buffer, T int, s kernels.GDNShape, eps, qScale float32) {
+// GDNConvInputs runs CausalConv (and ConvCommit) per sequence, GDNGates,
+// and splits the convolved rows with Copy and L2Norm: the unfused ops.
+func (be *Backend) GDNConvInputs(q, k, v, a, b, x, convW, aLog, dtBias kernels.Buffer, seqs []kernels.GDNConvSeq, K int, s kernels.GDNShape, eps, qScale float32) {
 	qk, vd := s.KeyHeads*s.KeyDim, s.ValueHeads*s.ValueDim
-	width := 2*qk + vd
+	width, T := 2*qk+vd, 0
+	for _, sq := range seqs {
+		T += sq.Rows
+	}
+	tmp, convOut := be.temps.get(T * width)
+	defer be.temps.put(tmp)
+	conv := &buffer{dt: kernels.F32, f32: convOut}
+	r0 := 0
+	for _, sq := range seqs {
+		xs := be.Slice(x, r0*width, sq.Rows*width)
+		be.CausalConv(be.Slice(conv, r0*width, sq.Rows*width), xs, sq.State, convW, sq.Parents, sq.Rows, width, K)
+		if sq.Commit {
+			be.ConvCommit(sq.State, xs, sq.Parents, sq.Rows-1, width, K)
+		}
+		r0 += sq.Rows
+	}
+	be.GDNGates(a, b, aLog, dtBias, T, s.ValueHeads)
 	be.Copy(q, conv, T, qk, qk, width)
 	be.Copy(k, be.Slice(conv, qk, conv.Len()-qk), T, qk, qk, width)
 	be.Copy(v, be.Slice(conv, 2*qk, conv.Len()-2*qk), T, vd, vd, width)
@@ -162,9 +178,15 @@ func (be *Backend) RoPE(x, positions, invFreq kernels.Buffer, rows, heads, headD
 	}
 }
 
-// AttnInputs normalises and rotates q and k in place, then writes k and v
-// to the caches: the unfused ops.
-func (be *Backend) AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {
+// AttnInputs splits qg into q and gate (when given), normalises and
+// rotates q and k in place, then writes k and v to the caches: the
+// unfused ops.
+func (be *Backend) AttnInputs(q, qg, gate, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {
+	if qg != nil {
+		hd := s.HeadDim
+		be.Copy(q, qg, rows*s.Heads, hd, hd, 2*hd)
+		be.Copy(gate, be.Slice(qg, hd, qg.Len()-hd), rows*s.Heads, hd, hd, 2*hd)
+	}
 	be.RMSNorm(q, q, qNorm, rows*s.Heads, s.HeadDim, s.Eps, true)
 	be.RMSNorm(k, k, kNorm, rows*s.KVHeads, s.HeadDim, s.Eps, true)
 	be.RoPE(q, positions, invFreq, rows, s.Heads, s.HeadDim, s.RotDim, s.RoPEScale)

@@ -113,6 +113,21 @@ func axpy(y, x []float32, a float32) {
 	}
 }
 
+// GDNRecurrences runs GDNRecurrence per sequence.
+func (be *Backend) GDNRecurrences(out, q, k, v, g, beta kernels.Buffer, seqs []kernels.GDNSeq, s kernels.GDNShape) {
+	qk, vd := s.KeyHeads*s.KeyDim, s.ValueHeads*s.ValueDim
+	for _, sq := range seqs {
+		rows := func(b kernels.Buffer, width int) kernels.Buffer {
+			if b == nil {
+				return nil
+			}
+			return be.Slice(b, sq.Start*width, sq.Rows*width)
+		}
+		be.GDNRecurrence(rows(out, vd), rows(q, qk), rows(k, qk), rows(v, vd), rows(g, s.ValueHeads), rows(beta, s.ValueHeads),
+			sq.State, sq.StateOut, sq.NodeStates, sq.Parents, sq.Rows, s)
+	}
+}
+
 // GDNRecurrence runs the gated delta rule token by token, as a chain or a
 // tree. A BF16 state is rounded to nearest even after every token, so that
 // a T-token call computes exactly what T one-token calls do.

@@ -49,6 +49,19 @@ func (be *Backend) MatMul(out, x, w kernels.Buffer, m, n, k int) {
 	})
 }
 
+// MatMulParts runs MatMul per part.
+func (be *Backend) MatMulParts(x kernels.Buffer, m, k int, parts []kernels.MatMulPart) {
+	for _, p := range parts {
+		be.MatMul(p.Out, x, p.W, m, p.N, k)
+	}
+}
+
+// MatMulGLU runs the gate and up MatMuls, then SwiGLU.
+func (be *Backend) MatMulGLU(out, up, x, gate, upW kernels.Buffer, m, n, k int) {
+	be.MatMulParts(x, m, k, []kernels.MatMulPart{{W: gate, Out: out, N: n}, {W: upW, Out: up, N: n}})
+	be.SwiGLU(out, out, up, m*n)
+}
+
 // columns computes output columns [nLo, nHi) of out [m,n]. Each output is
 // computed the same way whatever m is (see kernelSet.rows4), so a verify
 // row equals the same row decoded alone.

@@ -84,6 +84,11 @@ func TestLaunchArguments(t *testing.T) {
 		"GDNTree": func() {
 			be.GDNRecurrence(nil, f32(96), f32(96), f32(96), f32(12), f32(12), f32(512), nil, f32(1536), i32(3), 3, gdn)
 		},
+		"GDNRecurrences": func() {
+			be.GDNRecurrences(f32(96), f32(96), f32(96), f32(96), f32(12), f32(12), []kernels.GDNSeq{
+				{Start: 0, Rows: 1, State: f32(512), StateOut: f32(512)}, {Start: 1, Rows: 2, State: f32(512), NodeStates: f32(1024), Parents: i32(2)},
+			}, gdn)
+		},
 		"GDNChunked": func() {
 			be.GDNChunked(f32(96), f32(96), f32(96), f32(96), f32(12), f32(12), f32(512), f32(512), 3, 64, gdn)
 		},
@@ -91,7 +96,6 @@ func TestLaunchArguments(t *testing.T) {
 			wide := kernels.GDNShape{KeyHeads: 1, ValueHeads: 1, KeyDim: 160, ValueDim: 8}
 			be.GDNChunked(f32(24), f32(480), f32(480), f32(24), f32(3), f32(3), f32(1280), f32(1280), 3, 64, wide)
 		},
-		"GDNInputs":  func() { be.GDNInputs(f32(96), f32(96), f32(96), f32(288), 3, gdn, 1e-6, 0.25) },
 		"LogSoftmax": func() { be.LogSoftmax(f32(20), 2, 10) },
 		"TopK":       func() { be.TopK(f32(6), i32(6), f32(20), 2, 10, 3) },
 		"split_bf16": func() { be.launch("split_bf16", d1(1), d1(32), 0, devPtr(0), f32(8), int64(8), int32(2)) },
@@ -105,7 +109,7 @@ func TestLaunchArguments(t *testing.T) {
 		ops["AddRMSNorm "+dt.String()] = func() { be.AddRMSNorm(f32(32), f32(32), f32(32), w(16), 2, 16, 1e-6, true) }
 		for _, cdt := range []kernels.DType{kernels.F32, kernels.BF16} {
 			ops["AttnInputs "+cdt.String()+" cache "+dt.String()] = func() {
-				be.AttnInputs(f32(128), f32(64), f32(64), w(16), w(16), i32(2), f32(4), fake(cdt, 320), fake(cdt, 320), i32(2), 2,
+				be.AttnInputs(f32(128), f32(256), f32(128), f32(64), f32(64), w(16), w(16), i32(2), f32(4), fake(cdt, 320), fake(cdt, 320), i32(2), 2,
 					kernels.AttnInputShape{Heads: 4, KVHeads: 2, HeadDim: 16, RotDim: 8, Eps: 1e-6, RoPEScale: 1})
 			}
 		}
@@ -113,6 +117,14 @@ func TestLaunchArguments(t *testing.T) {
 		ops["CausalConv "+dt.String()] = func() { be.CausalConv(f32(40), f32(40), f32(30), w(40), nil, 4, 10, 4) }
 		ops["CausalConv tree "+dt.String()] = func() { be.CausalConv(f32(40), f32(40), f32(30), w(40), i32(4), 4, 10, 4) }
 		ops["GDNGates "+dt.String()] = func() { be.GDNGates(f32(12), f32(12), w(4), w(4), 3, 4) }
+		ops["GDNConvInputs "+dt.String()] = func() {
+			be.GDNConvInputs(f32(96), f32(96), f32(96), f32(12), f32(12), f32(288), w(384), w(4), w(4),
+				[]kernels.GDNConvSeq{{Rows: 1, State: f32(288), Commit: true}, {Rows: 2, State: fake(kernels.BF16, 288), Parents: i32(2)}}, 4, gdn, 1e-6, 0.25)
+		}
+		ops["MatMulParts "+dt.String()] = func() {
+			be.MatMulParts(f32(64), 2, 32, []kernels.MatMulPart{{W: w(320), Out: f32(20), N: 10}, {W: w(64), Out: f32(4), N: 2}})
+		}
+		ops["MatMulGLU "+dt.String()] = func() { be.MatMulGLU(f32(20), f32(20), f32(64), w(320), w(320), 2, 10, 32) }
 	}
 	for name, op := range ops {
 		func() {

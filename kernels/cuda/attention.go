@@ -42,13 +42,17 @@ func (be *Backend) WriteKV(kCache, vCache, k, v, slots kernels.Buffer, n, kvDim 
 // AttnInputs normalises and rotates every query and KV head of a step and
 // stores k and v in the caches: one launch instead of RMSNorm, RoPE (two
 // each) and WriteKV.
-func (be *Backend) AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {
+func (be *Backend) AttnInputs(q, qg, gate, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {
 	if s.RotDim%2 != 0 || s.RotDim > s.HeadDim || s.HeadDim > maxHeadDim {
 		panic(fmt.Sprintf("cuda: AttnInputs shape %+v: RotDim must be even and at most HeadDim, HeadDim at most %d", s, maxHeadDim))
 	}
 	kvDim := s.KVHeads * s.HeadDim
 	qv, kv := f32s("AttnInputs q", q, rows*s.Heads*s.HeadDim), f32s("AttnInputs k", k, rows*kvDim)
 	vv := f32s("AttnInputs v", v, rows*kvDim)
+	var qgv, gv any // null pointers without the gate
+	if qg != nil {
+		qgv, gv = f32s("AttnInputs qg", qg, 2*rows*s.Heads*s.HeadDim), f32s("AttnInputs gate", gate, rows*s.Heads*s.HeadDim)
+	}
 	qn, variant := weights("AttnInputs qNorm", qNorm, s.HeadDim)
 	kn, kVariant := weights("AttnInputs kNorm", kNorm, s.HeadDim)
 	if variant != kVariant {
@@ -60,7 +64,7 @@ func (be *Backend) AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache,
 	be.mu.Lock()
 	defer be.mu.Unlock()
 	be.launch("attn_inputs"+cacheVariant+variant, dim3{rows, s.Heads + s.KVHeads, 1}, rowThreads(s.HeadDim, attnThreads), 0,
-		qv, kv, vv, qn, kn, pos, freq, kc, vc, sl, i32(s.Heads), i32(s.KVHeads), i32(s.HeadDim), i32(s.RotDim/2),
+		qv, qgv, gv, kv, vv, qn, kn, pos, freq, kc, vc, sl, i32(s.Heads), i32(s.KVHeads), i32(s.HeadDim), i32(s.RotDim/2),
 		s.Eps, s.RoPEScale, int64(kc.n/kvDim))
 }
 

@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"ddflash/kernels"
@@ -43,6 +44,62 @@ func (be *Backend) ConvCommit(state, x, parents kernels.Buffer, node, channels, 
 	be.mu.Lock()
 	defer be.mu.Unlock()
 	be.launch("conv_commit", be.gridFor(channels, 256), d1(256), 0, st, stBF16, xv, par, i32(node), i32(channels), i32(K))
+}
+
+const (
+	// maxConvSeqs is MAX_CONV_SEQS in conv.cu; convSeqLen and convSeqsLen
+	// are the sizes of its ConvSeq and ConvSeqs.
+	maxConvSeqs = 32
+	convSeqLen  = 32
+	convSeqsLen = maxConvSeqs*convSeqLen + 8
+)
+
+// GDNConvInputs runs the conv, its commits, the gates and the split with
+// L2 norms in one launch per maxConvSeqs sequences (gdn_conv_inputs).
+func (be *Backend) GDNConvInputs(q, k, v, a, b, x, convW, aLog, dtBias kernels.Buffer, seqs []kernels.GDNConvSeq, K int, s kernels.GDNShape, eps, qScale float32) {
+	checkConvK("GDNConvInputs", K)
+	qk, vd, hv := s.KeyHeads*s.KeyDim, s.ValueHeads*s.ValueDim, s.ValueHeads
+	width, T := 2*qk+vd, 0
+	for _, sq := range seqs {
+		T += sq.Rows
+	}
+	qv, kv, vv := f32s("GDNConvInputs q", q, T*qk), f32s("GDNConvInputs k", k, T*qk), f32s("GDNConvInputs v", v, T*vd)
+	av, bv := f32s("GDNConvInputs a", a, T*hv), f32s("GDNConvInputs b", b, T*hv)
+	xv := f32s("GDNConvInputs x", x, T*width)
+	wv, variant := weights("GDNConvInputs convW", convW, width*K)
+	al, alVariant := weights("GDNConvInputs aLog", aLog, hv)
+	db, dbVariant := weights("GDNConvInputs dtBias", dtBias, hv)
+	if alVariant != variant || dbVariant != variant {
+		panic(fmt.Sprintf("cuda: GDNConvInputs convW is %v, aLog %v and dtBias %v: the kernel needs one dtype", wv.dt, al.dt, db.dt))
+	}
+	for r0, first := 0, 0; first < len(seqs); first += maxConvSeqs {
+		chunk := seqs[first:min(first+maxConvSeqs, len(seqs))]
+		desc := make([]byte, convSeqsLen)
+		for i, sq := range chunk {
+			st, stBF16 := convState("GDNConvInputs state", sq.State, (K-1)*width)
+			d := desc[i*convSeqLen:]
+			binary.LittleEndian.PutUint64(d, uint64(st.addr()))
+			if sq.Parents != nil {
+				binary.LittleEndian.PutUint64(d[8:], uint64(i32s("GDNConvInputs parents", sq.Parents, sq.Rows).addr()))
+			}
+			commit := 0
+			if sq.Commit && sq.Rows > 0 {
+				commit = 1
+			}
+			for j, v := range []int{r0, sq.Rows, commit, int(stBF16)} {
+				binary.LittleEndian.PutUint32(d[16+4*j:], uint32(i32(v)))
+			}
+			r0 += sq.Rows
+		}
+		binary.LittleEndian.PutUint32(desc[maxConvSeqs*convSeqLen:], uint32(len(chunk)))
+		func() {
+			be.mu.Lock()
+			defer be.mu.Unlock()
+			// l2norm's block size, so that each head's sum of squares adds in its order.
+			be.launch("gdn_conv_inputs"+variant, dim3{2*s.KeyHeads + hv, len(chunk), 1}, rowThreads(s.KeyDim, 256), 0,
+				qv, kv, vv, av, bv, xv, wv, al, db, desc, i32(s.KeyHeads), i32(s.KeyDim), i32(hv), i32(s.ValueDim), i32(K), eps, qScale)
+		}()
+	}
 }
 
 // convState checks an F32 or BF16 conv state of at least n elements and

@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"ddflash/kernels"
@@ -45,20 +46,39 @@ func gdnOperands(op string, out, q, k, v, g, beta kernels.Buffer, T int, shape k
 
 // GDNRecurrence runs the gated delta rule token by token, as a chain or a tree.
 func (be *Backend) GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeStates, parents kernels.Buffer, T int, shape kernels.GDNShape) {
-	args := gdnOperands("GDNRecurrence", out, q, k, v, g, beta, T, shape)
+	be.GDNRecurrences(out, q, k, v, g, beta, []kernels.GDNSeq{{Rows: T, State: state, StateOut: stateOut, NodeStates: nodeStates, Parents: parents}}, shape)
+}
+
+// GDNRecurrences runs every sequence's recurrence in one launch per
+// maxGDNSeqs sequences.
+func (be *Backend) GDNRecurrences(out, q, k, v, g, beta kernels.Buffer, seqs []kernels.GDNSeq, shape kernels.GDNShape) {
+	rows := 0
+	for _, sq := range seqs {
+		rows = max(rows, sq.Start+sq.Rows)
+	}
+	args := gdnOperands("GDNRecurrence", out, q, k, v, g, beta, rows, shape)
 	sl := shape.StateLen()
-	st, stBF16 := recurrentState("GDNRecurrence state", state, nil, sl)
-	var final, nodes any
-	if parents == nil {
-		final, _ = recurrentState("GDNRecurrence stateOut", stateOut, st, sl)
+	descs := make([]gdnSeq, len(seqs))
+	var like *buffer
+	var stBF16 int32
+	for i, sq := range seqs {
+		d := &descs[i]
+		d.start, d.rows = sq.Start, sq.Rows
+		d.state, stBF16 = recurrentState("GDNRecurrence state", sq.State, like, sl)
+		like = d.state
+		if sq.Parents == nil {
+			d.final, _ = recurrentState("GDNRecurrence stateOut", sq.StateOut, like, sl)
+		}
+		if sq.NodeStates != nil || sq.Parents != nil {
+			d.nodes, _ = recurrentState("GDNRecurrence nodeStates", sq.NodeStates, like, sq.Rows*sl)
+		}
+		if sq.Parents != nil {
+			d.parents = i32s("GDNRecurrence parents", sq.Parents, sq.Rows)
+		}
 	}
-	if nodeStates != nil || parents != nil {
-		nodes, _ = recurrentState("GDNRecurrence nodeStates", nodeStates, st, T*sl)
-	}
-	par := optI32s("GDNRecurrence parents", parents, T)
 	be.mu.Lock()
 	defer be.mu.Unlock()
-	be.gdnRecurrence(append(args, st, final, nodes, stBF16, par), T, shape)
+	be.gdnRecurrence(args, descs, stBF16, shape)
 }
 
 // recurrentState checks an F32 or BF16 recurrent state of at least n
@@ -98,7 +118,7 @@ func (be *Backend) GDNChunked(out, q, k, v, g, beta, state, stateOut kernels.Buf
 	be.mu.Lock()
 	defer be.mu.Unlock()
 	if shape.KeyDim > gdnChunkedMaxKeyDim {
-		be.gdnRecurrence(append(args, st, final, nil, stBF16, nil), T, shape)
+		be.gdnRecurrence(args, []gdnSeq{{state: st, final: final, rows: T}}, stBF16, shape)
 		return
 	}
 	o, qv, kv, vv, gv, bv := args[0], args[1], args[2], args[3], args[4], args[5]
@@ -124,13 +144,45 @@ func (be *Backend) GDNChunked(out, q, k, v, g, beta, state, stateOut kernels.Buf
 		append([]any{o, qv, kv, gcs, wks, us, qks, st, final, stBF16}, dims...)...)
 }
 
-// gdnRecurrence launches gdn.cu's kernel: block (value head, 32 value
-// columns), 32 threads per 32 key rows. With T = 0 a chain still copies
-// state to stateOut.
-func (be *Backend) gdnRecurrence(args []any, T int, shape kernels.GDNShape) {
+// gdnSeq is one sequence of a gdn_recurrence launch: its rows of the
+// operands, its states (final and nodes nil where the kernel takes none)
+// and tree parents.
+type gdnSeq struct {
+	start, rows                  int
+	state, final, nodes, parents *buffer
+}
+
+const (
+	// maxGDNSeqs is MAX_GDN_SEQS in gdn.cu; gdnSeqLen and gdnSeqsLen are
+	// the sizes of its GDNSeq and GDNSeqs.
+	maxGDNSeqs = 16
+	gdnSeqLen  = 40
+	gdnSeqsLen = maxGDNSeqs*gdnSeqLen + 8
+)
+
+// gdnRecurrence launches gdn.cu's kernel on the operands args (out, q, k,
+// v, g, beta), once per maxGDNSeqs sequences: block (value head, 32 value
+// columns, sequence), 32 threads per 32 key rows. A chain of no rows still
+// copies its state to its final state.
+func (be *Backend) gdnRecurrence(args []any, seqs []gdnSeq, stBF16 int32, shape kernels.GDNShape) {
 	groups := (shape.KeyDim + 31) / 32
-	grid := dim3{shape.ValueHeads, (shape.ValueDim + 31) / 32, 1}
 	smem := (4*shape.KeyDim + 32*groups) * 4
-	args = append(args, i32(T), i32(shape.KeyHeads), i32(shape.ValueHeads), i32(shape.KeyDim), i32(shape.ValueDim))
-	be.launch("gdn_recurrence", grid, dim3{32, groups, 1}, smem, args...)
+	for first := 0; first < len(seqs); first += maxGDNSeqs {
+		chunk := seqs[first:min(first+maxGDNSeqs, len(seqs))]
+		desc := make([]byte, gdnSeqsLen)
+		for i, sq := range chunk {
+			d := desc[i*gdnSeqLen:]
+			for j, b := range []*buffer{sq.state, sq.final, sq.nodes, sq.parents} {
+				if b != nil {
+					binary.LittleEndian.PutUint64(d[8*j:], uint64(b.addr()))
+				}
+			}
+			binary.LittleEndian.PutUint32(d[32:], uint32(i32(sq.start)))
+			binary.LittleEndian.PutUint32(d[36:], uint32(i32(sq.rows)))
+		}
+		binary.LittleEndian.PutUint32(desc[maxGDNSeqs*gdnSeqLen:], uint32(len(chunk)))
+		grid := dim3{shape.ValueHeads, (shape.ValueDim + 31) / 32, len(chunk)}
+		be.launch("gdn_recurrence", grid, dim3{32, groups, 1}, smem, append(args, desc, stBF16, i32(shape.KeyHeads),
+			i32(shape.ValueHeads), i32(shape.KeyDim), i32(shape.ValueDim))...)
+	}
 }

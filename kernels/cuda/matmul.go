@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"ddflash/kernels"
@@ -38,12 +39,93 @@ func (be *Backend) MatMul(out, x, w kernels.Buffer, m, n, k int) {
 			return
 		}
 	}
-	vec := int32(0)
-	if k%8 == 0 && wv.addr()%16 == 0 && xv.addr()%16 == 0 {
-		vec = 1
-	}
 	grid := dim3{(n + matmulWarps - 1) / matmulWarps, min((m+matmulRowsPerPass-1)/matmulRowsPerPass, 65535), 1}
-	be.launch("matmul"+variant, grid, d1(32*matmulWarps), 0, o, xv, wv, i32(m), i32(n), i32(k), vec)
+	be.launch("matmul"+variant, grid, d1(32*matmulWarps), 0, o, xv, wv, i32(m), i32(n), i32(k), gemvVec(xv, wv, k))
+}
+
+// gemvVec is the matmul kernel's vec argument: 1 when every lane can load
+// 8 weights and 8 activations at once.
+func gemvVec(x, w *buffer, k int) int32 {
+	if k%8 == 0 && w.addr()%16 == 0 && x.addr()%16 == 0 {
+		return 1
+	}
+	return 0
+}
+
+const (
+	// maxMatMulParts is MAX_MATMUL_PARTS in matmul.cu.
+	maxMatMulParts = 4
+	// matmulPartLen and matmulPartsLen are the sizes of matmul.cu's
+	// MatMulPart and MatMulParts.
+	matmulPartLen  = 24
+	matmulPartsLen = maxMatMulParts*matmulPartLen + 8
+)
+
+// MatMulParts runs every part's MatMul in one launch of the matmul kernel
+// over their concatenated weight rows when m is decode-sized and the
+// weights share one unscaled dtype; otherwise MatMul per part.
+func (be *Backend) MatMulParts(x kernels.Buffer, m, k int, parts []kernels.MatMulPart) {
+	if !be.matmulParts(x, m, k, parts, false) {
+		for _, p := range parts {
+			be.MatMul(p.Out, x, p.W, m, p.N, k)
+		}
+	}
+}
+
+// MatMulGLU runs the gate and up rows of each output in one warp and
+// applies SwiGLU before storing (one launch, up untouched) where
+// MatMulParts would use one launch; otherwise MatMulParts and SwiGLU.
+func (be *Backend) MatMulGLU(out, up, x, gate, upW kernels.Buffer, m, n, k int) {
+	parts := []kernels.MatMulPart{{W: gate, Out: out, N: n}, {W: upW, Out: up, N: n}}
+	if !be.matmulParts(x, m, k, parts, true) {
+		be.MatMulParts(x, m, k, parts)
+		be.SwiGLU(out, out, up, m*n)
+	}
+}
+
+// matmulParts launches matmul_parts (see matmul.cu) and reports true, or
+// reports false, having queued nothing, when the parts do not fit it:
+// more than gemvMaxRows rows, more than maxMatMulParts parts, FP8 or mixed
+// weight dtypes.
+func (be *Backend) matmulParts(x kernels.Buffer, m, k int, parts []kernels.MatMulPart, glu bool) bool {
+	if m > gemvMaxRows || len(parts) > maxMatMulParts {
+		return false
+	}
+	xv := f32s("MatMulParts x", x, m*k)
+	desc := make([]byte, matmulPartsLen)
+	variant, rows := "", 0
+	for i, p := range parts {
+		if _, ok := p.W.(*kernels.BlockScaled); ok {
+			return false
+		}
+		w, v := weights("MatMulParts w", p.W, p.N*k)
+		if variant != "" && v != variant {
+			return false
+		}
+		variant = v
+		d := desc[i*matmulPartLen:]
+		binary.LittleEndian.PutUint64(d, uint64(w.addr()))
+		binary.LittleEndian.PutUint64(d[8:], uint64(f32s("MatMulParts out", p.Out, m*p.N).addr()))
+		binary.LittleEndian.PutUint32(d[16:], uint32(i32(p.N)))
+		binary.LittleEndian.PutUint32(d[20:], uint32(gemvVec(xv, w, k)))
+		rows += p.N
+	}
+	count := len(parts)
+	if glu {
+		count, rows = 1, parts[0].N
+	}
+	binary.LittleEndian.PutUint32(desc[maxMatMulParts*matmulPartLen:], uint32(count))
+	if glu {
+		binary.LittleEndian.PutUint32(desc[maxMatMulParts*matmulPartLen+4:], 1)
+	}
+	if m == 0 || rows == 0 {
+		return true
+	}
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	grid := dim3{(rows + matmulWarps - 1) / matmulWarps, 1, 1}
+	be.launch("matmul_parts"+variant, grid, d1(32*matmulWarps), 0, xv, desc, i32(m), i32(k))
+	return true
 }
 
 // matmulSplitBF16 runs MatMul on cuBLASLt's bf16 tensor cores: x splits

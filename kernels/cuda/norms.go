@@ -58,19 +58,6 @@ func (be *Backend) L2Norm(x kernels.Buffer, rows, dim int, eps, scale float32) {
 	be.launch("l2norm", d1(rows), rowThreads(dim, 256), 0, xv, i32(dim), eps, scale)
 }
 
-// GDNInputs splits conv into q, k and v and L2-normalises q and k's key
-// heads: one launch instead of three copies and two norms.
-func (be *Backend) GDNInputs(q, k, v, conv kernels.Buffer, T int, s kernels.GDNShape, eps, qScale float32) {
-	qk, vd := s.KeyHeads*s.KeyDim, s.ValueHeads*s.ValueDim
-	qv, kv, vv := f32s("GDNInputs q", q, T*qk), f32s("GDNInputs k", k, T*qk), f32s("GDNInputs v", v, T*vd)
-	cv := f32s("GDNInputs conv", conv, T*(2*qk+vd))
-	be.mu.Lock()
-	defer be.mu.Unlock()
-	// l2norm's block size, so that each head's sum of squares adds in its order.
-	be.launch("gdn_inputs", dim3{T, 2*s.KeyHeads + 1, 1}, rowThreads(s.KeyDim, 256), 0,
-		qv, kv, vv, cv, i32(s.KeyHeads), i32(s.KeyDim), i32(vd), eps, qScale)
-}
-
 // RoPE rotates the first rotDim dims of every head, NeoX style, in place;
 // angles in double as on the CPU.
 func (be *Backend) RoPE(x, positions, invFreq kernels.Buffer, rows, heads, headDim, rotDim int, scale float32) {

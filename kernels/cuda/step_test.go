@@ -35,8 +35,8 @@ func TestEmulatedStep(t *testing.T) {
 
 // checkEngineSteps: replayed decode, linear-verify and DDTree-verify steps
 // give the eager steps' outputs bit for bit, one sequence and two at once;
-// a steady decode step costs what issue 34 allows; and what a DDTree step
-// costs is measured.
+// a steady decode step, and an eager one at 64 layers, cost what issue 34
+// allows; and what a DDTree step costs is measured.
 func checkEngineSteps(t *testing.T, be kernels.Backend) {
 	p, err := testmodel.PresetByName("tiny")
 	must(t, err)
@@ -50,6 +50,7 @@ func checkEngineSteps(t *testing.T, be kernels.Backend) {
 		}
 	})
 	t.Run("DecodeCounts", func(t *testing.T) { checkDecodeCounts(t, be, dir) })
+	t.Run("EagerLaunches", func(t *testing.T) { checkEagerLaunches(t, be) })
 	t.Run("DDTreeCounts", func(t *testing.T) { checkDDTreeCounts(t, be) })
 	t.Run("DraftTop", func(t *testing.T) { checkDraftTop(t, be) })
 }
@@ -313,6 +314,46 @@ func checkDecodeCounts(t *testing.T, be kernels.Backend, dir string) {
 	}
 	if len(out[0].TopIDs) != 1 || len(out[1].TopIDs) != 1 {
 		t.Errorf("the step returned %d and %d top ids, want 1 each", len(out[0].TopIDs), len(out[1].TopIDs))
+	}
+}
+
+// checkEagerLaunches counts the launches of an eager greedy decode step of
+// one sequence (embedding, LM head and device top-k included) at
+// Qwen3.6-27B's 64 layers in its pattern (48 GDN, 16 attention) and tiny
+// widths, and per layer of each kind from models of 2, 3 and 4 layers of
+// the same pattern. Issue 34 allows 600 without graphs; the fused ops make
+// it 583 (1,063 before MatMulParts, MatMulGLU, GDNConvInputs and the q/gate
+// split in AttnInputs), and the bound holds them to it. A second sequence
+// adds launches outside the layers only (for its logit row): every layer's
+// ops take all the step's sequences at once.
+func checkEagerLaunches(t *testing.T, be kernels.Backend) {
+	const bound = 583
+	count := func(layers, batch int) int64 {
+		p, err := testmodel.PresetByName("tiny")
+		must(t, err)
+		p.Layers = layers
+		dir := t.TempDir()
+		must(t, testmodel.Write(dir, testmodel.Options{Preset: p, Seed: 3, DType: "bf16"}))
+		run := newStepRun(t, be, dir, batch, true, nil)
+		prompt, next := make([][]int32, batch), make([][]int32, batch)
+		for i := range batch {
+			prompt[i], next[i] = []int32{5, 6, int32(7 + i)}, []int32{int32(11 + i)}
+		}
+		run.step(t, prompt, nil, false, 0)
+		before := driverCounts(t, be)
+		run.step(t, next, nil, false, 1)
+		return driverCounts(t, be).Sub(before).Launches
+	}
+	four, three, step := count(4, 1), count(3, 1), count(64, 1)
+	attn, gdn := four-three, three-count(2, 1)
+	t.Logf("an eager decode step: %d launches at 64 layers (an attention layer %d, a GDN layer %d, %d outside the layers)", step, attn, gdn, step-16*attn-48*gdn)
+	if step > bound {
+		t.Errorf("an eager decode step at 64 layers makes %d launches, above %d", step, bound)
+	}
+	if extra, extra2 := count(4, 2)-four, count(2, 2)-(three-gdn); extra != extra2 {
+		t.Errorf("a second sequence adds %d launches to an eager decode step at 4 layers, %d at 2", extra, extra2)
+	} else {
+		t.Logf("a second sequence adds %d launches, outside the layers", extra)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 
 	"ddflash/kernels"
 )
@@ -151,6 +152,77 @@ func testMatMul(h *harness) {
 			want, scale := matmulReference(x[3:], wv, m, n, k)
 			got := h.read(outBuf, m*n+5)[5:]
 			h.expectClose(fmt.Sprintf("MatMul %v m=%d n=%d k=%d", dt, m, n, k), got, want, scale, tolerance{1e-30, 2 * float64(k) * f32Unit})
+		}
+	}
+}
+
+// testMatMulParts checks MatMulParts on parts of odd widths, views at
+// offsets, decode-sized and larger m, aligned and odd k, one dtype and
+// mixed dtypes: each part must equal MatMul on the same backend bit for
+// bit, and the float64 product within MatMul's bound.
+func testMatMulParts(h *harness) {
+	ns := []int{13, 8, 1, 21}
+	for _, dts := range [][]kernels.DType{{kernels.F32, kernels.F32, kernels.F32, kernels.F32}, {kernels.BF16, kernels.BF16, kernels.BF16, kernels.BF16},
+		{kernels.F16, kernels.F16, kernels.F16, kernels.F16}, {kernels.BF16, kernels.F32, kernels.BF16, kernels.F16}} {
+		for _, mk := range [][2]int{{1, 48}, {3, 37}, {8, 64}, {11, 48}} {
+			m, k := mk[0], mk[1]
+			x := h.f32(h.normal(m*k+3, 1))
+			xv := h.read(x, m*k+3)[3:]
+			parts := make([]kernels.MatMulPart, len(ns))
+			wv := make([][]float64, len(ns))
+			for i, n := range ns {
+				parts[i].N = n
+				parts[i].W, wv[i] = h.weights(dts[i], h.normal(n*k, 1))
+				parts[i].Out = h.be.Slice(h.alloc(kernels.F32, m*n+1+i), 1+i, m*n)
+			}
+			h.be.MatMulParts(h.be.Slice(x, 3, m*k), m, k, parts)
+			for i, p := range parts {
+				name := fmt.Sprintf("MatMulParts %v m=%d k=%d part %d", dts, m, k, i)
+				got := h.read(p.Out, m*p.N)
+				want, scale := matmulReference(xv, wv[i], m, p.N, k)
+				h.expectClose(name, got, want, scale, tolerance{1e-30, 2 * float64(k) * f32Unit})
+				sep := h.alloc(kernels.F32, m*p.N)
+				h.be.MatMul(sep, h.be.Slice(x, 3, m*k), p.W, m, p.N, k)
+				if !slices.Equal(h.read(sep, m*p.N), got) {
+					h.t.Errorf("%s: differs from MatMul on the same backend", name)
+				}
+			}
+		}
+	}
+}
+
+// testMatMulGLU checks MatMulGLU for every weight dtype, decode-sized and
+// larger m, aligned and odd k: it must equal two MatMuls and SwiGLU on the
+// same backend bit for bit, and the float64 silu(x·gateᵀ)·(x·upᵀ) within
+// MatMul's bound carried through silu (|silu'| < 1.1) and the product.
+func testMatMulGLU(h *harness) {
+	const n = 19
+	for _, dt := range floatTypes {
+		for _, mk := range [][2]int{{1, 48}, {5, 37}, {12, 64}} {
+			m, k := mk[0], mk[1]
+			x := h.f32(h.normal(m*k, 1))
+			xv := h.read(x, m*k)
+			gate, gv := h.weights(dt, h.normal(n*k, 1))
+			up, uv := h.weights(dt, h.normal(n*k, 1))
+			out, scratch := h.alloc(kernels.F32, m*n), h.alloc(kernels.F32, m*n)
+			h.be.MatMulGLU(out, scratch, x, gate, up, m, n, k)
+			name := fmt.Sprintf("MatMulGLU %v m=%d k=%d", dt, m, k)
+			got := h.read(out, m*n)
+			g, gs := matmulReference(xv, gv, m, n, k)
+			u, us := matmulReference(xv, uv, m, n, k)
+			want, scale := make([]float64, m*n), make([]float64, m*n)
+			for i := range want {
+				want[i] = silu64(g[i]) * u[i]
+				scale[i] = 1.1*gs[i]*math.Abs(u[i]) + math.Abs(silu64(g[i]))*us[i] + math.Abs(want[i])
+			}
+			h.expectClose(name, got, want, scale, tolerance{1e-30, (2*float64(k) + 8) * f32Unit})
+			sepOut, sepUp := h.alloc(kernels.F32, m*n), h.alloc(kernels.F32, m*n)
+			h.be.MatMul(sepOut, x, gate, m, n, k)
+			h.be.MatMul(sepUp, x, up, m, n, k)
+			h.be.SwiGLU(sepOut, sepOut, sepUp, m*n)
+			if !slices.Equal(h.read(sepOut, m*n), got) {
+				h.t.Errorf("%s: differs from MatMul, MatMul and SwiGLU on the same backend", name)
+			}
 		}
 	}
 }

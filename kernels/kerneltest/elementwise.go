@@ -165,9 +165,11 @@ func checkRoPE(h *harness, freq []float32, ropeScale float32, rows, heads, headD
 // testAttnInputs checks the fused q/k norm, RoPE and KV write against the
 // unfused RMSNorm, RoPE and WriteKV on the same backend (each checked
 // against float64 references above), with F32 and BF16 caches and BF16
-// norm weights, a partial rotation and scattered slots: q, k and the cache
-// rows must agree to a few F32 roundings (a BF16 cache: to one bf16
-// rounding, which an F32 rounding of k may tip).
+// norm weights, a partial rotation and scattered slots, q given alone or
+// in q_proj's gated layout (split by two Copy calls when unfused): q, k
+// and the cache rows must agree to a few F32 roundings (a BF16 cache: to
+// one bf16 rounding, which an F32 rounding of k may tip), the gates
+// exactly.
 func testAttnInputs(h *harness) {
 	const rows, slots = 3, 10
 	s := kernels.AttnInputShape{Heads: 4, KVHeads: 2, HeadDim: 40, RotDim: 24, Eps: 1e-6, RoPEScale: 1.1}
@@ -175,60 +177,56 @@ func testAttnInputs(h *harness) {
 	freq := h.uniform(s.RotDim/2, 0, 1)
 	pos, at := []int32{0, 5, 3001}, []int32{7, 2, 9}
 	q, k, v := h.normal(rows*qDim, 2), h.normal(rows*kvDim, 2), h.normal(rows*kvDim, 1)
+	qg := h.normal(2*rows*qDim, 2) // per head [query | gate]
 	qNorm, _ := h.weights(kernels.BF16, h.normal(s.HeadDim, 0.3))
 	kNorm, _ := h.weights(kernels.BF16, h.normal(s.HeadDim, 0.3))
-	for _, cdt := range []kernels.DType{kernels.F32, kernels.BF16} {
-		run := func(fused bool) (qOut, kOut, kc, vc []float32) {
+	hd := s.HeadDim
+	for _, c := range []struct {
+		cache kernels.DType
+		gated bool
+	}{{kernels.F32, false}, {kernels.BF16, false}, {kernels.F32, true}} {
+		cdt := c.cache
+		run := func(fused bool) (qOut, gate, kOut, kc, vc []float32) {
 			qb, kb := h.f32(q), h.f32(k)
+			var qgb, gateb kernels.Buffer
+			if c.gated {
+				qgb, gateb = h.f32(qg), h.alloc(kernels.F32, rows*qDim)
+			}
 			kCache, vCache := h.alloc(cdt, slots*kvDim), h.alloc(cdt, slots*kvDim)
 			h.be.Fill(kCache, 0)
 			h.be.Fill(vCache, 0)
 			posb, freqb, slotb := h.i32(pos), h.f32(freq), h.i32(at)
 			if fused {
-				h.be.AttnInputs(qb, kb, h.f32(v), qNorm, kNorm, posb, freqb, kCache, vCache, slotb, rows, s)
+				h.be.AttnInputs(qb, qgb, gateb, kb, h.f32(v), qNorm, kNorm, posb, freqb, kCache, vCache, slotb, rows, s)
 			} else {
+				if c.gated {
+					h.be.Copy(qb, qgb, rows*s.Heads, hd, hd, 2*hd)
+					h.be.Copy(gateb, h.be.Slice(qgb, hd, 2*rows*qDim-hd), rows*s.Heads, hd, hd, 2*hd)
+				}
 				h.be.RMSNorm(qb, qb, qNorm, rows*s.Heads, s.HeadDim, s.Eps, true)
 				h.be.RMSNorm(kb, kb, kNorm, rows*s.KVHeads, s.HeadDim, s.Eps, true)
 				h.be.RoPE(qb, posb, freqb, rows, s.Heads, s.HeadDim, s.RotDim, s.RoPEScale)
 				h.be.RoPE(kb, posb, freqb, rows, s.KVHeads, s.HeadDim, s.RotDim, s.RoPEScale)
 				h.be.WriteKV(kCache, vCache, kb, h.f32(v), slotb, rows, kvDim)
 			}
-			return h.read(qb, rows*qDim), h.read(kb, rows*kvDim), h.read(kCache, slots*kvDim), h.read(vCache, slots*kvDim)
+			if c.gated {
+				gate = h.read(gateb, rows*qDim)
+			}
+			return h.read(qb, rows*qDim), gate, h.read(kb, rows*kvDim), h.read(kCache, slots*kvDim), h.read(vCache, slots*kvDim)
 		}
-		gq, gk, gkc, gvc := run(true)
-		wq, wk, wkc, wvc := run(false)
+		gq, gg, gk, gkc, gvc := run(true)
+		wq, wg, wk, wkc, wvc := run(false)
 		tight, cacheTol := tolerance{1e-30, 4 * f32Unit}, tolerance{1e-30, 4 * f32Unit}
 		if cdt == kernels.BF16 {
 			cacheTol.rtol = 1.0 / 256
 		}
-		name := fmt.Sprintf("AttnInputs %v cache", cdt)
+		name := fmt.Sprintf("AttnInputs %v cache gated=%v", cdt, c.gated)
 		h.expectClose(name+" q", gq, widen(wq), nil, tight)
+		h.expectEqual(name+" gate", gg, wg)
 		h.expectClose(name+" k", gk, widen(wk), nil, tight)
 		h.expectClose(name+" k cache", gkc, widen(wkc), nil, cacheTol)
 		h.expectClose(name+" v cache", gvc, widen(wvc), nil, tolerance{})
 	}
-}
-
-// testGDNInputs checks the fused split and L2 norms of the convolved GDN
-// rows against three Copy and two L2Norm calls on the same backend (each
-// checked against float64 references): equal, bit for bit.
-func testGDNInputs(h *harness) {
-	const T, eps, qScale = 3, 1e-6, 0.125
-	s := kernels.GDNShape{KeyHeads: 2, ValueHeads: 4, KeyDim: 20, ValueDim: 9}
-	qk, vd := s.KeyHeads*s.KeyDim, s.ValueHeads*s.ValueDim
-	width := 2*qk + vd
-	conv := h.f32(h.normal(T*width, 2))
-	q, k, v := h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*vd)
-	h.be.GDNInputs(q, k, v, conv, T, s, eps, qScale)
-	wq, wk, wv := h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*vd)
-	h.be.Copy(wq, conv, T, qk, qk, width)
-	h.be.Copy(wk, h.be.Slice(conv, qk, T*width-qk), T, qk, qk, width)
-	h.be.Copy(wv, h.be.Slice(conv, 2*qk, T*width-2*qk), T, vd, vd, width)
-	h.be.L2Norm(wq, T*s.KeyHeads, s.KeyDim, eps, qScale)
-	h.be.L2Norm(wk, T*s.KeyHeads, s.KeyDim, eps, 1)
-	h.expectEqual("GDNInputs q", h.read(q, T*qk), h.read(wq, T*qk))
-	h.expectEqual("GDNInputs k", h.read(k, T*qk), h.read(wk, T*qk))
-	h.expectEqual("GDNInputs v", h.read(v, T*vd), h.read(wv, T*vd))
 }
 
 // testSwiGLU includes gates far into both tails, where a naive exp overflows.

@@ -188,6 +188,84 @@ func testGDNGates(h *harness) {
 	h.expectClose("GDNGates beta", h.read(bb, T*heads), wantB, nil, tol)
 }
 
+// testGDNConvInputs checks the fused GDN input preparation against
+// CausalConv, ConvCommit, GDNGates, Copy and L2Norm on the same backend
+// (each checked against float64 references): q, k, v, the gates and the
+// conv states equal, bit for bit. Sequences: a committed chain with an F32
+// state, a tree and a one-row committed chain with BF16 states; and 34
+// one-row sequences, more than one launch takes on CUDA.
+func testGDNConvInputs(h *harness) {
+	const K, eps, qScale = 4, 1e-6, 0.125
+	s := kernels.GDNShape{KeyHeads: 2, ValueHeads: 4, KeyDim: 20, ValueDim: 9}
+	qk, vd, hv := s.KeyHeads*s.KeyDim, s.ValueHeads*s.ValueDim, s.ValueHeads
+	width := 2*qk + vd
+	type seq struct {
+		rows   int
+		state  kernels.DType
+		tree   bool
+		commit bool
+	}
+	many := make([]seq, 34)
+	for i := range many {
+		many[i] = seq{1, kernels.F32, false, true}
+	}
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		for ci, seqs := range [][]seq{{{5, kernels.F32, false, true}, {6, kernels.BF16, true, false}, {1, kernels.BF16, false, true}}, many} {
+			T := 0
+			for _, sq := range seqs {
+				T += sq.rows
+			}
+			x, a, b := h.f32(h.normal(T*width, 1)), h.normal(T*hv, 3), h.normal(T*hv, 3)
+			convW, _ := h.weights(dt, h.normal(width*K, 0.5))
+			aLog, _ := h.weights(dt, h.normal(hv, 1))
+			dtBias, _ := h.weights(dt, h.normal(hv, 0.5))
+			fused, unfused := make([]kernels.GDNConvSeq, len(seqs)), make([]kernels.GDNConvSeq, len(seqs))
+			for i, sq := range seqs {
+				state := h.normal((K-1)*width, 1)
+				fused[i] = kernels.GDNConvSeq{Rows: sq.rows, Commit: sq.commit}
+				if sq.tree {
+					fused[i].Parents = h.i32(h.randomTree(sq.rows))
+				}
+				unfused[i] = fused[i]
+				fused[i].State, _ = h.stateOf(sq.state, state)
+				unfused[i].State, _ = h.stateOf(sq.state, state)
+			}
+			name := fmt.Sprintf("GDNConvInputs w %v case %d", dt, ci)
+			q, k, v := h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*vd)
+			ab, bb := h.f32(a), h.f32(b)
+			h.be.GDNConvInputs(q, k, v, ab, bb, x, convW, aLog, dtBias, fused, K, s, eps, qScale)
+
+			conv := h.alloc(kernels.F32, T*width)
+			r0 := 0
+			for _, sq := range unfused {
+				xs := h.be.Slice(x, r0*width, sq.Rows*width)
+				h.be.CausalConv(h.be.Slice(conv, r0*width, sq.Rows*width), xs, sq.State, convW, sq.Parents, sq.Rows, width, K)
+				if sq.Commit {
+					h.be.ConvCommit(sq.State, xs, sq.Parents, sq.Rows-1, width, K)
+				}
+				r0 += sq.Rows
+			}
+			wa, wb := h.f32(a), h.f32(b)
+			h.be.GDNGates(wa, wb, aLog, dtBias, T, hv)
+			wq, wk, wv := h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*vd)
+			h.be.Copy(wq, conv, T, qk, qk, width)
+			h.be.Copy(wk, h.be.Slice(conv, qk, T*width-qk), T, qk, qk, width)
+			h.be.Copy(wv, h.be.Slice(conv, 2*qk, T*width-2*qk), T, vd, vd, width)
+			h.be.L2Norm(wq, T*s.KeyHeads, s.KeyDim, eps, qScale)
+			h.be.L2Norm(wk, T*s.KeyHeads, s.KeyDim, eps, 1)
+			h.expectEqual(name+" q", h.read(q, T*qk), h.read(wq, T*qk))
+			h.expectEqual(name+" k", h.read(k, T*qk), h.read(wk, T*qk))
+			h.expectEqual(name+" v", h.read(v, T*vd), h.read(wv, T*vd))
+			h.expectEqual(name+" g", h.read(ab, T*hv), h.read(wa, T*hv))
+			h.expectEqual(name+" beta", h.read(bb, T*hv), h.read(wb, T*hv))
+			for i := range fused {
+				n := (K - 1) * width
+				h.expectEqual(fmt.Sprintf("%s state %d", name, i), h.read(fused[i].State, n), h.read(unfused[i].State, n))
+			}
+		}
+	}
+}
+
 // stateOf uploads values as a state of dtype dt (BF16: rounded to nearest
 // even) and returns the buffer and the values it holds.
 func (h *harness) stateOf(dt kernels.DType, values []float32) (kernels.Buffer, []float32) {

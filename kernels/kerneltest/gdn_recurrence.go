@@ -180,6 +180,97 @@ func testGDNChain(h *harness) {
 	}
 }
 
+// testGDNRecurrences checks, for each state dtype, that one call over
+// several sequences equals one GDNRecurrence per sequence on the same
+// backend (checked against float64 references above), bit for bit: a
+// chain with node states and its own stateOut, a tree, a replay (out nil)
+// and a chain in place, with rows between them that no sequence takes;
+// and 18 one-token chains, more than one launch takes on CUDA.
+func testGDNRecurrences(h *harness) {
+	s := gdnShape
+	vDim, sl := s.ValueHeads*s.ValueDim, s.StateLen()
+	type seq struct {
+		start, rows           int
+		tree, nodes, separate bool
+	}
+	many := make([]seq, 18)
+	for i := range many {
+		many[i] = seq{start: i, rows: 1}
+	}
+	for _, dt := range stateTypes {
+		for ci, seqs := range [][]seq{{{0, 3, false, true, true}, {4, 5, true, true, false}, {9, 2, false, false, false}}, many} {
+			T := 0
+			for _, sq := range seqs {
+				T = max(T, sq.start+sq.rows+1)
+			}
+			in := h.newGDNInputs(T)
+			states, trees := make([][]float32, len(seqs)), make([][]int32, len(seqs))
+			for i, sq := range seqs {
+				states[i] = h.normal(sl, 0.5)
+				if sq.tree {
+					trees[i] = h.randomTree(sq.rows)
+				}
+			}
+			for _, withOut := range []bool{true, false} {
+				run := func(batched bool) (out []float32, results [][]float32) {
+					var ob kernels.Buffer
+					if withOut {
+						ob = h.alloc(kernels.F32, T*vDim)
+					}
+					descs := make([]kernels.GDNSeq, len(seqs))
+					for i, sq := range seqs {
+						d := &descs[i]
+						d.Start, d.Rows = sq.start, sq.rows
+						d.State, _ = h.stateOf(dt, states[i])
+						d.StateOut = d.State
+						if sq.separate {
+							d.StateOut = h.alloc(dt, sl)
+						}
+						if sq.nodes || sq.tree {
+							d.NodeStates = h.alloc(dt, sq.rows*sl)
+						}
+						if sq.tree {
+							d.Parents, d.StateOut = h.i32(trees[i]), nil
+						}
+					}
+					if batched {
+						h.be.GDNRecurrences(ob, in.qb, in.kb, in.vb, in.gb, in.bb, descs, s)
+					} else {
+						for _, d := range descs {
+							rows := func(b kernels.Buffer, width int) kernels.Buffer {
+								if b == nil {
+									return nil
+								}
+								return h.be.Slice(b, d.Start*width, d.Rows*width)
+							}
+							h.be.GDNRecurrence(rows(ob, vDim), rows(in.qb, s.KeyHeads*s.KeyDim), rows(in.kb, s.KeyHeads*s.KeyDim), rows(in.vb, vDim),
+								rows(in.gb, s.ValueHeads), rows(in.bb, s.ValueHeads), d.State, d.StateOut, d.NodeStates, d.Parents, d.Rows, s)
+						}
+					}
+					if withOut {
+						out = h.read(ob, T*vDim)
+					}
+					for _, d := range descs {
+						for _, b := range []kernels.Buffer{d.StateOut, d.NodeStates} {
+							if b != nil {
+								results = append(results, h.read(b, b.Len()))
+							}
+						}
+					}
+					return out, results
+				}
+				gotOut, gotStates := run(true)
+				wantOut, wantStates := run(false)
+				name := fmt.Sprintf("GDNRecurrences %v case %d out=%v", dt, ci, withOut)
+				h.expectEqual(name+" out", gotOut, wantOut)
+				for i := range wantStates {
+					h.expectEqual(fmt.Sprintf("%s state %d", name, i), gotStates[i], wantStates[i])
+				}
+			}
+		}
+	}
+}
+
 // testGDNTree checks, for each state dtype, that every node of a random
 // tree equals running its root-to-node path sequentially (the float64
 // reference, and one call per token bit for bit), and that the committed

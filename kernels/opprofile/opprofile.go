@@ -186,6 +186,25 @@ func (p *Backend) MatMul(out, x, w kernels.Buffer, m, n, k int) {
 	p.end(t0, size(w, n*k)+4*int64(m*k+m*n), opKey{"MatMul", dt, k, n})
 }
 
+// MatMulParts counts every part's weights and output, and x once.
+func (p *Backend) MatMulParts(x kernels.Buffer, m, k int, parts []kernels.MatMulPart) {
+	t0 := p.begin()
+	p.Backend.MatMulParts(x, m, k, parts)
+	bytes, n := 4*int64(m*k), 0
+	for _, pt := range parts {
+		bytes += size(pt.W, pt.N*k) + 4*int64(m*pt.N)
+		n += pt.N
+	}
+	p.end(t0, bytes, opKey{name: "MatMulParts", a: k, b: n})
+}
+
+// MatMulGLU counts both weights, x and out.
+func (p *Backend) MatMulGLU(out, up, x, gate, upW kernels.Buffer, m, n, k int) {
+	t0 := p.begin()
+	p.Backend.MatMulGLU(out, up, x, gate, upW, m, n, k)
+	p.end(t0, size(gate, n*k)+size(upW, n*k)+4*int64(m*k+m*n), opKey{name: "MatMulGLU", a: k, b: n})
+}
+
 func (p *Backend) Add(out, a, b kernels.Buffer, n int) {
 	t0 := p.begin()
 	p.Backend.Add(out, a, b, n)
@@ -240,17 +259,28 @@ func (p *Backend) GroupedConv(out, x, base, delta kernels.Buffer, rows, dim, tap
 	p.end(t0, 4*int64(rows*dim*(2+taps)+taps*dim+rows*taps*(dim/groupSize)), opKey{name: "GroupedConv"})
 }
 
-func (p *Backend) GDNInputs(q, k, v, conv kernels.Buffer, T int, s kernels.GDNShape, eps, qScale float32) {
+// GDNConvInputs counts x, q, k, v, the gates and each sequence's state
+// read and written.
+func (p *Backend) GDNConvInputs(q, k, v, a, b, x, convW, aLog, dtBias kernels.Buffer, seqs []kernels.GDNConvSeq, K int, s kernels.GDNShape, eps, qScale float32) {
 	t0 := p.begin()
-	p.Backend.GDNInputs(q, k, v, conv, T, s, eps, qScale)
-	p.end(t0, 8*int64(T*(2*s.KeyHeads*s.KeyDim+s.ValueHeads*s.ValueDim)), opKey{name: "GDNInputs"})
+	p.Backend.GDNConvInputs(q, k, v, a, b, x, convW, aLog, dtBias, seqs, K, s, eps, qScale)
+	width := 2*s.KeyHeads*s.KeyDim + s.ValueHeads*s.ValueDim
+	bytes := size(convW, width*K)
+	for _, sq := range seqs {
+		bytes += 8*int64(sq.Rows*width) + 16*int64(sq.Rows*s.ValueHeads) + 2*size(sq.State, (K-1)*width)
+	}
+	p.end(t0, bytes, opKey{name: "GDNConvInputs"})
 }
 
-func (p *Backend) AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {
+func (p *Backend) AttnInputs(q, qg, gate, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots kernels.Buffer, rows int, s kernels.AttnInputShape) {
 	t0 := p.begin()
-	p.Backend.AttnInputs(q, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots, rows, s)
+	p.Backend.AttnInputs(q, qg, gate, k, v, qNorm, kNorm, positions, invFreq, kCache, vCache, slots, rows, s)
 	kvDim := s.KVHeads * s.HeadDim
-	p.end(t0, 8*int64(rows*(s.Heads*s.HeadDim+kvDim))+4*int64(rows*kvDim)+2*size(kCache, rows*kvDim), opKey{name: "AttnInputs"})
+	bytes := 8*int64(rows*(s.Heads*s.HeadDim+kvDim)) + 4*int64(rows*kvDim) + 2*size(kCache, rows*kvDim)
+	if qg != nil {
+		bytes += 8 * int64(rows*s.Heads*s.HeadDim) // the gates read and written
+	}
+	p.end(t0, bytes, opKey{name: "AttnInputs"})
 }
 
 func (p *Backend) WriteKV(kCache, vCache, k, v, slots kernels.Buffer, n, kvDim int) {
@@ -301,6 +331,18 @@ func (p *Backend) GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeStat
 	p.Backend.GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeStates, parents, T, shape)
 	qk, vo := shape.KeyHeads*shape.KeyDim, shape.ValueHeads*shape.ValueDim
 	p.end(t0, 4*int64(T*(2*qk+2*vo))+2*int64(T)*size(state, shape.StateLen()), opKey{name: "GDNRecurrence"})
+}
+
+// GDNRecurrences counts what GDNRecurrence does, per sequence.
+func (p *Backend) GDNRecurrences(out, q, k, v, g, beta kernels.Buffer, seqs []kernels.GDNSeq, shape kernels.GDNShape) {
+	t0 := p.begin()
+	p.Backend.GDNRecurrences(out, q, k, v, g, beta, seqs, shape)
+	qk, vo := shape.KeyHeads*shape.KeyDim, shape.ValueHeads*shape.ValueDim
+	var bytes int64
+	for _, sq := range seqs {
+		bytes += 4*int64(sq.Rows*(2*qk+2*vo)) + 2*int64(sq.Rows)*size(sq.State, shape.StateLen())
+	}
+	p.end(t0, bytes, opKey{name: "GDNRecurrences"})
 }
 
 func (p *Backend) GDNChunked(out, q, k, v, g, beta, state, stateOut kernels.Buffer, T, chunk int, shape kernels.GDNShape) {

@@ -120,6 +120,16 @@ INLINE double block_sum_d(double v, double *scratch) {
   return warp_sum_d(v);
 }
 
+// inv_rms returns rsqrt(Σx²/dim + eps) of row x (rsqrt(Σx² + eps)
+// without mean), to every thread, the sum of squares in double.
+INLINE float inv_rms(const float *x, int dim, float eps, bool mean) {
+  __shared__ double scratch[32];
+  double ss = 0;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += (double)x[i] * x[i];
+  ss = block_sum_d(ss, scratch);
+  return (float)(1.0 / sqrt_((mean ? ss / dim : ss) + (double)eps));
+}
+
 INLINE float block_max(float v, float *scratch) {
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   v = warp_max(v);
@@ -133,3 +143,14 @@ INLINE float block_max(float v, float *scratch) {
 // Grid-stride loop over [0, n).
 #define GRID_LOOP(i, n) \
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (i64)(n); i += (i64)gridDim.x * blockDim.x)
+
+// gdn_gate turns a GDN layer's in_proj_a and in_proj_b outputs for value
+// head h into its gates, in place: a = -exp(a_log)·softplus(a + dt_bias)
+// in double, b = sigmoid(b).
+template <typename W>
+INLINE void gdn_gate(float *a, float *b, const W *a_log, const W *dt_bias, int h) {
+  double x = (double)(*a + to_f32(dt_bias[h]));
+  double sp = x > 20 ? x : log1p_(exp_(x));  // torch's softplus threshold
+  *a = (float)(-exp_((double)to_f32(a_log[h])) * sp);
+  *b = sigmoidf_(*b);
+}

@@ -2,16 +2,10 @@
 // decode, replay) and trees (verify, one state per node).
 #include "common.cuh"
 
-// gdn_gates: a = -exp(a_log)·softplus(a + dt_bias) in double; b = sigmoid(b).
+// gdn_gates: gdn_gate per (row, head).
 template <typename W>
 INLINE void gdn_gates(float *a, float *b, const W *a_log, const W *dt_bias, int T, int heads) {
-  GRID_LOOP(i, (i64)T * heads) {
-    int h = (int)(i % heads);
-    double x = (double)(a[i] + to_f32(dt_bias[h]));
-    double sp = x > 20 ? x : log1p_(exp_(x));  // torch's softplus threshold
-    a[i] = (float)(-exp_((double)to_f32(a_log[h])) * sp);
-    b[i] = sigmoidf_(b[i]);
-  }
+  GRID_LOOP(i, (i64)T * heads) gdn_gate(a + i, b + i, a_log, dt_bias, (int)(i % heads));
 }
 WEIGHT_KERNELS(gdn_gates, (float *a, float *b, const void *a_log, const void *dt_bias, int T, int heads),
                (a, b, (const W *)a_log, (const W *)dt_bias, T, heads))
@@ -42,6 +36,21 @@ INLINE void store_state(const float *S, void *dst, int state_bf16, i64 head, int
   }
 }
 
+// Mirror of the Go gdnSeqs (gdn.go): the sequences of a gdn_recurrence
+// launch, each its rows start..start+rows-1 of the operands, its states and
+// tree parents.
+#define MAX_GDN_SEQS 16
+struct GDNSeq {
+  const void *state;
+  void *state_out, *node_states;
+  const int *parents;
+  int start, rows;
+};
+struct GDNSeqs {
+  GDNSeq s[MAX_GDN_SEQS];
+  int count;
+};
+
 // gdn_recurrence runs one value head's state S [kd, vd] over T tokens.
 // Block (value head, 32 state columns); thread (x, y) keeps column
 // blockIdx.y*32+x of rows y*32 .. y*32+31 in registers. Per token:
@@ -56,10 +65,19 @@ INLINE void store_state(const float *S, void *dst, int state_bf16, i64 head, int
 // state and the tree needs no synchronisation beyond the block.
 // Shared memory (dynamic): q and k of two tokens [2][2*kd] (the next
 // token's load overlaps this one's work), then partial sums [blockDim.y * 32].
+// blockIdx.z is the sequence.
 KERNEL gdn_recurrence(float *out, const float *q, const float *k, const float *v, const float *g, const float *beta,
-                      const void *state, void *state_out, void *node_states, int state_bf16, const int *parents,
-                      int T, int key_heads, int value_heads, int kd, int vd) {
+                      GDNSeqs seqs, int state_bf16, int key_heads, int value_heads, int kd, int vd) {
   DYNAMIC_SHARED(float, smem);
+  const GDNSeq &sq = seqs.s[blockIdx.z];
+  const void *state = sq.state;
+  void *state_out = sq.state_out, *node_states = sq.node_states;
+  const int *parents = sq.parents;
+  int T = sq.rows;
+  i64 s0 = sq.start;
+  q += s0 * key_heads * kd, k += s0 * key_heads * kd, v += s0 * value_heads * vd;
+  g += s0 * value_heads, beta += s0 * value_heads;
+  if (out) out += s0 * value_heads * vd;
   float *part = smem + 4 * kd;
   int h = blockIdx.x, kh = h / (value_heads / key_heads);
   int x = threadIdx.x, y = threadIdx.y, tid = y * 32 + x, threads = 32 * blockDim.y;

@@ -2,15 +2,6 @@
 // the CPU reference. out may alias x: each thread rereads only its own elements.
 #include "common.cuh"
 
-// inv_rms returns rsqrt(Σx²/dim + eps) of row x, to every thread.
-INLINE float inv_rms(const float *x, int dim, float eps, bool mean) {
-  __shared__ double scratch[32];
-  double ss = 0;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += (double)x[i] * x[i];
-  ss = block_sum_d(ss, scratch);
-  return (float)(1.0 / sqrt_((mean ? ss / dim : ss) + (double)eps));
-}
-
 // rmsnorm: out = x·inv·(offset + w), offset 1 for Qwen's zero-centred weights.
 template <typename W>
 INLINE void rmsnorm(float *out, const float *x, const W *w, int dim, float eps, float offset) {
@@ -54,32 +45,14 @@ KERNEL l2norm(float *x, int dim, float eps, float scale) {
   for (int i = threadIdx.x; i < dim; i += blockDim.x) x[row + i] *= f;
 }
 
-// gdn_inputs: block (row, part) over the key heads of q, those of k, and
-// one block for the row's v. A q or k block scales its head as l2norm
-// does; the v block copies.
-KERNEL gdn_inputs(float *q, float *k, float *v, const float *conv, int key_heads, int key_dim, int v_dim, float eps,
-                  float q_scale) {
-  i64 r = blockIdx.x, qk = (i64)key_heads * key_dim;
-  int part = blockIdx.y;
-  const float *row = conv + r * (2 * qk + v_dim);
-  if (part == 2 * key_heads) {
-    for (int i = threadIdx.x; i < v_dim; i += blockDim.x) v[r * v_dim + i] = row[2 * qk + i];
-    return;
-  }
-  bool is_q = part < key_heads;
-  int h = is_q ? part : part - key_heads;
-  const float *x = row + (is_q ? 0 : qk) + h * key_dim;
-  float *out = (is_q ? q : k) + r * qk + h * key_dim;
-  float f = inv_rms(x, key_dim, eps, false) * (is_q ? q_scale : 1.0f);
-  for (int i = threadIdx.x; i < key_dim; i += blockDim.x) out[i] = x[i] * f;
-}
-
 // attn_inputs: block (row, head) over the query heads of q, then the KV
 // heads of k. It normalises the head as rmsnorm does, rotates its first
 // 2·half dims as rope does (angles in double), writes it back, and for a
-// KV head stores it and the head's v at the row's cache slot.
+// KV head stores it and the head's v at the row's cache slot. With qg set,
+// a query head is read from qg's row (per head its query, then its gate)
+// and its gate copied to gate.
 template <typename C, typename W>
-INLINE void attn_inputs(float *q, float *k, const float *v, const W *q_norm, const W *k_norm, const int *positions,
+INLINE void attn_inputs(float *q, const float *qg, float *gate, float *k, const float *v, const W *q_norm, const W *k_norm, const int *positions,
                         const float *inv_freq, C *kc, C *vc, const int *slots, int heads, int kv_heads, int head_dim,
                         int half, float eps, float rope_scale, i64 num_slots) {
   __shared__ float y[MAX_HEAD_DIM], cs[MAX_HEAD_DIM / 2], sn[MAX_HEAD_DIM / 2];
@@ -88,8 +61,13 @@ INLINE void attn_inputs(float *q, float *k, const float *v, const W *q_norm, con
   bool key = kh >= 0;
   float *x = key ? k + (r * kv_heads + kh) * head_dim : q + (r * heads + h) * head_dim;
   const W *w = key ? k_norm : q_norm;
-  float inv = inv_rms(x, head_dim, eps, true);
-  for (int i = threadIdx.x; i < head_dim; i += blockDim.x) y[i] = x[i] * inv * (1.0f + to_f32(w[i]));
+  const float *src = x;
+  if (!key && qg) {
+    src = qg + (r * heads + h) * 2 * head_dim;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) gate[(r * heads + h) * head_dim + i] = src[head_dim + i];
+  }
+  float inv = inv_rms(src, head_dim, eps, true);
+  for (int i = threadIdx.x; i < head_dim; i += blockDim.x) y[i] = src[i] * inv * (1.0f + to_f32(w[i]));
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     double s, c;
     sincos_((double)positions[r] * (double)inv_freq[i], &s, &c);
@@ -112,11 +90,12 @@ INLINE void attn_inputs(float *q, float *k, const float *v, const W *q_norm, con
   }
 }
 #define ATTN_INPUTS_KERNEL(cache, C, wname, W)                                                                     \
-  KERNEL attn_inputs_##cache##_##wname(float *q, float *k, const float *v, const void *q_norm, const void *k_norm,  \
+  KERNEL attn_inputs_##cache##_##wname(float *q, const float *qg, float *gate, float *k, const float *v,           \
+                                       const void *q_norm, const void *k_norm,                                      \
                                        const int *positions, const float *inv_freq, C *kc, C *vc, const int *slots, \
                                        int heads, int kv_heads, int head_dim, int half, float eps, float rope_scale, \
                                        i64 num_slots) {                                                             \
-    attn_inputs<C, W>(q, k, v, (const W *)q_norm, (const W *)k_norm, positions, inv_freq, kc, vc, slots, heads,     \
+    attn_inputs<C, W>(q, qg, gate, k, v, (const W *)q_norm, (const W *)k_norm, positions, inv_freq, kc, vc, slots, heads,     \
                       kv_heads, head_dim, half, eps, rope_scale, num_slots);                                        \
   }
 ATTN_INPUTS_KERNEL(f32, float, f32, float)
