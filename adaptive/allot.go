@@ -154,7 +154,9 @@ const (
 // gets (the mean of the best allotments, not the best allotment of the
 // mean draft).
 func ExpectedGain(recent [][]float64, rest Rest, stepMs func(rows int) float64, commitMs, draftMs float64) float64 {
-	return expected(recent, rest, stepMs, commitMs, draftMs, func(r ratios) float64 { return r.tokens - r.time })
+	return expected(recent, rest, stepMs, commitMs, func(reqs []Request, n []int) float64 {
+		return DraftGains(reqs, rest, n, stepMs, draftMs+commitMs)[0]
+	})
 }
 
 // ExpectedSpeedup is what a request's next draft is expected to speed the
@@ -164,12 +166,15 @@ func ExpectedGain(recent [][]float64, rest Rest, stepMs func(rows int) float64, 
 // g batch steps over a step c times as long is a speedup of 1 + g/c, so of
 // two drafts gaining alike the cheaper one speeds decoding up more.
 func ExpectedSpeedup(recent [][]float64, rest Rest, stepMs func(rows int) float64, commitMs, draftMs float64) float64 {
-	return expected(recent, rest, stepMs, commitMs, draftMs, func(r ratios) float64 { return r.tokens / r.time })
+	return expected(recent, rest, stepMs, commitMs, func(reqs []Request, n []int) float64 {
+		r := draftRatios(reqs, rest, n, stepMs, draftMs+commitMs)[0]
+		return r.tokens / r.time
+	})
 }
 
-// expected is the mean of judge over recent drafts, each with its best
-// allotment (0 for none).
-func expected(recent [][]float64, rest Rest, stepMs func(rows int) float64, commitMs, draftMs float64, judge func(ratios) float64) float64 {
+// expected is the mean, over recent drafts, of judge on each (a request of
+// one draft) with its best allotment n (0 for none).
+func expected(recent [][]float64, rest Rest, stepMs func(rows int) float64, commitMs float64, judge func(reqs []Request, n []int) float64) float64 {
 	if len(recent) == 0 {
 		return 0
 	}
@@ -177,7 +182,7 @@ func expected(recent [][]float64, rest Rest, stepMs func(rows int) float64, comm
 	for _, probs := range recent {
 		reqs := []Request{{Probs: probs}}
 		n := Allot(reqs, rest, stepMs, commitMs) // the draft made: only the commit weighs against nodes
-		total += judge(draftRatios(reqs, rest, n, stepMs, draftMs+commitMs)[0])
+		total += judge(reqs, n)
 	}
 	return total / float64(len(recent))
 }
