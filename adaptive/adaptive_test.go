@@ -454,7 +454,7 @@ func drafts(b Backoff, s *Probes, steps, interval int, gains func(k int) float64
 			continue
 		}
 		trace.WriteByte('D')
-		b.record([]float64{0.5})
+		b.record(Prediction{Probs: []float64{0.5}})
 		s.judge(&b, gains(k), interval)
 		k++
 	}
@@ -463,7 +463,7 @@ func drafts(b Backoff, s *Probes, steps, interval int, gains func(k int) float64
 
 func TestBackoffSchedule(t *testing.T) {
 	losing := func(int) float64 { return -1 }
-	eight := slices.Repeat([][]float64{{0.5}}, 8)
+	eight := slices.Repeat([]Prediction{{Probs: []float64{0.5}}}, 8)
 	for _, c := range []struct {
 		name     string
 		start    Backoff
@@ -579,7 +579,7 @@ func TestProbesAcrossRequests(t *testing.T) {
 		for _, r := range []*Backoff{&a, &b} {
 			if s.draft(r) {
 				trace += "D"
-				r.record([]float64{0.5})
+				r.record(Prediction{Probs: []float64{0.5}})
 				s.judge(r, -1, 8)
 			} else {
 				trace += "."
@@ -631,7 +631,7 @@ func TestPolicyBatchOfFour(t *testing.T) {
 		if !p.Draft(&alone) {
 			t.Fatalf("alone, the request stopped drafting after %d drafts", k)
 		}
-		if nodes := p.Allot([][]float64{draft}, [][]int32{depths}, Rest{}, []*Backoff{&alone}); nodes[0] == 0 {
+		if nodes := p.Allot([]Draft{{Probs: draft, Depths: depths}}, Rest{}, []*Backoff{&alone}); nodes[0] == 0 {
 			t.Fatalf("alone, draft %d got no nodes", k)
 		}
 	}
@@ -649,7 +649,7 @@ func TestPolicyBatchOfFour(t *testing.T) {
 		}
 		backoffs = append(backoffs, &batch[i])
 	}
-	p.Allot(slices.Repeat([][]float64{draft}, 4), slices.Repeat([][]int32{depths}, 4), Rest{}, backoffs)
+	p.Allot(slices.Repeat([]Draft{{Probs: draft, Depths: depths}}, 4), Rest{}, backoffs)
 	for i := range batch {
 		if !batch[i].stopped {
 			t.Errorf("request %d of the batch of four drafts on", i)
@@ -659,24 +659,30 @@ func TestPolicyBatchOfFour(t *testing.T) {
 
 func TestExpectedGain(t *testing.T) {
 	cost := linearCost(10, 1)
-	good, bad := []float64{0.9, 0.9, 0.8, 0.8}, []float64{0.05}
+	good, bad := Prediction{Probs: []float64{0.9, 0.9, 0.8, 0.8}}, Prediction{Probs: []float64{0.05}}
 	// Alone, a good draft's best allotment is its 4 nodes: 4.4 tokens in
 	// 10 + 5 + 2 ms (a 2 ms draft) against 1 token in 11 ms.
 	alone := 4.4 - 17.0/11
 	// A bad draft is best verified with no node: 1 token in 11 + 2 ms.
 	wasted := 1 - 13.0/11
+	// The good draft made by a drafter (under a Choice) whose drafts take
+	// 6 ms is judged at its own draft time, not at the policy's 2 ms.
+	slow := &DrafterStats{}
+	slow.ObserveDraft(6*time.Millisecond, true)
+	slowGood := Prediction{Probs: good.Probs, Drafter: slow}
 	for _, c := range []struct {
 		name   string
-		recent [][]float64
+		recent []Prediction
 		rest   Rest
 		want   float64
 	}{
 		{"none", nil, Rest{}, 0},
-		{"one good draft", [][]float64{good}, Rest{}, alone},
-		{"the mean of each draft's best", [][]float64{good, bad}, Rest{}, (alone + wasted) / 2},
+		{"one good draft", []Prediction{good}, Rest{}, alone},
+		{"the mean of each draft's best", []Prediction{good, bad}, Rest{}, (alone + wasted) / 2},
 		// Beside 40 other rows (40 tokens), only 2 nodes are worth their
 		// rows, and the draft no longer pays: 42.8/41 − (10+43+2)/(10+41).
-		{"in a big batch", [][]float64{good}, Rest{Rows: 40, Tokens: 40}, 42.8/41 - 55.0/51},
+		{"in a big batch", []Prediction{good}, Rest{Rows: 40, Tokens: 40}, 42.8/41 - 55.0/51},
+		{"each at its drafter's draft time", []Prediction{good, slowGood}, Rest{}, (alone + 4.4 - 21.0/11) / 2},
 	} {
 		if got := ExpectedGain(c.recent, c.rest, cost, 0, 2); !near(got, c.want) {
 			t.Errorf("%s: ExpectedGain = %v, want %v", c.name, got, c.want)
@@ -696,9 +702,8 @@ func TestPolicyModes(t *testing.T) {
 	if b := p.StartBackoff(1); b.stopped {
 		t.Error("before any draft a request should draft")
 	}
-	weak := [][]float64{{1e-4, 1e-5}}
-	depths := [][]int32{{1, 2}}
-	if got := p.Allot(weak, depths, Rest{}, nil); !slices.Equal(got, []int{1}) || p.Name() != "ddtree-auto" {
+	weak := []Draft{{Probs: []float64{1e-4, 1e-5}, Depths: []int32{1, 2}}}
+	if got := p.Allot(weak, Rest{}, nil); !slices.Equal(got, []int{1}) || p.Name() != "ddtree-auto" {
 		t.Errorf("%s: %v, want one node", p.Name(), got)
 	}
 	p.Autoregressive = true
@@ -710,7 +715,7 @@ func TestPolicyModes(t *testing.T) {
 		if !p.Draft(&b) {
 			t.Fatalf("stopped after %d drafts", k)
 		}
-		if got := p.Allot(weak, depths, Rest{}, []*Backoff{&b}); !slices.Equal(got, []int{0}) || p.Name() != "adaptive" {
+		if got := p.Allot(weak, Rest{}, []*Backoff{&b}); !slices.Equal(got, []int{0}) || p.Name() != "adaptive" {
 			t.Fatalf("%s: %v, want no nodes", p.Name(), got)
 		}
 	}
@@ -729,8 +734,8 @@ func TestPolicyModes(t *testing.T) {
 	if !p.Draft(&b) {
 		t.Fatal("the stopped request did not probe when due")
 	}
-	strong := [][]float64{{0.9, 0.8, 0.7}}
-	if got := p.Allot(strong, [][]int32{{1, 2, 3}}, Rest{}, []*Backoff{&b}); !slices.Equal(got, []int{3}) || b.stopped {
+	strong := []Draft{{Probs: []float64{0.9, 0.8, 0.7}, Depths: []int32{1, 2, 3}}}
+	if got := p.Allot(strong, Rest{}, []*Backoff{&b}); !slices.Equal(got, []int{3}) || b.stopped {
 		t.Errorf("a confident probe: %v, stopped %v, want all three nodes and to draft on", got, b.stopped)
 	}
 	s := p.Snapshot()

@@ -144,6 +144,22 @@ const (
 	resumeAbove = 1.0 / 8
 )
 
+// Prediction is a draft's calibrated acceptance probabilities (its nodes',
+// in tree order) and, under a Choice, the drafter that made it, whose own
+// draft time the draft is judged with (nil: the policy's draft time).
+type Prediction struct {
+	Probs   []float64
+	Drafter *DrafterStats
+}
+
+// draftMs is the prediction's draft time: its drafter's, else policyMs.
+func (p Prediction) draftMs(policyMs float64) float64 {
+	if p.Drafter == nil {
+		return policyMs
+	}
+	return p.Drafter.DraftMs()
+}
+
 // ExpectedGain is what a request's next draft is expected to gain the
 // batch, in batch steps (as DraftGains): the mean, over its recent drafts'
 // calibrated predictions, of the gain each would have with its best
@@ -152,9 +168,11 @@ const (
 // drafting at once when the batch grows to where drafting no longer pays;
 // and each with its own best allotment, which is what drafting every step
 // gets (the mean of the best allotments, not the best allotment of the
-// mean draft).
-func ExpectedGain(recent [][]float64, rest Rest, stepMs func(rows int) float64, commitMs, draftMs float64) float64 {
-	return expected(recent, rest, stepMs, commitMs, func(reqs []Request, n []int) float64 {
+// mean draft); and each at its own drafter's draft time (draftMs for a
+// prediction of no drafter), so that a window of one drafter's drafts is
+// not judged at another's cost.
+func ExpectedGain(recent []Prediction, rest Rest, stepMs func(rows int) float64, commitMs, draftMs float64) float64 {
+	return expected(recent, rest, stepMs, commitMs, draftMs, func(reqs []Request, n []int, draftMs float64) float64 {
 		return DraftGains(reqs, rest, n, stepMs, draftMs+commitMs)[0]
 	})
 }
@@ -165,24 +183,24 @@ func ExpectedGain(recent [][]float64, rest Rest, stepMs func(rows int) float64, 
 // drafters of different draft times, this is what to compare: a gain of
 // g batch steps over a step c times as long is a speedup of 1 + g/c, so of
 // two drafts gaining alike the cheaper one speeds decoding up more.
-func ExpectedSpeedup(recent [][]float64, rest Rest, stepMs func(rows int) float64, commitMs, draftMs float64) float64 {
-	return expected(recent, rest, stepMs, commitMs, func(reqs []Request, n []int) float64 {
+func ExpectedSpeedup(recent []Prediction, rest Rest, stepMs func(rows int) float64, commitMs, draftMs float64) float64 {
+	return expected(recent, rest, stepMs, commitMs, draftMs, func(reqs []Request, n []int, draftMs float64) float64 {
 		r := draftRatios(reqs, rest, n, stepMs, draftMs+commitMs)[0]
 		return r.tokens / r.time
 	})
 }
 
 // expected is the mean, over recent drafts, of judge on each (a request of
-// one draft) with its best allotment n (0 for none).
-func expected(recent [][]float64, rest Rest, stepMs func(rows int) float64, commitMs float64, judge func(reqs []Request, n []int) float64) float64 {
+// one draft) with its best allotment n (0 for none) and its draft time.
+func expected(recent []Prediction, rest Rest, stepMs func(rows int) float64, commitMs, draftMs float64, judge func(reqs []Request, n []int, draftMs float64) float64) float64 {
 	if len(recent) == 0 {
 		return 0
 	}
 	total := 0.0
-	for _, probs := range recent {
-		reqs := []Request{{Probs: probs}}
+	for _, p := range recent {
+		reqs := []Request{{Probs: p.Probs}}
 		n := Allot(reqs, rest, stepMs, commitMs) // the draft made: only the commit weighs against nodes
-		total += judge(reqs, n)
+		total += judge(reqs, n, p.draftMs(draftMs))
 	}
 	return total / float64(len(recent))
 }
@@ -233,13 +251,13 @@ func delay(interval, relapses int) int {
 // resumeAbove). A probe is judged alone: the drafts before the stop are
 // forgotten.
 type Backoff struct {
-	recent  [][]float64 // its latest drafts' calibrated predictions, oldest first
-	judged  int         // drafts it has judged by: its own and those it started with
-	resumed bool        // a probe resumed its drafting
-	run     int         // its drafts since it started, or since a probe resumed it
-	stopped bool        // it drafts only to probe
-	probing bool        // its draft in flight is a probe
-	waited  int         // its steps without a draft since its last draft
+	recent  []Prediction // its latest drafts' calibrated predictions, oldest first
+	judged  int          // drafts it has judged by: its own and those it started with
+	resumed bool         // a probe resumed its drafting
+	run     int          // its drafts since it started, or since a probe resumed it
+	stopped bool         // it drafts only to probe
+	probing bool         // its draft in flight is a probe
+	waited  int          // its steps without a draft since its last draft
 }
 
 // StartBackoff is a new request's schedule: it drafts at once, with the
@@ -250,7 +268,7 @@ type Backoff struct {
 // as any resumed request does (judging a fresh window instead, it drafted
 // on 7 more times where drafting lost, and then its stop cleared the
 // schedule's relapses).
-func StartBackoff(recent [][]float64, gain float64) Backoff {
+func StartBackoff(recent []Prediction, gain float64) Backoff {
 	if gain <= 0 {
 		return Backoff{stopped: true, judged: len(recent)}
 	}
@@ -258,8 +276,8 @@ func StartBackoff(recent [][]float64, gain float64) Backoff {
 }
 
 // record adds a draft's calibrated predictions to the recent ones.
-func (b *Backoff) record(probs []float64) {
-	b.recent = append(b.recent, probs)
+func (b *Backoff) record(p Prediction) {
+	b.recent = append(b.recent, p)
 	b.judged++
 	b.run++
 	if len(b.recent) > recentDrafts {

@@ -57,12 +57,26 @@ func (d *DrafterStats) DraftMs() float64 {
 // drafter not chosen meanwhile drafts for it again.
 const ReprobeSteps = 16
 
+// RetireAfter is how many trials (a drafter's first draft for a request,
+// and each draft ReprobeSteps gave it) a drafter may lose for a request
+// before it is retired for the rest of the request. Keeping a drafter in
+// the running costs its forward over every row the request commits (its
+// context, taken in at its next draft), which the choice does not see: the
+// demo pair's MTP head is a quarter of its 4-layer target, so taking in a
+// request's rows until every reprobe cost about a tenth of decoding at
+// concurrency 1.
+const RetireAfter = 2
+
 // ChoiceState is one request's view of its drafters: each one's recent
-// drafts for it and the request's drafts since it last drafted.
+// drafts for it, the request's drafts since it last drafted, the trials it
+// lost and whether it is retired.
 type ChoiceState struct {
-	choice *Choice
-	recent [][]draft // per drafter, its latest drafts (at most recentDrafts)
-	since  []int
+	choice  *Choice
+	recent  [][]draft // per drafter, its latest drafts (at most recentDrafts)
+	since   []int
+	trying  []bool // its latest draft was a trial, not yet judged
+	lost    []int
+	retired []bool
 }
 
 // draft is a draft tree's raw path probabilities and depths, in tree order,
@@ -76,7 +90,7 @@ type draft struct {
 // NewState starts a request's state: no drafter has drafted for it.
 func (c *Choice) NewState() *ChoiceState {
 	n := len(c.Drafters)
-	return &ChoiceState{choice: c, recent: make([][]draft, n), since: make([]int, n)}
+	return &ChoiceState{choice: c, recent: make([][]draft, n), since: make([]int, n), trying: make([]bool, n), lost: make([]int, n), retired: make([]bool, n)}
 }
 
 // evidence is the drafts drafter i is judged by for request s: its latest
@@ -96,32 +110,49 @@ func (c *Choice) evidence(s *ChoiceState, i int) []draft {
 
 // Choose returns the drafter a request drafts with next, in a batch of
 // seqs sequences (itself included) with the step times and commit cost
-// given (Policy.StepCosts): first each drafter once, in order; then one
-// not chosen for ReprobeSteps drafts; else the one of the highest
-// ExpectedSpeedup over its evidence (its recent drafts for the request, then
-// for others), calibrated by its own calibration, with its own draft time.
-// Ties go to the first.
+// given (Policy.StepCosts), among those not retired: first each drafter
+// once, in order; then one not chosen for ReprobeSteps drafts (each a
+// trial); else the one of the highest ExpectedSpeedup over its evidence
+// (its recent drafts for the request, then for others), calibrated by its
+// own calibration, with its own draft time. Ties go to the first. A
+// drafter on trial that is not the one chosen so lost the trial, and is
+// retired after RetireAfter lost trials.
 func (c *Choice) Choose(s *ChoiceState, seqs int, stepMs func(rows int) float64, commitMs float64) int {
 	for i, r := range s.recent {
-		if len(r) == 0 || s.since[i] >= ReprobeSteps {
+		if !s.retired[i] && (len(r) == 0 || s.since[i] >= ReprobeSteps) {
+			s.trying[i] = true
 			return i
 		}
 	}
-	best, bestSpeedup := 0, 0.0
+	best, bestSpeedup := -1, 0.0
 	for i := range c.Drafters {
+		if s.retired[i] {
+			continue
+		}
 		d := &c.Drafters[i]
 		evidence := c.evidence(s, i)
-		calibrated := make([][]float64, len(evidence))
+		calibrated := make([]Prediction, len(evidence))
 		for k, r := range evidence {
-			calibrated[k] = d.Calibration.Calibrate(r.probs, r.depths)
+			calibrated[k] = Prediction{Probs: d.Calibration.Calibrate(r.probs, r.depths)}
 		}
 		speedup := ExpectedSpeedup(calibrated, plainBatch(seqs-1), stepMs, commitMs, d.DraftMs())
-		if i == 0 || speedup > bestSpeedup {
+		if best < 0 || speedup > bestSpeedup {
 			best, bestSpeedup = i, speedup
 		}
 	}
+	for i, trying := range s.trying {
+		if trying && i != best {
+			s.lost[i]++
+			s.retired[i] = s.lost[i] >= RetireAfter
+		}
+		s.trying[i] = false
+	}
 	return best
 }
+
+// Retired reports whether drafter i is retired for the request: it drafts
+// for it no more, and needs none of its rows.
+func (s *ChoiceState) Retired(i int) bool { return s.retired[i] }
 
 // Drafted records that drafter i drafted for the request a tree of these
 // raw path probabilities and depths (in tree order).

@@ -12,7 +12,8 @@ import (
 // draft cost (the same acceptance, ten times the draft time) or on both
 // (a token more per draft at nine times the draft time), whichever
 // position it has; and a drafter not chosen drafts again after
-// ReprobeSteps drafts.
+// ReprobeSteps drafts, and is retired for the request once it lost that
+// trial too.
 func TestChoiceChoosesTheDrafterExpectedToPay(t *testing.T) {
 	stepMs := func(rows int) float64 { return 10 + 0.5*float64(rows) }
 	probs, depths := []float64{0.9, 0.8, 0.7, 0.6}, []int32{1, 2, 3, 4}
@@ -61,6 +62,21 @@ func TestChoiceChoosesTheDrafterExpectedToPay(t *testing.T) {
 		if steps < ReprobeSteps-1 || steps > ReprobeSteps {
 			t.Errorf("%s: drafter %d chose for %d drafts, then the other; want about ReprobeSteps (%d)", c.name, c.want, steps, ReprobeSteps)
 		}
+		// The other lost its second trial: it is retired for the request
+		// and never drafts for it again.
+		other := 1 - c.want
+		if s.Retired(other) {
+			t.Errorf("%s: drafter %d retired before its second trial was judged", c.name, other)
+		}
+		for k := range 3 * ReprobeSteps {
+			if got := choice.Choose(s, 1, stepMs, 0.1); got != c.want {
+				t.Fatalf("%s: draft %d after the second trial by drafter %d, want only %d", c.name, k, got, c.want)
+			}
+			s.Drafted(c.want, probs, depths)
+		}
+		if !s.Retired(other) || s.Retired(c.want) {
+			t.Errorf("%s: retired %v and %v, want only drafter %d", c.name, s.Retired(0), s.Retired(1), other)
+		}
 	}
 }
 
@@ -96,5 +112,53 @@ func TestChoiceWeighsOtherRequestsDrafts(t *testing.T) {
 	}
 	if got := choice.Choose(s, 1, stepMs, 0.1); got != 1 {
 		t.Errorf("after a window of unlucky drafts for the request, drafter %d chosen; want 1", got)
+	}
+}
+
+// TestPolicyJudgesADraftByItsDrafter: under a Choice, the policy allots a
+// draft by its own drafter's calibration and judges whether drafting pays
+// at its own drafter's draft time, not at the policy's, which mixes every
+// drafter's: a draft whose drafter is always rejected gets no node where
+// the policy's calibration would verify it, and a drafter that takes
+// longer than a step stops drafting where the same drafts at the policy's
+// draft time go on.
+func TestPolicyJudgesADraftByItsDrafter(t *testing.T) {
+	p := &Policy{Autoregressive: true}
+	for range minSamples {
+		p.Cost.ObserveStep(1, 1, 10*time.Millisecond)
+	}
+	for range minSamples {
+		p.Cost.ObserveStep(1, 16, 20*time.Millisecond)
+	}
+	p.Cost.ObserveDraft(time.Millisecond, true)
+	probs, depths := []float64{0.9, 0.8, 0.7}, []int32{1, 2, 3}
+	choice := NewChoice(2)
+	rejected, slow := &choice.Drafters[0], &choice.Drafters[1]
+	for range 50 {
+		rejected.Calibration.Observe(probs, depths, 0)
+		rejected.ObserveDraft(time.Millisecond, true)
+		slow.Calibration.Observe(probs, depths, 3)
+		slow.ObserveDraft(30*time.Millisecond, true)
+	}
+	if got := p.Allot([]Draft{{Probs: probs, Depths: depths}}, Rest{}, nil); got[0] != 3 {
+		t.Fatalf("by the policy's calibration the draft gets %d nodes, want 3", got[0])
+	}
+	if got := p.Allot([]Draft{{Probs: probs, Depths: depths, Drafter: rejected}}, Rest{}, nil); got[0] != 0 {
+		t.Errorf("the draft of a drafter the target always rejects gets %d nodes, want 0", got[0])
+	}
+	for _, c := range []struct {
+		name    string
+		drafter *DrafterStats
+		stops   bool
+	}{{"at the policy's draft time", nil, false}, {"at its drafter's", slow, true}} {
+		b := StartBackoff(nil, 1)
+		for range minEvidence {
+			if got := p.Allot([]Draft{{Probs: probs, Depths: depths, Drafter: c.drafter}}, Rest{}, []*Backoff{&b}); got[0] != 3 {
+				t.Fatalf("%s: the draft gets %d nodes, want 3", c.name, got[0])
+			}
+		}
+		if b.stopped != c.stops {
+			t.Errorf("%s: after a window of drafts stopped %v, want %v", c.name, b.stopped, c.stops)
+		}
 	}
 }

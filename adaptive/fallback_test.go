@@ -73,7 +73,7 @@ func TestFallsBackWhereDraftsNeverPay(t *testing.T) {
 						continue
 					}
 					drafted++
-					n := p.Allot([][]float64{probs}, [][]int32{depths}, Rest{}, []*Backoff{&b})[0]
+					n := p.Allot([]Draft{{Probs: probs, Depths: depths}}, Rest{}, []*Backoff{&b})[0]
 					if n > 0 {
 						p.Calibration.Observe(probs[:n], depths[:n], 0)
 					}

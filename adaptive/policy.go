@@ -16,7 +16,7 @@ type Policy struct {
 	mu sync.Mutex
 	// recent are the engine's latest drafts, where a new request starts
 	// (StartBackoff); seen says there were any.
-	recent [][]float64
+	recent []Prediction
 	seen   bool
 	probes Probes
 }
@@ -54,20 +54,38 @@ func (p *Policy) Snapshot() Snapshot {
 	return Snapshot{Mode: p.Name(), StepMs: c.OneSequence(), BatchMs: c.Plain, DraftMs: c.DraftMs, CommitMs: c.CommitMs, OverheadMs: p.Cost.OverheadMs(), Calibration: p.Calibration.Report()}
 }
 
-// Allot chooses the node counts of a step's drafted requests, whose raw
-// (drafter) path probabilities and depths are given in tree order, with the
+// Draft is a drafted request's tree as its drafter scored it: the raw path
+// probabilities and depths of its nodes (root excluded), in tree order,
+// and, under a Choice, the drafter that drafted it, whose own calibration
+// and draft time judge it (nil: the policy's).
+type Draft struct {
+	Probs   []float64
+	Depths  []int32
+	Drafter *DrafterStats
+}
+
+// calibration is what calibrates d's predictions: its drafter's, else the
+// policy's.
+func (p *Policy) calibration(d Draft) *Calibration {
+	if d.Drafter != nil {
+		return &d.Drafter.Calibration
+	}
+	return &p.Calibration
+}
+
+// Allot chooses the node counts of a step's drafted requests, with the
 // rest of the batch as given. The drafts are made, so their time does not
 // count against verifying them (a commit does: it follows any node). Under
 // --spec adaptive, backoffs are the drafted requests' schedules: each
 // learns whether its next draft is expected to pay in this batch. A probe
 // verifies at least one node, so that the calibration goes on learning
 // while requests do not draft.
-func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest, backoffs []*Backoff) []int {
-	seqs := rest.Seqs + len(probs)
+func (p *Policy) Allot(drafts []Draft, rest Rest, backoffs []*Backoff) []int {
+	seqs := rest.Seqs + len(drafts)
 	costs, stepMs := p.batchCosts(seqs)
-	reqs := make([]Request, len(probs))
-	for i := range probs {
-		reqs[i] = Request{Probs: p.Calibration.Calibrate(probs[i], depths[i]), Min: p.MinNodes()}
+	reqs := make([]Request, len(drafts))
+	for i, d := range drafts {
+		reqs[i] = Request{Probs: p.calibration(d).Calibrate(d.Probs, d.Depths), Min: p.MinNodes()}
 		if backoffs != nil && backoffs[i].probing {
 			reqs[i].Min = 1
 		}
@@ -82,15 +100,17 @@ func (p *Policy) Allot(probs [][]float64, depths [][]int32, rest Rest, backoffs 
 	// beside a prompt chunk, which a step takes once, any draft looks cheap.
 	interval := ProbeInterval(seqs, costs.ProbeMs, stepMs(seqs))
 	gains := make([]float64, len(reqs))
+	predictions := make([]Prediction, len(reqs))
 	for i, r := range reqs {
-		backoffs[i].record(r.Probs)
+		predictions[i] = Prediction{Probs: r.Probs, Drafter: drafts[i].Drafter}
+		backoffs[i].record(predictions[i])
 		gains[i] = ExpectedGain(backoffs[i].recent, plainBatch(seqs-1), stepMs, costs.CommitMs, costs.DraftMs)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for i, r := range reqs {
+	for i := range reqs {
 		p.probes.judge(backoffs[i], gains[i], interval)
-		p.recent = append(p.recent, r.Probs)
+		p.recent = append(p.recent, predictions[i])
 	}
 	p.recent = p.recent[max(0, len(p.recent)-recentDrafts):]
 	p.seen = true

@@ -59,16 +59,18 @@ func (e *Engine) forwardBatch(jobs []*job, inputs []SeqInput, taps []int) ([]Seq
 // chunk), whose time measures the verify cost, and how many jobs drafted.
 func (e *Engine) allot(p *adaptive.Policy, jobs []*job, inputs []SeqInput) (bool, int) {
 	var drafted []int
-	var probs [][]float64
-	var depths [][]int32
+	var drafts []adaptive.Draft
 	var rest adaptive.Rest
 	decoding := true
 	for i, j := range jobs {
 		switch {
 		case j.drafted:
 			drafted = append(drafted, i)
-			probs = append(probs, pathProbs(j.tree))
-			depths = append(depths, j.tree.Depths[1:])
+			d := adaptive.Draft{Probs: pathProbs(j.tree), Depths: j.tree.Depths[1:]}
+			if cs, ok := j.sess.(*choiceSession); ok {
+				d.Drafter = cs.drafter()
+			}
+			drafts = append(drafts, d)
 		case j.prefilling(): // a prompt chunk: rows that commit no output yet
 			decoding = false
 			rest.Seqs++
@@ -91,7 +93,7 @@ func (e *Engine) allot(p *adaptive.Policy, jobs []*job, inputs []SeqInput) (bool
 			backoffs = append(backoffs, &jobs[i].backoff)
 		}
 	}
-	nodes := p.Allot(probs, depths, rest, backoffs)
+	nodes := p.Allot(drafts, rest, backoffs)
 	for k, i := range drafted {
 		jobs[i].tree = jobs[i].tree.Prefix(nodes[k])
 		jobs[i].setProposal(&inputs[i])

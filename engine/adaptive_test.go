@@ -102,7 +102,7 @@ func TestAdaptiveResumesDrafting(t *testing.T) {
 	}
 	b := p.StartBackoff(1)
 	for range 8 { // a window of hopeless drafts: the engine's drafts do not pay
-		p.Allot([][]float64{{1e-4}}, [][]int32{{1}}, adaptive.Rest{}, []*adaptive.Backoff{&b})
+		p.Allot([]adaptive.Draft{{Probs: []float64{1e-4}, Depths: []int32{1}}}, adaptive.Rest{}, []*adaptive.Backoff{&b})
 	}
 	got, err := e.Generate(context.Background(), req)
 	if err != nil {

@@ -136,7 +136,9 @@ type choiceSession struct {
 
 func (s *choiceSession) Close() {
 	for _, sess := range s.sessions {
-		sess.Close()
+		if sess != nil {
+			sess.Close()
+		}
 	}
 }
 
@@ -153,6 +155,9 @@ func (s *choiceSession) DraftTokens(features []float32, tokens []int32, anchor i
 	if len(tokens) > 0 {
 		hidden := len(features) / (len(tokens) * len(c.taps))
 		for i, cols := range c.cols {
+			if s.state.Retired(i) {
+				continue
+			}
 			for r := range tokens {
 				row := features[r*len(c.taps)*hidden:]
 				for _, col := range cols {
@@ -164,6 +169,7 @@ func (s *choiceSession) DraftTokens(features []float32, tokens []int32, anchor i
 	}
 	stepMs, commitMs := s.policy.StepCosts(1)
 	i := c.Choice.Choose(s.state, 1, stepMs, commitMs)
+	s.retire()
 	steady := len(s.pendingTokens[i]) <= c.Drafters[i].BlockSize()
 	start := time.Now()
 	rows, err := draft(s.sessions[i], s.pending[i], s.pendingTokens[i], anchor)
@@ -174,6 +180,17 @@ func (s *choiceSession) DraftTokens(features []float32, tokens []int32, anchor i
 	s.pending[i], s.pendingTokens[i] = s.pending[i][:0], s.pendingTokens[i][:0]
 	s.chosen = i
 	return rows, nil
+}
+
+// retire closes the sessions of the drafters retired for the request and
+// drops the rows they kept.
+func (s *choiceSession) retire() {
+	for i, sess := range s.sessions {
+		if sess != nil && s.state.Retired(i) {
+			sess.Close()
+			s.sessions[i], s.pending[i], s.pendingTokens[i] = nil, nil, nil
+		}
+	}
 }
 
 // Lattice is the chosen drafter's lattice when it drafts one, else nil.
@@ -189,8 +206,12 @@ func (s *choiceSession) proposed(tree *ddtree.Tree) {
 	s.state.Drafted(s.chosen, pathProbs(tree), tree.Depths[1:])
 }
 
+// drafter is the latest draft's drafter's calibration and draft cost,
+// which the policy judges the draft by.
+func (s *choiceSession) drafter() *adaptive.DrafterStats { return &s.c.Choice.Drafters[s.chosen] }
+
 // verified calibrates the latest draft's drafter with its verified tree
 // and the drafted tokens the target accepted.
 func (s *choiceSession) verified(tree *ddtree.Tree, accepted int) {
-	s.c.Choice.Drafters[s.chosen].Calibration.Observe(pathProbs(tree), tree.Depths[1:], accepted)
+	s.drafter().Calibration.Observe(pathProbs(tree), tree.Depths[1:], accepted)
 }
