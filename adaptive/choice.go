@@ -68,15 +68,14 @@ const ReprobeSteps = 16
 const RetireAfter = 2
 
 // ChoiceState is one request's view of its drafters: each one's recent
-// drafts for it, the request's drafts since it last drafted, the trials it
-// lost and whether it is retired.
+// drafts for it, the request's drafts since it last drafted, and the trials it
+// lost (RetireAfter of them retire it).
 type ChoiceState struct {
-	choice  *Choice
-	recent  [][]draft // per drafter, its latest drafts (at most recentDrafts)
-	since   []int
-	trying  []bool // its latest draft was a trial, not yet judged
-	lost    []int
-	retired []bool
+	choice *Choice
+	recent [][]draft // per drafter, its latest drafts (at most recentDrafts)
+	since  []int
+	trying []bool // its latest draft was a trial, not yet judged
+	lost   []int
 }
 
 // draft is a draft tree's raw path probabilities and depths, in tree order,
@@ -90,7 +89,7 @@ type draft struct {
 // NewState starts a request's state: no drafter has drafted for it.
 func (c *Choice) NewState() *ChoiceState {
 	n := len(c.Drafters)
-	return &ChoiceState{choice: c, recent: make([][]draft, n), since: make([]int, n), trying: make([]bool, n), lost: make([]int, n), retired: make([]bool, n)}
+	return &ChoiceState{choice: c, recent: make([][]draft, n), since: make([]int, n), trying: make([]bool, n), lost: make([]int, n)}
 }
 
 // evidence is the drafts drafter i is judged by for request s: its latest
@@ -119,14 +118,14 @@ func (c *Choice) evidence(s *ChoiceState, i int) []draft {
 // retired after RetireAfter lost trials.
 func (c *Choice) Choose(s *ChoiceState, seqs int, stepMs func(rows int) float64, commitMs float64) int {
 	for i, r := range s.recent {
-		if !s.retired[i] && (len(r) == 0 || s.since[i] >= ReprobeSteps) {
+		if !s.Retired(i) && (len(r) == 0 || s.since[i] >= ReprobeSteps) {
 			s.trying[i] = true
 			return i
 		}
 	}
 	best, bestSpeedup := -1, 0.0
 	for i := range c.Drafters {
-		if s.retired[i] {
+		if s.Retired(i) {
 			continue
 		}
 		d := &c.Drafters[i]
@@ -143,7 +142,6 @@ func (c *Choice) Choose(s *ChoiceState, seqs int, stepMs func(rows int) float64,
 	for i, trying := range s.trying {
 		if trying && i != best {
 			s.lost[i]++
-			s.retired[i] = s.lost[i] >= RetireAfter
 		}
 		s.trying[i] = false
 	}
@@ -152,7 +150,7 @@ func (c *Choice) Choose(s *ChoiceState, seqs int, stepMs func(rows int) float64,
 
 // Retired reports whether drafter i is retired for the request: it drafts
 // for it no more, and needs none of its rows.
-func (s *ChoiceState) Retired(i int) bool { return s.retired[i] }
+func (s *ChoiceState) Retired(i int) bool { return s.lost[i] >= RetireAfter }
 
 // Drafted records that drafter i drafted for the request a tree of these
 // raw path probabilities and depths (in tree order).
