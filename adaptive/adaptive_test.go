@@ -600,6 +600,20 @@ func TestProbesAcrossRequests(t *testing.T) {
 		t.Errorf("a request waiting on a deep back-off: first probe after %d plain steps (-1: none), trace ends %q; want after %d, ending %q",
 			strings.Index(got, "D"), got[len(got)-3:], maxInterval, want[len(want)-3:])
 	}
+	// A probe resumes a request deep in the back-off, which then drafts a
+	// full window and ends without stopping (a short request): drafting
+	// paid, so the relapses clear, and the next request that stops gets
+	// its next probe a quarter interval on. With one draft fewer, the
+	// promise is unproven and the back-off stays as it was.
+	for _, c := range []struct {
+		resumedDrafts, wantRelapses int
+	}{{recentDrafts, 0}, {recentDrafts - 1, 5}} {
+		s = Probes{relapses: 5}
+		paying := func(int) float64 { return 1 }
+		if got, want := drafts(StartBackoff(nil, -1), &s, 1+c.resumedDrafts, 8, paying), strings.Repeat("D", 1+c.resumedDrafts); got != want || s.relapses != c.wantRelapses {
+			t.Errorf("resumed, then %d paying drafts to the request's end: %s, relapses %d; want %s, relapses %d", c.resumedDrafts, got, s.relapses, want, c.wantRelapses)
+		}
+	}
 }
 
 // TestPolicyBatchOfFour is concurrency 4 on a CPU: the drafter takes

@@ -330,11 +330,18 @@ func (s *Probes) draft(b *Backoff) bool {
 // stopBelow; a probe resumes drafting when it expects a gain over
 // resumeAbove. The schedule backs off after a relapse: a losing probe, or
 // drafting a probe resumed that stopped again within a window of drafts
-// (the probe's promise was not kept). A stop that ended a full window of
-// drafting (it paid, for a while at least) clears the relapses. After any
-// stop but a relapse the next probe comes the delay on, unless it is due
-// sooner.
+// (the probe's promise was not kept). A full window of drafting (it paid,
+// for a while at least) clears the relapses as soon as it is drafted, not
+// at its stop: a request that drafts to its end never stops, and where
+// requests are short and speculation pays by a few per cent, the relapses
+// of losing probes at requests' first drafts then piled up over hundreds
+// of requests (the back-off at its longest, drafting on a few per cent of
+// the steps). After any stop but a relapse the next probe comes the delay
+// on, unless it is due sooner.
 func (s *Probes) judge(b *Backoff, gain float64, interval int) {
+	if !b.stopped && !b.probing && b.run == recentDrafts {
+		s.relapses = 0
+	}
 	switch {
 	case b.probing:
 		b.probing = false
@@ -350,10 +357,7 @@ func (s *Probes) judge(b *Backoff, gain float64, interval int) {
 		if b.resumed && b.run < recentDrafts {
 			s.relapse(interval)
 			return
-		}
-		if b.run >= recentDrafts {
-			s.relapses = 0
-		} // else it started drafting on the engine's drafts, which did not hold for it: no evidence either way
+		} // else it drafted a full window (relapses cleared), or started drafting on the engine's drafts, which did not hold for it: no evidence either way
 		if at := s.steps + delay(interval, s.relapses); s.due <= s.steps || at < s.due {
 			s.due = at
 		}
