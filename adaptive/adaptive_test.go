@@ -756,4 +756,7 @@ func TestPolicyModes(t *testing.T) {
 	if s.Mode != "adaptive" || len(s.StepMs) != 2 || s.Calibration.Steps != 0 || s.DraftMs != 5 {
 		t.Errorf("snapshot %+v", s)
 	}
+	if want := (ScheduleReport{Probes: 1, Resumes: 1, Stops: 1}); s.Schedule != want {
+		t.Errorf("schedule %+v, want %+v (one stop, one probe that resumed drafting)", s.Schedule, want)
+	}
 }

@@ -300,6 +300,19 @@ type Probes struct {
 	steps    int // request steps decoded without a draft so far
 	due      int // the step count from which the next probe is made
 	relapses int // losing probes and short-lived resumes since drafting last paid for a full window
+	report   ScheduleReport
+}
+
+// ScheduleReport is what the probe schedule did so far: the probes drafted,
+// those that resumed drafting, the drafting requests that stopped, and the
+// relapses its back-off stands at (each doubles the wait for the next
+// probe). A schedule stuck at its longest back-off while speculation pays
+// shows as relapses near maxRelapses with few resumes.
+type ScheduleReport struct {
+	Probes   int `json:"probes"`
+	Resumes  int `json:"resumes"`
+	Stops    int `json:"stops"`
+	Relapses int `json:"relapses"`
 }
 
 // draft reports whether the request drafts this step: every step unless it
@@ -316,6 +329,7 @@ func (s *Probes) draft(b *Backoff) bool {
 			s.due = s.steps + maxInterval
 		}
 		b.waited = 0
+		s.report.Probes++
 		return true
 	}
 	s.steps++
@@ -346,6 +360,7 @@ func (s *Probes) judge(b *Backoff, gain float64, interval int) {
 	case b.probing:
 		b.probing = false
 		if gain > resumeAbove {
+			s.report.Resumes++
 			b.stopped, b.resumed, b.run = false, true, 0
 			s.due = s.steps + delay(interval, s.relapses)
 			return
@@ -354,6 +369,7 @@ func (s *Probes) judge(b *Backoff, gain float64, interval int) {
 		s.relapse(interval)
 	case !b.stopped && gain < stopBelow && b.judged >= minEvidence:
 		b.stopped, b.recent = true, nil
+		s.report.Stops++
 		if b.resumed && b.run < recentDrafts {
 			s.relapse(interval)
 			return
@@ -368,4 +384,11 @@ func (s *Probes) judge(b *Backoff, gain float64, interval int) {
 func (s *Probes) relapse(interval int) {
 	s.relapses++
 	s.due = s.steps + delay(interval, s.relapses)
+}
+
+// Report is the schedule's history and back-off so far.
+func (s *Probes) Report() ScheduleReport {
+	r := s.report
+	r.Relapses = s.relapses
+	return r
 }

@@ -46,12 +46,16 @@ type Snapshot struct {
 	CommitMs    float64           `json:"commit_ms"`   // per speculating request: its commit and bookkeeping
 	OverheadMs  float64           `json:"overhead_ms"` // per plain step, outside the forward
 	Calibration CalibrationReport `json:"calibration"`
+	Schedule    ScheduleReport    `json:"schedule"` // the probe schedule (--spec adaptive)
 }
 
-// Snapshot returns the current cost curves and calibration.
+// Snapshot returns the current cost curves, calibration and probe schedule.
 func (p *Policy) Snapshot() Snapshot {
 	c := p.Cost.Costs()
-	return Snapshot{Mode: p.Name(), StepMs: c.OneSequence(), BatchMs: c.Plain, DraftMs: c.DraftMs, CommitMs: c.CommitMs, OverheadMs: p.Cost.OverheadMs(), Calibration: p.Calibration.Report()}
+	p.mu.Lock()
+	schedule := p.probes.Report()
+	p.mu.Unlock()
+	return Snapshot{Mode: p.Name(), StepMs: c.OneSequence(), BatchMs: c.Plain, DraftMs: c.DraftMs, CommitMs: c.CommitMs, OverheadMs: p.Cost.OverheadMs(), Calibration: p.Calibration.Report(), Schedule: schedule}
 }
 
 // Draft is a drafted request's tree as its drafter scored it: the raw path

@@ -259,6 +259,9 @@ func (p *InProcess) Open(c Config) (Target, error) {
 	if m.Kind != "auto" {
 		t.counts = cached(&p.counters, c.Name(), func() *SpecCounter { return &SpecCounter{} })
 	}
+	if pol := e.Spec.Policy; pol != nil && pol.Autoregressive {
+		t.schedule = pol
+	}
 	go func() { t.sched.Run(ctx); close(t.done) }()
 	return t, nil
 }
@@ -280,6 +283,9 @@ type engineTarget struct {
 
 	mu     sync.Mutex
 	counts *SpecCounter // nil in auto mode
+	// schedule is the policy whose probe schedule SpecCounters reads
+	// (--spec adaptive), else nil.
+	schedule *adaptive.Policy
 }
 
 func (t *engineTarget) Close() error {
@@ -351,5 +357,9 @@ func (t *engineTarget) SpecCounters(context.Context) (*SpecCounter, error) {
 	}
 	c := *t.counts
 	c.AcceptedPerPosition = append([]int64(nil), c.AcceptedPerPosition...)
+	if t.schedule != nil {
+		s := t.schedule.Snapshot().Schedule
+		c.Schedule = &ScheduleCounter{Probes: int64(s.Probes), Resumes: int64(s.Resumes), Stops: int64(s.Stops), Relapses: int64(s.Relapses)}
+	}
 	return &c, nil
 }

@@ -107,6 +107,15 @@ func delta(before, after *SpecCounter) *SpecCounter {
 			d.AcceptedPerPosition[i] -= before.AcceptedPerPosition[i]
 		}
 	}
+	if after.Schedule != nil {
+		s := *after.Schedule
+		if before != nil && before.Schedule != nil {
+			s.Probes -= before.Schedule.Probes
+			s.Resumes -= before.Schedule.Resumes
+			s.Stops -= before.Schedule.Stops
+		}
+		d.Schedule = &s
+	}
 	return &d
 }
 

@@ -34,8 +34,10 @@ func TestMetricsFollowTheAnchorDefinitions(t *testing.T) {
 		E2E:          ms(20),
 		OutputTokens: 6,
 	}}
-	before := &SpecCounter{Drafts: 10, DraftTokens: 40, AcceptedTokens: 5, AcceptedPerPosition: []int64{3, 2}}
-	after := &SpecCounter{Drafts: 14, DraftTokens: 56, AcceptedTokens: 11, AcceptedPerPosition: []int64{6, 4, 1}}
+	before := &SpecCounter{Drafts: 10, DraftTokens: 40, AcceptedTokens: 5, AcceptedPerPosition: []int64{3, 2},
+		Schedule: &ScheduleCounter{Probes: 2, Resumes: 1, Stops: 3, Relapses: 4}}
+	after := &SpecCounter{Drafts: 14, DraftTokens: 56, AcceptedTokens: 11, AcceptedPerPosition: []int64{6, 4, 1},
+		Schedule: &ScheduleCounter{Probes: 7, Resumes: 1, Stops: 4, Relapses: 2}}
 	m, samples := computeMetrics([]pass{{wall: ms(40), reqs: []measured{req}, specAfter: after}}, 1, before)
 
 	checks := []struct {
@@ -65,6 +67,10 @@ func TestMetricsFollowTheAnchorDefinitions(t *testing.T) {
 	}
 	if m.SpecDecode.Drafts != 4 || m.SpecDecode.DraftTokens != 16 || !slices.Equal(m.SpecDecode.AcceptedPerPosition, []int64{3, 2, 1}) {
 		t.Errorf("counter delta = %+v", m.SpecDecode)
+	}
+	// The schedule's counts are the run's; its relapses are where it ended.
+	if want := (ScheduleCounter{Probes: 5, Resumes: 0, Stops: 1, Relapses: 2}); m.SpecDecode.Schedule == nil || *m.SpecDecode.Schedule != want {
+		t.Errorf("schedule delta = %+v, want %+v", m.SpecDecode.Schedule, want)
 	}
 	if m.ITLChunk.N != 2 || m.TPOT.N != 1 {
 		t.Errorf("sample counts: itl %d, tpot %d", m.ITLChunk.N, m.TPOT.N)

@@ -290,15 +290,17 @@ func (o *OpenAI) SpecCounters(ctx context.Context) (*SpecCounter, error) {
 }
 
 // parseSpecMetrics sums vLLM's spec_decode counters over their labels
-// (several engines or models), per position for the per-position one.
+// (several engines or models), per position for the per-position one, and
+// reads a ddflash server's probe schedule (--spec adaptive) when it has one.
 func parseSpecMetrics(r io.Reader) (*SpecCounter, error) {
 	var c SpecCounter
-	found := false
+	var schedule ScheduleCounter
+	found, scheduled := false, false
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 1<<16), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "vllm:spec_decode_") {
+		if !strings.HasPrefix(line, "vllm:spec_decode_") && !strings.HasPrefix(line, "ddflash:adaptive_") {
 			continue
 		}
 		name, labels, value, ok := promSample(line)
@@ -306,6 +308,11 @@ func parseSpecMetrics(r io.Reader) (*SpecCounter, error) {
 			continue
 		}
 		n := int64(value)
+		if field := scheduleField(&schedule, name); field != nil {
+			*field += n
+			scheduled = true
+			continue
+		}
 		switch strings.TrimSuffix(name, "_total") {
 		case "vllm:spec_decode_num_drafts":
 			c.Drafts += n
@@ -333,7 +340,26 @@ func parseSpecMetrics(r io.Reader) (*SpecCounter, error) {
 	if !found {
 		return nil, nil
 	}
+	if scheduled {
+		c.Schedule = &schedule
+	}
 	return &c, nil
+}
+
+// scheduleField is the field of s that a ddflash probe-schedule metric
+// feeds, or nil for any other metric.
+func scheduleField(s *ScheduleCounter, name string) *int64 {
+	switch name {
+	case "ddflash:adaptive_probes_total":
+		return &s.Probes
+	case "ddflash:adaptive_probe_resumes_total":
+		return &s.Resumes
+	case "ddflash:adaptive_drafting_stops_total":
+		return &s.Stops
+	case "ddflash:adaptive_probe_relapses":
+		return &s.Relapses
+	}
+	return nil
 }
 
 // promSample splits a Prometheus text sample: name{labels} value [timestamp].

@@ -371,13 +371,25 @@ vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"} 
 vllm:spec_decode_num_accepted_tokens_created{model_name="m"} 1.7e9
 vllm:num_requests_running{model_name="m"} 3.0
 `
-	c, err := parseSpecMetrics(strings.NewReader(text))
+	schedule := `ddflash:adaptive_draft_seconds 0.002
+ddflash:adaptive_probes_total 7
+ddflash:adaptive_probe_resumes_total 2
+ddflash:adaptive_drafting_stops_total 3
+ddflash:adaptive_probe_relapses 1
+`
+	if c, err := parseSpecMetrics(strings.NewReader(text)); err != nil || c == nil || c.Schedule != nil {
+		t.Fatalf("a server without a probe schedule: %+v, %v", c, err)
+	}
+	c, err := parseSpecMetrics(strings.NewReader(text + schedule))
 	if err != nil || c == nil {
 		t.Fatalf("parse: %v, %v", c, err)
 	}
 	want := SpecCounter{Drafts: 15, DraftTokens: 60, AcceptedTokens: 12, AcceptedPerPosition: []int64{8, 4}}
 	if c.Drafts != want.Drafts || c.DraftTokens != want.DraftTokens || c.AcceptedTokens != want.AcceptedTokens || !slices.Equal(c.AcceptedPerPosition, want.AcceptedPerPosition) {
 		t.Errorf("counters %+v, want %+v", *c, want)
+	}
+	if want := (ScheduleCounter{Probes: 7, Resumes: 2, Stops: 3, Relapses: 1}); c.Schedule == nil || *c.Schedule != want {
+		t.Errorf("schedule %+v, want %+v", c.Schedule, want)
 	}
 	if c, err := parseSpecMetrics(strings.NewReader("sglang:gen_throughput 12.5\n")); c != nil || err != nil {
 		t.Errorf("a server without spec counters: %+v, %v", c, err)

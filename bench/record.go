@@ -200,6 +200,21 @@ type SpecCounter struct {
 	DraftTokens         int64   `json:"num_draft_tokens"`
 	AcceptedTokens      int64   `json:"num_accepted_tokens"`
 	AcceptedPerPosition []int64 `json:"num_accepted_tokens_per_pos"`
+	// Schedule is the adaptive policy's probe schedule (--spec adaptive),
+	// from ddflash's own counters; nil for other modes and servers.
+	Schedule *ScheduleCounter `json:"schedule,omitempty"`
+}
+
+// ScheduleCounter counts what the adaptive policy's probe schedule did:
+// probes drafted, probes that resumed drafting, and drafting requests that
+// stopped; Relapses is its back-off at the reading (a level, not a count).
+// Where speculation pays, many probes with few resumes and relapses near
+// their cap say the policy decoded plainly where it should have drafted.
+type ScheduleCounter struct {
+	Probes   int64 `json:"num_probes"`
+	Resumes  int64 `json:"num_probe_resumes"`
+	Stops    int64 `json:"num_drafting_stops"`
+	Relapses int64 `json:"probe_relapses"`
 }
 
 // Sample is one measured pass, the unit benchstat compares.

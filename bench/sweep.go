@@ -382,7 +382,7 @@ func (s *sweeper) record(m *member, run *measuredRun, rf *RunFailure) error {
 		return err
 	}
 	s.sum.Saved++
-	s.progress.printf("saved %s %s: %.1f tok/s%s%s", name, key, run.Metrics.OutputThroughput, tauText(run.Metrics.AcceptanceLength), s.weightsText(m.c, &run.Run))
+	s.progress.printf("saved %s %s: %.1f tok/s%s%s%s", name, key, run.Metrics.OutputThroughput, tauText(run.Metrics.AcceptanceLength), scheduleText(run.Metrics.SpecDecode), s.weightsText(m.c, &run.Run))
 	return nil
 }
 
@@ -408,6 +408,16 @@ func tauText(tau *float64) string {
 		return ""
 	}
 	return fmt.Sprintf(", τ %.2f", *tau)
+}
+
+// scheduleText is the adaptive probe schedule's part of a run's line: its
+// probes, those that resumed drafting, and the back-off where the run ended.
+func scheduleText(c *SpecCounter) string {
+	if c == nil || c.Schedule == nil {
+		return ""
+	}
+	s := c.Schedule
+	return fmt.Sprintf(", %d probes (%d resumed drafting), %d stops, relapses %d", s.Probes, s.Resumes, s.Stops, s.Relapses)
 }
 
 // failed adds a run failure to the configuration's failure file.

@@ -178,7 +178,8 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 	default:
 		// The verify scratch is made at the first draft: a request that
 		// never drafts needs none.
-		if j.drafted = j.draftsNow(); j.drafted && j.verify == nil {
+		room := j.draftRoom()
+		if j.drafted = room > 0 && j.draftsNow(); j.drafted && j.verify == nil {
 			var err error
 			if j.verify, err = mamba.NewVerify(e.Model.States, e.Spec.Rollback, e.Spec.VerifyTokens(e.Drafter.BlockSize())); err != nil {
 				return in, err
@@ -190,7 +191,7 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 			// A verify commits at most a block: more context rows are catch-up.
 			steady = len(j.context) <= e.Drafter.BlockSize()*e.featureWidth()
 			var err error
-			j.tree, err = e.propose(j.sess, j.context, j.contextTokens, j.last, e.Context-1-j.seq.len)
+			j.tree, err = e.propose(j.sess, j.context, j.contextTokens, j.last, room)
 			if err != nil {
 				return in, err
 			}
@@ -216,6 +217,16 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 		return in, err
 	}
 	return in, nil
+}
+
+// draftRoom is how deep the job's next draft may go: no deeper than the
+// caches hold, nor than its reply has tokens left (a verify accepting d
+// nodes emits d+1 tokens, the bonus included; a node past max tokens would
+// be verified, counted as accepted and thrown away). At 0 the step decodes
+// plainly.
+func (j *job) draftRoom() int {
+	left := j.out.r.MaxTokens - len(j.out.res.Tokens) - 1
+	return min(j.e.Context-1-j.seq.len, left)
 }
 
 // prefillEnd is where the next prompt chunk ends: at most maxChunk tokens

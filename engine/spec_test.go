@@ -249,6 +249,45 @@ func TestSpecGreedyIsLossless(t *testing.T) {
 	}
 }
 
+// TestDraftsEndAtMaxTokens: no draft reaches past the reply's last token.
+// With a perfect drafter of 16-token blocks and replies shorter than a
+// block, every accepted node is emitted: the statistics' accepted tokens
+// plus the bonuses are exactly the reply's tokens after the first (without
+// the cap, the last verify accepted nodes past max tokens and counted them).
+func TestDraftsEndAtMaxTokens(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	prompt := randomTokens(rng, 9, 290)
+	for _, maxTokens := range []int{2, 5, 12} {
+		req := Request{Prompt: prompt, MaxTokens: maxTokens}
+		want, err := newTestEngine(t, specTarget(1), 1, Options{Context: 64}).Generate(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []specCase{{SpecLinear, 0, mamba.Replay}, {SpecTree, 8, mamba.Snapshot}} {
+			e := specEngine(t, 1, c, pathOracle(concat(prompt, want.Tokens)), 0, 64)
+			got, err := e.Generate(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got.Tokens, want.Tokens) {
+				t.Fatalf("max tokens %d, %v: spec output differs from autoregressive", maxTokens, c)
+			}
+			st := got.Stats.SpecStats
+			committed := 0
+			for _, n := range st.AcceptanceLengths {
+				committed += n
+			}
+			if committed != len(got.Tokens)-1 {
+				t.Fatalf("max tokens %d, %v: verifies committed %d tokens (%v), the reply has %d after its first",
+					maxTokens, c, committed, st.AcceptanceLengths, len(got.Tokens)-1)
+			}
+			if maxTokens > 2 && st.AcceptanceLength < 2 {
+				t.Fatalf("max tokens %d, %v: τ %.2f, the perfect drafter's drafts were not accepted", maxTokens, c, st.AcceptanceLength)
+			}
+		}
+	}
+}
+
 // TestChainTreeEqualsLinear: a tree whose budget fits the chain (with chain
 // seeding) is the linear proposal, so output and statistics are identical.
 func TestChainTreeEqualsLinear(t *testing.T) {

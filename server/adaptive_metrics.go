@@ -31,6 +31,14 @@ var (
 		"Verify steps that accepted at least depth drafted tokens.", []string{"depth"}, nil)
 	adaptiveErrorDesc = prometheus.NewDesc("ddflash:adaptive_calibration_error_tokens",
 		"Mean absolute error of the calibrated prediction of accepted tokens per verify step, each made before its step.", nil, nil)
+	adaptiveProbesDesc = prometheus.NewDesc("ddflash:adaptive_probes_total",
+		"Probes: drafts made by requests that had stopped drafting, to see whether drafting pays by now (--spec adaptive).", nil, nil)
+	adaptiveResumesDesc = prometheus.NewDesc("ddflash:adaptive_probe_resumes_total",
+		"Probes that paid and resumed their request's drafting.", nil, nil)
+	adaptiveStopsDesc = prometheus.NewDesc("ddflash:adaptive_drafting_stops_total",
+		"Drafting requests that stopped drafting because their next draft was expected to lose.", nil, nil)
+	adaptiveRelapsesDesc = prometheus.NewDesc("ddflash:adaptive_probe_relapses",
+		"The probe schedule's back-off: losing probes and short-lived resumes since drafting last paid for a full window (each doubles the wait for the next probe).", nil, nil)
 )
 
 func (adaptiveCollector) Describe(chan<- *prometheus.Desc) {}
@@ -55,4 +63,10 @@ func (c adaptiveCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(adaptiveObservedDesc, prometheus.CounterValue, d.Observed, depth)
 	}
 	ch <- prometheus.MustNewConstMetric(adaptiveErrorDesc, prometheus.GaugeValue, s.Calibration.MeanAbsError)
+	if spec.Policy.Autoregressive { // only --spec adaptive stops and probes
+		ch <- prometheus.MustNewConstMetric(adaptiveProbesDesc, prometheus.CounterValue, float64(s.Schedule.Probes))
+		ch <- prometheus.MustNewConstMetric(adaptiveResumesDesc, prometheus.CounterValue, float64(s.Schedule.Resumes))
+		ch <- prometheus.MustNewConstMetric(adaptiveStopsDesc, prometheus.CounterValue, float64(s.Schedule.Stops))
+		ch <- prometheus.MustNewConstMetric(adaptiveRelapsesDesc, prometheus.GaugeValue, float64(s.Schedule.Relapses))
+	}
 }

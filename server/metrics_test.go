@@ -130,11 +130,18 @@ func TestSpecMetricsMatchTheEngine(t *testing.T) {
 }
 
 // TestAdaptiveMetricsShowThePolicy serves with --budget auto (which always
-// speculates, so calibration has steps to count) and checks
-// that /metrics shows the policy's cost curve and calibration as the policy
-// itself reports them.
+// speculates, so calibration has steps to count) and with --spec adaptive,
+// and checks that /metrics shows the policy's cost curve, calibration and
+// (adaptive only: the other never stops drafting) probe schedule as the
+// policy itself reports them.
 func TestAdaptiveMetricsShowThePolicy(t *testing.T) {
-	policy := &adaptive.Policy{}
+	for _, autoregressive := range []bool{false, true} {
+		policy := &adaptive.Policy{Autoregressive: autoregressive}
+		t.Run(policy.Name(), func(t *testing.T) { checkAdaptiveMetrics(t, policy) })
+	}
+}
+
+func checkAdaptiveMetrics(t *testing.T, policy *adaptive.Policy) {
 	h := serveTiny(t, harnessOptions{spec: engine.SpecOptions{Mode: engine.SpecTree, Budget: 6, Policy: policy}})
 	if got := scrape(t, h); len(got) == 0 || got["ddflash:adaptive_draft_seconds"] != 0 {
 		t.Fatalf("before any request: draft time %v", got["ddflash:adaptive_draft_seconds"])
@@ -151,6 +158,19 @@ func TestAdaptiveMetricsShowThePolicy(t *testing.T) {
 		"ddflash:adaptive_draft_seconds":            s.DraftMs / 1000,
 		"ddflash:adaptive_commit_seconds":           s.CommitMs / 1000,
 		"ddflash:adaptive_calibration_error_tokens": s.Calibration.MeanAbsError,
+	}
+	schedule := map[string]float64{
+		"ddflash:adaptive_probes_total":         float64(s.Schedule.Probes),
+		"ddflash:adaptive_probe_resumes_total":  float64(s.Schedule.Resumes),
+		"ddflash:adaptive_drafting_stops_total": float64(s.Schedule.Stops),
+		"ddflash:adaptive_probe_relapses":       float64(s.Schedule.Relapses),
+	}
+	for key, v := range schedule {
+		if policy.Autoregressive {
+			want[key] = v
+		} else if _, ok := got[key]; ok {
+			t.Errorf("%s exported for a policy that never stops drafting", key)
+		}
 	}
 	for _, p := range s.StepMs {
 		want[fmt.Sprintf("ddflash:adaptive_step_seconds{rows=%q}", fmt.Sprint(p.Rows))] = p.Ms / 1000
