@@ -305,9 +305,10 @@ type Probes struct {
 
 // ScheduleReport is what the probe schedule did so far: the probes drafted,
 // those that resumed drafting, the drafting requests that stopped, and the
-// relapses its back-off stands at (each doubles the wait for the next
-// probe). A schedule stuck at its longest back-off while speculation pays
-// shows as relapses near maxRelapses with few resumes.
+// relapses its back-off stands at (each of the first maxRelapses doubles
+// the wait for the next probe). A schedule stuck at its longest back-off
+// while speculation pays shows as relapses at maxRelapses or more with few
+// resumes.
 type ScheduleReport struct {
 	Probes   int `json:"probes"`
 	Resumes  int `json:"resumes"`

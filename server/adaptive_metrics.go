@@ -38,7 +38,7 @@ var (
 	adaptiveStopsDesc = prometheus.NewDesc("ddflash:adaptive_drafting_stops_total",
 		"Drafting requests that stopped drafting because their next draft was expected to lose.", nil, nil)
 	adaptiveRelapsesDesc = prometheus.NewDesc("ddflash:adaptive_probe_relapses",
-		"The probe schedule's back-off: losing probes and short-lived resumes since drafting last paid for a full window (each doubles the wait for the next probe).", nil, nil)
+		"The probe schedule's back-off: losing probes and short-lived resumes since drafting last paid for a full window (each of the first 6 doubles the wait for the next probe).", nil, nil)
 )
 
 func (adaptiveCollector) Describe(chan<- *prometheus.Desc) {}
