@@ -208,8 +208,9 @@ type SpecCounter struct {
 // ScheduleCounter counts what the adaptive policy's probe schedule did:
 // probes drafted, probes that resumed drafting, and drafting requests that
 // stopped; Relapses is its back-off at the reading (a level, not a count).
-// Where speculation pays, many probes with few resumes and relapses near
-// their cap say the policy decoded plainly where it should have drafted.
+// Where speculation pays, many probes with few resumes and relapses at or
+// past the back-off's cap (6) say the policy decoded plainly where it
+// should have drafted.
 type ScheduleCounter struct {
 	Probes   int64 `json:"num_probes"`
 	Resumes  int64 `json:"num_probe_resumes"`
