@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"ddflash/ddtree"
 	"ddflash/engine"
@@ -50,7 +51,11 @@ type Drafter struct {
 	attn       kernels.AttnShape
 	invFreq    kernels.Buffer // RoPE inverse frequencies (plain or YaRN)
 	ropeScale  float32
-	scratch    arena // a draft's buffers, kept from draft to draft
+	// A draft's buffers and those of taking rows into the context (kept
+	// apart: the two run at different times, each asking for its buffers
+	// in the same order every time).
+	scratch, contextScratch arena
+	rec                     blockRecordings // recorded blocks (record.go)
 }
 
 // blockMasks are a block's attention masks, I32 [rows·rows].
@@ -276,7 +281,9 @@ func (d *Drafter) Close() {
 		d.b.Free(d.invFreq)
 		d.invFreq = nil
 	}
+	d.rec.free(d.b)
 	d.scratch.free()
+	d.contextScratch.free()
 }
 
 // TapLayers lists the target layers whose outputs the drafter reads.
@@ -358,52 +365,97 @@ func (s *Session) ringSlots(pos []int32) []int32 {
 	return slots
 }
 
-// contextCache is where one round's attention layers of a kind (paged or
-// ringed) keep their keys and values: the cache, the last keep of the
-// round's context rows (the rest no query of theirs can see again), and the
-// slots and attention pages of those rows and of the block.
-type contextCache struct {
-	cache                *engine.KVCache
-	keep                 int
-	ctxSlots, blockSlots kernels.Buffer
-	seq                  kernels.AttnSeq // the block's queries over the cache's pages
+// blockPlan is a draft block's per-draft data on the host: its token ids
+// and positions, the K/V slots of the block rows in the paged and the
+// ringed cache, their attention pages (the session's page table; the
+// ring's pages from where the block's first window starts) and each
+// layer's attention over its cache (Pages left for the caller to place).
+type blockPlan struct {
+	ids, pos []int32
+	slots    [2][]int32 // paged, ringed
+	pages    [2][]int32
+	seqs     []kernels.AttnSeq
+	cacheOf  []int // per layer: 0 paged, 1 ringed
+	maxKeys  int   // a power of two (at least 256) bounding every layer's keys
 }
 
-// pagedCache reserves the session's pages for the context and the block at
-// blockPos (whose first is the anchor's position) in the paged cache.
-func (s *Session) pagedCache(a *arena, ctxPos, blockPos []int32) (contextCache, error) {
-	kv, start, Q := s.d.kv, int(blockPos[0]), len(blockPos)
-	if err := kv.Reserve(&s.kv, start+Q); err != nil {
-		return contextCache{}, err
+// plan reserves the session's cache room for a block at the anchor's
+// position (the committed tokens) and returns its data.
+func (s *Session) plan(anchor int32) (*blockPlan, error) {
+	d, c := s.d, s.d.Cfg
+	start, Q := s.cached, s.block
+	p := &blockPlan{ids: make([]int32, Q), pos: positions(start, Q), maxKeys: 256}
+	p.ids[0] = anchor
+	for i := 1; i < Q; i++ {
+		p.ids[i] = int32(c.MaskTokenID)
 	}
-	return contextCache{
-		cache:      kv,
-		keep:       len(ctxPos),
-		ctxSlots:   a.i32(slotsOf(&s.kv, kv.PageSize(), ctxPos)),
-		blockSlots: a.i32(slotsOf(&s.kv, kv.PageSize(), blockPos)),
-		seq:        kernels.AttnSeq{QueryLen: Q, Prefix: start, Pages: a.i32(s.kv.Pages)},
-	}, nil
+	prefix := [2]int{start, 0}
+	if d.kv != nil {
+		if err := d.kv.Reserve(&s.kv, start+Q); err != nil {
+			return nil, err
+		}
+		p.slots[0], p.pages[0] = slotsOf(&s.kv, d.kv.PageSize(), p.pos), s.kv.Pages
+	}
+	if d.ring != nil {
+		P := d.ring.PageSize()
+		if err := d.ring.Reserve(&s.ring, d.ringPages*P); err != nil {
+			return nil, err
+		}
+		ringFrom := s.windowStart(start) / P * P
+		p.slots[1], p.pages[1], prefix[1] = s.ringSlots(p.pos), s.ringTable(ringFrom, start+Q), start-ringFrom
+	}
+	for i := range d.layers {
+		kind := 0
+		if d.ringed(i) {
+			kind = 1
+		}
+		seq := kernels.AttnSeq{QueryLen: Q, Prefix: prefix[kind]}
+		if c.Layers[i] == SlidingAttention {
+			seq.Window = c.SlidingWindow
+		}
+		switch {
+		case c.LayerCausal(i): // no mask: the kernel's causal order
+		case seq.Window > 0:
+			seq.Mask = d.masks[Q].near
+		default:
+			seq.Mask = d.masks[Q].all
+		}
+		p.seqs, p.cacheOf = append(p.seqs, seq), append(p.cacheOf, kind)
+		for p.maxKeys < prefix[kind]+Q {
+			p.maxKeys *= 2
+		}
+	}
+	return p, nil
 }
 
-// ringCache reserves the session's ring: it keeps the context rows a query
-// can still see, and the block's attention reads it from the page where the
-// block's first window starts.
-func (s *Session) ringCache(a *arena, ctxPos, blockPos []int32) (contextCache, error) {
-	ring, start, Q := s.d.ring, int(blockPos[0]), len(blockPos)
-	if err := ring.Reserve(&s.ring, s.d.ringPages*ring.PageSize()); err != nil {
-		return contextCache{}, err
-	}
-	first := max(0, start-(s.d.Cfg.SlidingWindow-1))
-	keep := start - max(s.cached, first)
-	ringFrom := first / ring.PageSize() * ring.PageSize()
-	return contextCache{
-		cache:      ring,
-		keep:       keep,
-		ctxSlots:   a.i32(s.ringSlots(ctxPos[len(ctxPos)-keep:])),
-		blockSlots: a.i32(s.ringSlots(blockPos)),
-		seq:        kernels.AttnSeq{QueryLen: Q, Prefix: start - ringFrom, Pages: a.i32(s.ringTable(ringFrom, start+Q))},
-	}, nil
+// blockInputs are a block's per-draft data on the device: the plan's ids,
+// positions and slots, and each layer's attention sequence pointing at its
+// pages there; on a Replayer also each layer's attention table
+// (AttentionTable), so that a recorded block reads them all from memory.
+type blockInputs struct {
+	ids, pos kernels.Buffer
+	slots    [2]kernels.Buffer
+	seqs     []kernels.AttnSeq
+	cacheOf  []int
+	tables   []kernels.Buffer
+	maxKeys  int
 }
+
+// uploadPlan places p in arena buffers, one upload each.
+func uploadPlan(a *arena, p *blockPlan) (*blockInputs, error) {
+	in := &blockInputs{ids: a.i32(p.ids), pos: a.i32(p.pos), seqs: slices.Clone(p.seqs), cacheOf: p.cacheOf, maxKeys: p.maxKeys}
+	var pages [2]kernels.Buffer
+	for kind := range 2 {
+		in.slots[kind], pages[kind] = a.i32(p.slots[kind]), a.i32(p.pages[kind])
+	}
+	for i := range in.seqs {
+		in.seqs[i].Pages = pages[p.cacheOf[i]]
+	}
+	return in, a.err
+}
+
+// windowStart is the first position a sliding layer's query at start sees.
+func (s *Session) windowStart(start int) int { return max(0, start-(s.d.Cfg.SlidingWindow-1)) }
 
 // Draft appends the fused features of newly committed tokens (rows of
 // len(TapLayers)·targetHidden values, in tap order) to the context, runs the
@@ -452,19 +504,12 @@ func (s *Session) DraftTop(features []float32, anchor int32, valid, k int) ([][]
 		}
 		return rows, nil
 	}
-	a := s.d.scratch.reset(s.d.b)
-	logits, _, err := s.draft(a, features, anchor)
+	k = min(k, valid)
+	top, err := s.draftTopOnDevice(rp, features, anchor, valid, k)
 	if err != nil {
 		return nil, err
 	}
-	V := s.d.target.Cfg.VocabSize
-	k = min(k, valid)
-	n, width := logits.Len()/V, 2*k+1
-	top := a.f32(n * width)
-	if a.err != nil {
-		return nil, a.err
-	}
-	rp.TopKLSE(top, logits, n, valid, V, k)
+	n, width := s.block-1, 2*k+1
 	rec := make([]float32, n*width)
 	if err := rp.DownloadF32(top, 0, rec); err != nil {
 		return nil, err
@@ -488,62 +533,177 @@ func (s *Session) DraftTop(features []float32, anchor int32, valid, k int) ([][]
 	return rows, nil
 }
 
-// draft runs the block and returns its proposal rows' logits on the
-// device, [block-1, vocab], and their normed hidden states, in arena
-// buffers.
-func (s *Session) draft(a *arena, features []float32, anchor int32) (kernels.Buffer, kernels.Buffer, error) {
-	d, b, c := s.d, s.d.b, s.d.Cfg
-	tc := d.target.Cfg
-	width := len(c.TargetLayerIDs) * tc.HiddenSize
-	if len(features)%width != 0 {
-		return nil, nil, fmt.Errorf("dflash: %d feature values is not a whole number of %d-wide rows", len(features), width)
+// draftTopOnDevice takes features into the context, runs the block and
+// reduces its proposal rows to their top-k records on the device, recorded
+// where the drafter records its blocks (record.go; op by op the same way
+// where it does not), and returns the records [block-1, 2k+1].
+func (s *Session) draftTopOnDevice(rp kernels.Replayer, features []float32, anchor int32, valid, k int) (kernels.Buffer, error) {
+	if err := s.Absorb(features, nil, nil); err != nil {
+		return nil, err
 	}
-	ctxRows, Q, H := len(features)/width, s.block, c.HiddenSize
-	start := s.cached + ctxRows
-	ctxPos, blockPos := positions(s.cached, ctxRows), positions(start, Q)
-	var paged, ringed contextCache
-	var err error
-	if d.kv != nil {
-		if paged, err = s.pagedCache(a, ctxPos, blockPos); err != nil {
-			return nil, nil, err
+	d := s.d
+	p, err := s.plan(anchor)
+	if err != nil {
+		return nil, err
+	}
+	in, err := d.placePlan(rp, p)
+	if err != nil {
+		return nil, err
+	}
+	a := d.scratch.reset(d.b)
+	block := func() (kernels.Buffer, error) {
+		logits, _, err := s.blockOps(a, in)
+		if err != nil {
+			return nil, err
 		}
+		V, n := d.target.Cfg.VocabSize, s.block-1
+		top := a.f32(n * (2*k + 1))
+		if a.err != nil {
+			return nil, a.err
+		}
+		rp.TopKLSE(top, logits, n, valid, V, k)
+		return top, nil
+	}
+	if !d.records() {
+		return block()
+	}
+	return d.runRecorded(rp, fmt.Sprintf("block %d keys %d valid %d top %d", s.block, in.maxKeys, valid, k), block)
+}
+
+// draft takes features (rows of the fused target features of newly
+// committed tokens) into the context and runs the block after them.
+func (s *Session) draft(a *arena, features []float32, anchor int32) (kernels.Buffer, kernels.Buffer, error) {
+	if err := s.Absorb(features, nil, nil); err != nil {
+		return nil, nil, err
+	}
+	return s.runBlock(a, anchor)
+}
+
+// Absorb takes newly committed tokens into the context (engine.TapAbsorber):
+// the rows of features (on the host) and then rows of taps, the target's
+// step output on the drafter's backend ([rows, taps, targetHidden], rows
+// in token order as the tapped step fed them), in that order. Their fused
+// features are projected and each layer's context keys and values written
+// to the session's caches; the next draft runs its block after them. The
+// tapped rows never leave the device.
+func (s *Session) Absorb(features []float32, taps kernels.Buffer, rows []int32) error {
+	d := s.d
+	width := len(d.Cfg.TargetLayerIDs) * d.target.Cfg.HiddenSize
+	if len(features)%width != 0 {
+		return fmt.Errorf("dflash: %d feature values is not a whole number of %d-wide rows", len(features), width)
+	}
+	hostRows := len(features) / width
+	n := hostRows + len(rows)
+	if n == 0 {
+		return nil
+	}
+	a := d.contextScratch.reset(d.b)
+	feat := a.f32(n * width)
+	if a.err != nil {
+		return a.err
+	}
+	if hostRows > 0 {
+		if err := d.b.UploadF32(feat, 0, features); err != nil {
+			return err
+		}
+	}
+	// Runs of consecutive rows (an accepted chain, a prompt chunk) are one copy.
+	for i := 0; i < len(rows); {
+		j := i + 1
+		for j < len(rows) && rows[j] == rows[j-1]+1 {
+			j++
+		}
+		d.b.Copy(d.b.Slice(feat, (hostRows+i)*width, (j-i)*width), d.b.Slice(taps, int(rows[i])*width, (j-i)*width), 1, (j-i)*width, 0, 0)
+		i = j
+	}
+	return s.absorb(a, feat, n)
+}
+
+// absorb writes the context K/V of n newly committed tokens, whose fused
+// features are feat, to the session's caches: the paged layers all n, the
+// sliding layers the last ones the next block's window sees.
+func (s *Session) absorb(a *arena, feat kernels.Buffer, n int) error {
+	d, b, c := s.d, s.d.b, s.d.Cfg
+	width, H, kvDim := feat.Len()/n, c.HiddenSize, c.NumKVHeads*c.HeadDim
+	start := s.cached + n // the next block's anchor position
+	pos := positions(s.cached, n)
+	keep := [2]int{n, 0} // rows written by the paged and the ringed layers
+	var slots [2]kernels.Buffer
+	if d.kv != nil {
+		if err := d.kv.Reserve(&s.kv, start); err != nil {
+			return err
+		}
+		slots[0] = a.i32(slotsOf(&s.kv, d.kv.PageSize(), pos))
 	}
 	if d.ring != nil {
-		if ringed, err = s.ringCache(a, ctxPos, blockPos); err != nil {
-			return nil, nil, err
+		if err := d.ring.Reserve(&s.ring, d.ringPages*d.ring.PageSize()); err != nil {
+			return err
 		}
+		keep[1] = start - max(s.cached, s.windowStart(start))
+		slots[1] = a.i32(s.ringSlots(pos[n-keep[1]:]))
 	}
+	ctx, posBuf := a.f32(n*H), a.i32(pos)
+	k, v := a.f32(n*kvDim), a.f32(n*kvDim)
+	if a.err != nil {
+		return a.err
+	}
+	eps := float32(c.RMSNormEps)
+	b.MatMul(ctx, feat, d.fc, n, H, width)
+	b.RMSNorm(ctx, ctx, d.hiddenNorm, n, H, eps, false)
+	for i := range d.layers {
+		cache, kind := d.kv, 0
+		if d.ringed(i) {
+			cache, kind = d.ring, 1
+		}
+		if keep[kind] == 0 {
+			continue
+		}
+		from := n - keep[kind]
+		kc, vc := cache.Layer(0, d.cacheIndex[i])
+		d.keysValues(&d.layers[i], k, v, b.Slice(ctx, from*H, keep[kind]*H), b.Slice(posBuf, from, keep[kind]), keep[kind])
+		b.WriteKV(kc, vc, k, v, slots[kind], keep[kind], kvDim)
+	}
+	s.cached = start
+	return nil
+}
+
+// runBlock runs the block [anchor, mask, …, mask] at positions
+// start..start+block-1 (start = committed tokens, the anchor's position)
+// over the context and returns its proposal rows' logits on the device,
+// [block-1, vocab], and their normed hidden states, in arena buffers.
+func (s *Session) runBlock(a *arena, anchor int32) (kernels.Buffer, kernels.Buffer, error) {
+	p, err := s.plan(anchor)
+	if err != nil {
+		return nil, nil, err
+	}
+	in, err := uploadPlan(a, p)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s.blockOps(a, in)
+}
+
+// blockOps issues a block's ops over its inputs: no upload or download, so
+// that a Replayer can record them.
+func (s *Session) blockOps(a *arena, in *blockInputs) (kernels.Buffer, kernels.Buffer, error) {
+	d, b, c := s.d, s.d.b, s.d.Cfg
+	tc := d.target.Cfg
+	Q, H := s.block, c.HiddenSize
 	qDim, kvDim := c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
-	ids := make([]int32, Q)
-	ids[0] = anchor
-	for i := 1; i < Q; i++ {
-		ids[i] = int32(c.MaskTokenID)
-	}
-	idsBuf, blockPosBuf := a.i32(ids), a.i32(blockPos)
 	x, u := a.f32(Q*H), a.f32(Q*H)
 	q, attn := a.f32(Q*qDim), a.f32(Q*qDim)
-	k, v := a.f32(max(Q, ctxRows)*kvDim), a.f32(max(Q, ctxRows)*kvDim)
+	k, v := a.f32(Q*kvDim), a.f32(Q*kvDim)
 	act, up := a.f32(Q*c.IntermediateSize), a.f32(Q*c.IntermediateSize)
 	var conv convScratch
 	if c.V2 != nil {
 		conv = convScratch{delta: a.f32(Q * 2 * c.V2.ConvKernelSize * c.ConvGroups()), out: a.f32(Q * H)}
 	}
-	var ctx, ctxPosBuf, feat kernels.Buffer
-	if ctxRows > 0 {
-		ctx, feat, ctxPosBuf = a.f32(ctxRows*H), a.f32(len(features)), a.i32(ctxPos)
-	}
+	logits := a.f32((Q - 1) * tc.VocabSize)
 	if a.err != nil {
 		return nil, nil, a.err
 	}
 	eps := float32(c.RMSNormEps)
-	if ctxRows > 0 {
-		if err := b.UploadF32(feat, 0, features); err != nil {
-			return nil, nil, err
-		}
-		b.MatMul(ctx, feat, d.fc, ctxRows, H, width)
-		b.RMSNorm(ctx, ctx, d.hiddenNorm, ctxRows, H, eps, false)
-	}
-	b.Embedding(x, d.target.Embeddings(), idsBuf, Q, H)
+	b.Embedding(x, d.target.Embeddings(), in.ids, Q, H)
 	if c.V2 != nil && c.V2.InputEmbeddingScale != 1 {
 		if err := d.scaleRows(x, Q*H, c.V2.InputEmbeddingScale); err != nil {
 			return nil, nil, err
@@ -551,52 +711,35 @@ func (s *Session) draft(a *arena, features []float32, anchor int32) (kernels.Buf
 	}
 	for i := range d.layers {
 		lw := &d.layers[i]
-		cc := &paged
+		cache := d.kv
 		if d.ringed(i) {
-			cc = &ringed
+			cache = d.ring
 		}
-		kc, vc := cc.cache.Layer(0, d.cacheIndex[i])
-		if cc.keep > 0 {
-			from := ctxRows - cc.keep
-			d.keysValues(lw, k, v, b.Slice(ctx, from*H, cc.keep*H), b.Slice(ctxPosBuf, from, cc.keep), cc.keep)
-			b.WriteKV(kc, vc, k, v, cc.ctxSlots, cc.keep, kvDim)
-		}
+		kc, vc := cache.Layer(0, d.cacheIndex[i])
 		b.RMSNorm(u, x, lw.InputNorm, Q, H, eps, false)
-		in := d.convIn(&lw.attnConv, &conv, u, Q)
-		d.keysValues(lw, k, v, in, blockPosBuf, Q)
-		b.WriteKV(kc, vc, k, v, cc.blockSlots, Q, kvDim)
-		b.MatMul(q, in, lw.QProj, Q, qDim, H)
+		in1 := d.convIn(&lw.attnConv, &conv, u, Q)
+		d.keysValues(lw, k, v, in1, in.pos, Q)
+		b.WriteKV(kc, vc, k, v, in.slots[in.cacheOf[i]], Q, kvDim)
+		b.MatMul(q, in1, lw.QProj, Q, qDim, H)
 		b.RMSNorm(q, q, lw.QNorm, Q*c.NumHeads, c.HeadDim, eps, false)
-		b.RoPE(q, blockPosBuf, d.invFreq, Q, c.NumHeads, c.HeadDim, c.HeadDim, d.ropeScale)
-		seq := cc.seq
-		if c.Layers[i] == SlidingAttention {
-			seq.Window = c.SlidingWindow
+		b.RoPE(q, in.pos, d.invFreq, Q, c.NumHeads, c.HeadDim, c.HeadDim, d.ropeScale)
+		if in.tables != nil {
+			b.(kernels.Replayer).AttentionTable(attn, q, kc, vc, d.attn, in.seqs[i:i+1], in.tables[i], in.maxKeys)
+		} else {
+			b.Attention(attn, q, kc, vc, d.attn, in.seqs[i:i+1])
 		}
-		switch {
-		case c.LayerCausal(i): // no mask: the kernel's causal order
-		case seq.Window > 0:
-			seq.Mask = d.masks[Q].near
-		default:
-			seq.Mask = d.masks[Q].all
-		}
-		b.Attention(attn, q, kc, vc, d.attn, []kernels.AttnSeq{seq})
 		b.MatMul(u, attn, lw.OProj, Q, H, qDim)
 		b.Add(x, x, d.convOut(&lw.attnConv, &conv, u, Q), Q*H)
 		b.RMSNorm(u, x, lw.PostNorm, Q, H, eps, false)
-		in = d.convIn(&lw.mlpConv, &conv, u, Q)
-		b.MatMulGLU(act, up, in, lw.Gate, lw.Up, Q, c.IntermediateSize, H)
+		in1 = d.convIn(&lw.mlpConv, &conv, u, Q)
+		b.MatMulGLU(act, up, in1, lw.Gate, lw.Up, Q, c.IntermediateSize, H)
 		b.MatMul(u, act, lw.Down, Q, H, c.IntermediateSize)
 		b.Add(x, x, d.convOut(&lw.mlpConv, &conv, u, Q), Q*H)
 	}
-	// Only committed tokens stay in the context: the block's K/V above start
-	// are overwritten by the next round's context rows.
-	s.cached = start
+	// The block's K/V above start are overwritten by the next context rows:
+	// only committed tokens stay in the context.
 	proposals := b.Slice(x, H, (Q-1)*H)
 	b.RMSNorm(proposals, proposals, d.norm, Q-1, H, eps, false)
-	logits := a.f32((Q - 1) * tc.VocabSize)
-	if a.err != nil {
-		return nil, nil, a.err
-	}
 	if err := d.target.ProjectVocab(logits, proposals, Q-1); err != nil {
 		return nil, nil, err
 	}
@@ -635,10 +778,11 @@ func slotsOf(kv *engine.SeqKV, pageSize int, pos []int32) []int32 {
 // is large enough, so a steady drafter allocates nothing. The first
 // allocation error sticks until the next reset.
 type arena struct {
-	b    kernels.Backend
-	bufs []kernels.Buffer
-	next int // the request being served
-	err  error
+	b      kernels.Backend
+	bufs   []kernels.Buffer
+	next   int // the request being served
+	err    error
+	allocs int // buffers allocated so far: each moves a request's buffer
 }
 
 // reset starts a draft's requests on b.
@@ -670,6 +814,7 @@ func (a *arena) alloc(dt kernels.DType, n int) kernels.Buffer {
 		return nil
 	}
 	a.bufs[i] = buf
+	a.allocs++
 	return buf
 }
 

@@ -238,24 +238,7 @@ func TestDFlash2IsLossless(t *testing.T) {
 		}
 		alone = append(alone, res)
 	}
-	s := engine.NewScheduler(e, engine.SchedulerOptions{})
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	defer func() { stop(); <-done }()
-	var streams []*engine.Stream
-	for _, r := range reqs {
-		st, err := s.Submit(context.Background(), r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		streams = append(streams, st)
-	}
-	for i, st := range streams {
-		res, err := st.Wait()
-		if err != nil {
-			t.Fatal(err)
-		}
+	for i, res := range batched(t, e, reqs) {
 		if !slices.Equal(res.Tokens, alone[i].Tokens) {
 			t.Fatalf("request %d batched: %v, alone %v", i, res.Tokens, alone[i].Tokens)
 		}

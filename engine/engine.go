@@ -93,8 +93,15 @@ type Engine struct {
 	// Drafter and Spec enable speculative decoding (Spec.Mode != SpecAuto).
 	Drafter Drafter
 	Spec    SpecOptions
-	opts    Options
-	prefix  *prefixCache // nil without prefix slots
+	// DeviceTaps keeps a drafting request's tapped rows on the device from
+	// its first decoding step on, handed to its session there (TapAbsorber)
+	// instead of brought home and sent back up with the next draft. New
+	// sets it where the model's backend records steps (kernels.Replayer: a
+	// GPU, where they cross a bus); prompt rows still come home, for the
+	// prefix cache and the first draft.
+	DeviceTaps bool
+	opts       Options
+	prefix     *prefixCache // nil without prefix slots
 	// prefixOff stops looking up and storing prefixes (SetPrefixCache).
 	prefixOff bool
 	// cacheEvents receives the prefix cache's changes (SetCacheEvents).
@@ -201,6 +208,7 @@ func New(cfg *config.Config, shards []Shard, comm Comm, validVocab int, eos []in
 	}
 	m.ValidVocab = validVocab
 	e := &Engine{Model: m, ValidVocab: validVocab, EOS: eos, Context: opts.Context, opts: opts}
+	_, e.DeviceTaps = m.Backend().(kernels.Replayer)
 	if opts.PrefixSlots > 0 {
 		e.prefix = newPrefixCache(opts.PageSize, opts.PrefixSlots, opts.PrefixInterval)
 	}

@@ -151,6 +151,15 @@ func (j *job) taps() []int {
 	return j.e.Drafter.TapLayers()
 }
 
+// absorber is the job's session when it takes its tapped rows on the
+// device (Engine.DeviceTaps), else nil.
+func (j *job) absorber() TapAbsorber {
+	if a, ok := j.sess.(TapAbsorber); ok && j.e.DeviceTaps {
+		return a
+	}
+	return nil
+}
+
 // draftsNow reports whether the job drafts this step (see adaptive.Backoff).
 func (j *job) draftsNow() bool {
 	p := j.e.Spec.Policy
@@ -209,6 +218,7 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 			p.Cost.ObserveDraft(j.verifyStart.Sub(td), steady)
 		}
 		j.setProposal(&in)
+		in.KeepTaps = j.absorber() != nil
 	}
 	if in.Logits != NoRows {
 		in.Top = j.out.deviceTop()
@@ -350,14 +360,31 @@ func (j *job) completeVerify(out *SeqOutput) error {
 		}
 		j.finished = j.out.emit(tok, j.out.rowLogits(out, int(path[i-1])))
 	}
-	width := e.featureWidth()
-	for _, r := range path {
-		j.context = append(j.context, out.Features[int(r)*width:int(r+1)*width]...)
-		j.contextTokens = append(j.contextTokens, tree.Tokens[r])
+	if err := j.takeContext(out, path); err != nil {
+		return err
 	}
 	j.last = bonus
 	if j.finished {
 		j.finish()
+	}
+	return nil
+}
+
+// takeContext keeps the committed rows' features (rows lists them) for the
+// next draft, or hands them to a session that takes them on the device,
+// with any prompt rows it has not drafted after yet.
+func (j *job) takeContext(out *SeqOutput, rows []int32) error {
+	if a := j.absorber(); a != nil {
+		if err := a.Absorb(j.context, out.Taps, rows); err != nil {
+			return err
+		}
+		j.context, j.contextTokens = j.context[:0], j.contextTokens[:0]
+		return nil
+	}
+	width := j.e.featureWidth()
+	for _, r := range rows {
+		j.context = append(j.context, out.Features[int(r)*width:int(r+1)*width]...)
+		j.contextTokens = append(j.contextTokens, j.tree.Tokens[r])
 	}
 	return nil
 }

@@ -55,6 +55,9 @@ type SeqInput struct {
 	// (SeqOutput.TopIDs and TopLogits) instead of the row, for a token that
 	// needs nothing else from it: greedy decoding (1), sampling with top-k (k).
 	Top int
+	// KeepTaps leaves the sequence's tapped rows on the device
+	// (SeqOutput.Taps) instead of bringing them home (Features).
+	KeepTaps bool
 }
 
 // SeqOutput is what the forward returns for one sequence.
@@ -69,8 +72,12 @@ type SeqOutput struct {
 	TopLogits []float32
 	// Features holds, for each of the len(Tokens) rows, the tapped layers'
 	// output hidden states in the order taps lists them: the drafter's input
-	// layout. It is the model's buffer, valid until the next Forward.
+	// layout. It is the model's buffer, valid until the next Forward; nil
+	// when SeqInput.KeepTaps left them on the device.
 	Features []float32
+	// Taps holds the same rows on rank 0's backend, [rows, taps, hidden]:
+	// a view of the model's buffer, valid until the next Forward.
+	Taps kernels.Buffer
 }
 
 // Model runs the Qwen3.6 hybrid forward over a batch of sequences on one
@@ -102,6 +109,7 @@ type Model struct {
 	// Steps counts the forwards run (prefill chunks, decode and verify steps).
 	Steps int64
 	steps stepGraphs // recorded steps (step.go)
+	moves int        // dropGraphs calls (Moves)
 	tops  deviceTops // the layout of a Replayer's step's device top-k
 }
 
@@ -770,8 +778,9 @@ func (m *Model) ProjectVocab(logits, hidden kernels.Buffer, n int) error {
 	return nil
 }
 
-// outputs downloads from rank 0 the taps of every row and, with tops (a
-// Replayer's step), every sequence's device top-k, all in one copy into
+// outputs downloads from rank 0 the taps of the rows whose sequences do
+// not keep them on the device (from the first such row on) and, with tops
+// (a Replayer's step), every sequence's device top-k, all in one copy into
 // m.hostOut, then the logit rows of the sequences that want them.
 func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, tops *deviceTops, taps int, tapped kernels.Buffer) ([]SeqOutput, error) {
 	b, V := m.ranks[0].b, m.Cfg.VocabSize
@@ -784,11 +793,18 @@ func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, tops *deviceTops
 	if tops != nil {
 		size += tops.used
 	}
-	if size > 0 {
-		if len(m.hostOut) < size {
-			m.hostOut = make([]float32, size)
+	from := tapsLen // the first value of a row that comes home
+	for i, r0 := 0, 0; i < len(seqs) && from == tapsLen; i++ {
+		if !seqs[i].KeepTaps {
+			from = min(r0*width, tapsLen)
 		}
-		if err := b.DownloadF32(m.out, 0, m.hostOut[:size]); err != nil {
+		r0 += len(seqs[i].Tokens)
+	}
+	if len(m.hostOut) < size {
+		m.hostOut = make([]float32, size)
+	}
+	if size > from {
+		if err := b.DownloadF32(m.out, from, m.hostOut[from:size]); err != nil {
 			return nil, fmt.Errorf("engine: download step outputs: %w", err)
 		}
 	}
@@ -816,7 +832,10 @@ func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, tops *deviceTops
 			n += want
 		}
 		if tapped != nil {
-			out[i].Features = hostTaps[r0*width : (r0+T)*width : (r0+T)*width]
+			out[i].Taps = b.Slice(tapped, r0*width, T*width)
+			if !sq.KeepTaps {
+				out[i].Features = hostTaps[r0*width : (r0+T)*width : (r0+T)*width]
+			}
 		}
 		r0 += T
 	}

@@ -5,6 +5,7 @@ import (
 
 	"ddflash/adaptive"
 	"ddflash/ddtree"
+	"ddflash/kernels"
 	"ddflash/mamba"
 )
 
@@ -47,6 +48,20 @@ type LatticeSession interface {
 type TokenDraftSession interface {
 	DraftSession
 	DraftTokens(features []float32, tokens []int32, anchor int32) ([]float32, error)
+}
+
+// TapAbsorber is a DraftSession that takes the target's tapped rows where
+// the step left them, on the model's rank-0 backend (the drafter's): where
+// the engine keeps taps on the device (Engine.DeviceTaps), a drafting job
+// hands each verify's accepted rows over as the verify completes, and they
+// never come home.
+type TapAbsorber interface {
+	DraftSession
+	// Absorb takes newly committed tokens into the context: the rows of
+	// features (on the host, as Draft takes them), then the rows of taps
+	// (a step's SeqOutput.Taps) that rows lists, in that order. A later
+	// draft runs after them, given no features of theirs again.
+	Absorb(features []float32, taps kernels.Buffer, rows []int32) error
 }
 
 // DraftBlock is the block d drafts when proposals are capped at depth

@@ -92,7 +92,16 @@ func (m *Model) dropGraphs() {
 		g.Close()
 	}
 	m.steps = stepGraphs{}
+	m.moves++
 }
+
+// Moves counts the times the model's step buffers moved (its recordings
+// were dropped): a recording made elsewhere that reads them, as a
+// drafter's through ProjectVocab, is stale once the count changes.
+func (m *Model) Moves() int { return m.moves }
+
+// Ranks is the model's tensor-parallel degree.
+func (m *Model) Ranks() int { return len(m.ranks) }
 
 // deviceTops is where a Replayer's step puts its top-k: each sequence i
 // that asks for Top gets its logit rows' TopKLSE records ([rows, 2·Top+1])

@@ -295,13 +295,10 @@ func checkDraftLogits(t *testing.T, be kernels.Backend) {
 // gathers on be and its scores on the host); greedy DDTree decoding
 // gives autoregressive decoding's tokens.
 func checkDFlash2(t *testing.T, be kernels.Backend) {
-	p, err := testmodel.PresetByName("tiny")
-	must(t, err)
-	dir := t.TempDir()
-	target, draft := dir+"/target", dir+"/draft"
-	must(t, testmodel.Write(target, testmodel.Options{Preset: p, Seed: 8, DType: "bf16"}))
-	must(t, testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: 8, DType: "bf16", BlockSize: 8, Window: 8, DFlash2: true}))
+	target, draft := tinyBF16PairWith(t, 8, testmodel.DraftOptions{BlockSize: 8, Window: 8, DFlash2: true})
 	cfg, err := dflash.LoadConfig(draft)
+	must(t, err)
+	p, err := testmodel.PresetByName("tiny")
 	must(t, err)
 	width := len(cfg.TargetLayerIDs) * p.Hidden
 	rng := rand.New(rand.NewPCG(15, 16))
@@ -439,12 +436,19 @@ func checkMTP(t *testing.T, be kernels.Backend) {
 
 // tinyBF16Pair writes a random bf16 tiny target of seed and its drafter.
 func tinyBF16Pair(t *testing.T, seed uint64) (target, draft string) {
+	return tinyBF16PairWith(t, seed, testmodel.DraftOptions{})
+}
+
+// tinyBF16PairWith is tinyBF16Pair with drafter options (target, seed and
+// dtype are set here).
+func tinyBF16PairWith(t *testing.T, seed uint64, opts testmodel.DraftOptions) (target, draft string) {
 	p, err := testmodel.PresetByName("tiny")
 	must(t, err)
 	dir := t.TempDir()
 	target, draft = dir+"/target", dir+"/draft"
 	must(t, testmodel.Write(target, testmodel.Options{Preset: p, Seed: seed, DType: "bf16"}))
-	must(t, testmodel.WriteDrafter(draft, testmodel.DraftOptions{Target: p, Seed: seed, DType: "bf16"}))
+	opts.Target, opts.Seed, opts.DType = p, seed, "bf16"
+	must(t, testmodel.WriteDrafter(draft, opts))
 	return target, draft
 }
 
