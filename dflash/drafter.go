@@ -55,7 +55,8 @@ type Drafter struct {
 	// apart: the two run at different times, each asking for its buffers
 	// in the same order every time).
 	scratch, contextScratch arena
-	rec                     blockRecordings // recorded blocks (record.go)
+	// Recorded blocks and context intakes (record.go).
+	blocks, contexts recordings
 }
 
 // blockMasks are a block's attention masks, I32 [rows·rows].
@@ -281,7 +282,8 @@ func (d *Drafter) Close() {
 		d.b.Free(d.invFreq)
 		d.invFreq = nil
 	}
-	d.rec.free(d.b)
+	d.blocks.free(d.b)
+	d.contexts.free(d.b)
 	d.scratch.free()
 	d.contextScratch.free()
 }
@@ -567,7 +569,7 @@ func (s *Session) draftTopOnDevice(rp kernels.Replayer, features []float32, anch
 	if !d.records() {
 		return block()
 	}
-	return d.runRecorded(rp, fmt.Sprintf("block %d keys %d valid %d top %d", s.block, in.maxKeys, valid, k), block)
+	return d.blocks.run(rp, fmt.Sprintf("block %d keys %d valid %d top %d", s.block, in.maxKeys, valid, k), d.blockStamp, block)
 }
 
 // draft takes features (rows of the fused target features of newly
@@ -581,11 +583,12 @@ func (s *Session) draft(a *arena, features []float32, anchor int32) (kernels.Buf
 
 // Absorb takes newly committed tokens into the context (engine.TapAbsorber):
 // the rows of features (on the host) and then rows of taps, the target's
-// step output on the drafter's backend ([rows, taps, targetHidden], rows
-// in token order as the tapped step fed them), in that order. Their fused
-// features are projected and each layer's context keys and values written
-// to the session's caches; the next draft runs its block after them. The
-// tapped rows never leave the device.
+// step output on the drafter's backend ([rows, taps, targetHidden]), that
+// rows lists, in that order. Their fused features are projected and each
+// layer's context keys and values written to the session's caches; the
+// next draft runs its block after them. The tapped rows never leave the
+// device, and where the drafter records its calls (record.go) taking up to
+// a block of them is one replay.
 func (s *Session) Absorb(features []float32, taps kernels.Buffer, rows []int32) error {
 	d := s.d
 	width := len(d.Cfg.TargetLayerIDs) * d.target.Cfg.HiddenSize
@@ -597,73 +600,134 @@ func (s *Session) Absorb(features []float32, taps kernels.Buffer, rows []int32) 
 	if n == 0 {
 		return nil
 	}
+	p, err := s.contextPlan(n)
+	if err != nil {
+		return err
+	}
 	a := d.contextScratch.reset(d.b)
-	feat := a.f32(n * width)
+	if rp, ok := d.b.(kernels.Replayer); ok && d.records() && hostRows == 0 && n <= d.Cfg.BlockSize {
+		in, err := d.placeContext(rows, p)
+		if err != nil {
+			return err
+		}
+		_, err = d.contexts.run(rp, fmt.Sprintf("context %d keep %v", n, p.keep), d.contextStamp, func() (kernels.Buffer, error) {
+			return nil, s.contextOps(d.contextBuffers(a, n), taps, in, 0, p)
+		})
+		s.cached += n
+		return err
+	}
+	in := &contextInputs{rows: a.i32(rows), pos: a.i32(p.pos)}
+	for kind := range 2 {
+		in.slots[kind] = a.i32(p.slots[kind])
+	}
+	bufs := d.contextBuffers(a, n)
 	if a.err != nil {
 		return a.err
 	}
 	if hostRows > 0 {
-		if err := d.b.UploadF32(feat, 0, features); err != nil {
+		if err := d.b.UploadF32(bufs.feat, 0, features); err != nil {
 			return err
 		}
 	}
-	// Runs of consecutive rows (an accepted chain, a prompt chunk) are one copy.
-	for i := 0; i < len(rows); {
-		j := i + 1
-		for j < len(rows) && rows[j] == rows[j-1]+1 {
-			j++
-		}
-		d.b.Copy(d.b.Slice(feat, (hostRows+i)*width, (j-i)*width), d.b.Slice(taps, int(rows[i])*width, (j-i)*width), 1, (j-i)*width, 0, 0)
-		i = j
+	if err := s.contextOps(bufs, taps, in, hostRows, p); err != nil {
+		return err
 	}
-	return s.absorb(a, feat, n)
+	s.cached += n
+	return nil
 }
 
-// absorb writes the context K/V of n newly committed tokens, whose fused
-// features are feat, to the session's caches: the paged layers all n, the
-// sliding layers the last ones the next block's window sees.
-func (s *Session) absorb(a *arena, feat kernels.Buffer, n int) error {
-	d, b, c := s.d, s.d.b, s.d.Cfg
-	width, H, kvDim := feat.Len()/n, c.HiddenSize, c.NumKVHeads*c.HeadDim
+// contextPlan is taking n committed tokens into the context: their
+// positions, and the rows each kind of cache keeps (the paged layers all
+// n, the sliding layers the last ones the next block's window sees) with
+// their slots.
+type contextPlan struct {
+	pos   []int32
+	keep  [2]int
+	slots [2][]int32
+}
+
+// contextPlan reserves the session's cache room for n more committed
+// tokens and returns their plan.
+func (s *Session) contextPlan(n int) (*contextPlan, error) {
+	d := s.d
 	start := s.cached + n // the next block's anchor position
-	pos := positions(s.cached, n)
-	keep := [2]int{n, 0} // rows written by the paged and the ringed layers
-	var slots [2]kernels.Buffer
+	p := &contextPlan{pos: positions(s.cached, n)}
 	if d.kv != nil {
 		if err := d.kv.Reserve(&s.kv, start); err != nil {
-			return err
+			return nil, err
 		}
-		slots[0] = a.i32(slotsOf(&s.kv, d.kv.PageSize(), pos))
+		p.keep[0], p.slots[0] = n, slotsOf(&s.kv, d.kv.PageSize(), p.pos)
 	}
 	if d.ring != nil {
 		if err := d.ring.Reserve(&s.ring, d.ringPages*d.ring.PageSize()); err != nil {
-			return err
+			return nil, err
 		}
-		keep[1] = start - max(s.cached, s.windowStart(start))
-		slots[1] = a.i32(s.ringSlots(pos[n-keep[1]:]))
+		p.keep[1] = start - max(s.cached, s.windowStart(start))
+		p.slots[1] = s.ringSlots(p.pos[n-p.keep[1]:])
 	}
-	ctx, posBuf := a.f32(n*H), a.i32(pos)
-	k, v := a.f32(n*kvDim), a.f32(n*kvDim)
+	return p, nil
+}
+
+// contextInputs are a context intake's data on the device: the indices of
+// its rows in the target's tap buffer, their positions and slots.
+type contextInputs struct {
+	rows, pos kernels.Buffer
+	slots     [2]kernels.Buffer
+}
+
+// contextBufs are a context intake's activations: the fused features, their
+// projection, and one layer's keys and values.
+type contextBufs struct {
+	feat, ctx, k, v kernels.Buffer
+}
+
+// contextBuffers asks a for the activations of n rows, each at least a
+// block's worth, so that intakes of any accepted path share them.
+func (d *Drafter) contextBuffers(a *arena, n int) contextBufs {
+	c, rows := d.Cfg, max(n, d.Cfg.BlockSize)
+	width := len(c.TargetLayerIDs) * d.target.Cfg.HiddenSize
+	kvDim := c.NumKVHeads * c.HeadDim
+	bufs := contextBufs{feat: a.f32(rows * width), ctx: a.f32(rows * c.HiddenSize), k: a.f32(rows * kvDim), v: a.f32(rows * kvDim)}
 	if a.err != nil {
-		return a.err
+		return contextBufs{}
+	}
+	for _, buf := range []*kernels.Buffer{&bufs.feat, &bufs.ctx, &bufs.k, &bufs.v} {
+		*buf = d.b.Slice(*buf, 0, (*buf).Len()/rows*n)
+	}
+	return bufs
+}
+
+// contextOps issues a context intake's ops: the tapped rows gathered after
+// hostRows rows already in bufs.feat, their projection through fc and its
+// norm, and each layer's keys and values of the rows its cache keeps,
+// written there. No upload or download, so that a Replayer can record them.
+func (s *Session) contextOps(bufs contextBufs, taps kernels.Buffer, in *contextInputs, hostRows int, p *contextPlan) error {
+	d, b, c := s.d, s.d.b, s.d.Cfg
+	if bufs.feat == nil {
+		return fmt.Errorf("dflash: context activations: %w", d.contextScratch.err)
+	}
+	n := len(p.pos)
+	width, H, kvDim := bufs.feat.Len()/n, c.HiddenSize, c.NumKVHeads*c.HeadDim
+	if tapped := n - hostRows; tapped > 0 {
+		b.Embedding(b.Slice(bufs.feat, hostRows*width, tapped*width), taps, in.rows, tapped, width)
 	}
 	eps := float32(c.RMSNormEps)
-	b.MatMul(ctx, feat, d.fc, n, H, width)
-	b.RMSNorm(ctx, ctx, d.hiddenNorm, n, H, eps, false)
+	b.MatMul(bufs.ctx, bufs.feat, d.fc, n, H, width)
+	b.RMSNorm(bufs.ctx, bufs.ctx, d.hiddenNorm, n, H, eps, false)
 	for i := range d.layers {
 		cache, kind := d.kv, 0
 		if d.ringed(i) {
 			cache, kind = d.ring, 1
 		}
-		if keep[kind] == 0 {
+		keep := p.keep[kind]
+		if keep == 0 {
 			continue
 		}
-		from := n - keep[kind]
+		from := n - keep
 		kc, vc := cache.Layer(0, d.cacheIndex[i])
-		d.keysValues(&d.layers[i], k, v, b.Slice(ctx, from*H, keep[kind]*H), b.Slice(posBuf, from, keep[kind]), keep[kind])
-		b.WriteKV(kc, vc, k, v, slots[kind], keep[kind], kvDim)
+		d.keysValues(&d.layers[i], bufs.k, bufs.v, b.Slice(bufs.ctx, from*H, keep*H), b.Slice(in.pos, from, keep), keep)
+		b.WriteKV(kc, vc, bufs.k, bufs.v, in.slots[kind], keep, kvDim)
 	}
-	s.cached = start
 	return nil
 }
 

@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -103,6 +105,46 @@ func TestDeviceTapsReachTheSession(t *testing.T) {
 		got, all := adaptiveSession.received, hostSession.received
 		if len(got) == 0 || !slices.Equal(got[:min(len(got), len(all))], all[:min(len(got), len(all))]) {
 			t.Fatalf("%v adaptive: the session's %d feature values are not a prefix of the committed rows' %d", c, len(got), len(all))
+		}
+	}
+}
+
+// TestDeviceTapsReachBatchedSessions: batched (prompt chunks beside
+// verifies, each sequence's rows at its own place in the step's tap
+// buffer), every request's session gets the same feature rows with taps on
+// the device as brought home, and the output is autoregressive.
+func TestDeviceTapsReachBatchedSessions(t *testing.T) {
+	const seed, ctxLen = 6, 128
+	rng := rand.New(rand.NewPCG(13, 14))
+	reqs, answers := randomRequests(t, newTestEngine(t, "tiny", seed, Options{Context: ctxLen}), rng, 6, 40, 30)
+	c := specCase{SpecTree, 8, mamba.Replay}
+	var received [2]map[string][]float32 // by prompt
+	for i, onDevice := range []bool{false, true} {
+		e := specEngineBlock(t, "tiny", seed, c, pathOracle(answers...), 0.2, ctxLen, 16, Options{MaxSeqs: 4, PrefillChunk: 16})
+		e.DeviceTaps = onDevice
+		var sessions []*absorbingSession
+		e.Drafter = absorbingOracle{oracleDrafter: e.Drafter.(*oracleDrafter), b: e.Model.Backend(), sessions: &sessions}
+		s := runScheduler(t, e, SchedulerOptions{StepPrefill: 24})
+		for r, st := range submitAll(t, s, reqs) {
+			res, err := st.Wait()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := answers[r][len(reqs[r].Prompt):]; !slices.Equal(res.Tokens, want) {
+				t.Fatalf("taps on the device %v, request %d: %v, autoregressive %v", onDevice, r, res.Tokens, want)
+			}
+		}
+		waitIdle(t, s)
+		received[i] = map[string][]float32{}
+		for _, sess := range sessions {
+			received[i][fmt.Sprint(sess.prompt)] = sess.received
+		}
+	}
+	for _, r := range reqs {
+		key := fmt.Sprint(r.Prompt)
+		host, device := received[0][key], received[1][key]
+		if len(host) == 0 || !slices.Equal(device, host) {
+			t.Fatalf("prompt %v: the session got %d feature values with taps on the device, %d others brought home", r.Prompt, len(device), len(host))
 		}
 	}
 }

@@ -375,7 +375,11 @@ func (j *job) completeVerify(out *SeqOutput) error {
 // with any prompt rows it has not drafted after yet.
 func (j *job) takeContext(out *SeqOutput, rows []int32) error {
 	if a := j.absorber(); a != nil {
-		if err := a.Absorb(j.context, out.Taps, rows); err != nil {
+		stepRows := make([]int32, len(rows))
+		for i, r := range rows {
+			stepRows[i] = int32(out.TapRow) + r
+		}
+		if err := a.Absorb(j.context, out.Taps, stepRows); err != nil {
 			return err
 		}
 		j.context, j.contextTokens = j.context[:0], j.contextTokens[:0]

@@ -75,9 +75,13 @@ type SeqOutput struct {
 	// layout. It is the model's buffer, valid until the next Forward; nil
 	// when SeqInput.KeepTaps left them on the device.
 	Features []float32
-	// Taps holds the same rows on rank 0's backend, [rows, taps, hidden]:
-	// a view of the model's buffer, valid until the next Forward.
-	Taps kernels.Buffer
+	// Taps holds the same rows on rank 0's backend: the model's whole tap
+	// buffer, rows of [taps, hidden], whose first rows are the step's, every
+	// sequence's in turn, this one's from TapRow on. The buffer and its
+	// length stay as they are from step to step until Moves changes, so a
+	// recording may read it; its contents are valid until the next Forward.
+	Taps   kernels.Buffer
+	TapRow int
 }
 
 // Model runs the Qwen3.6 hybrid forward over a batch of sequences on one
@@ -809,6 +813,10 @@ func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, tops *deviceTops
 		}
 	}
 	hostTaps, top := m.hostOut[:tapsLen], m.hostOut[tapsLen:size]
+	var tapBuffer kernels.Buffer // Model.out in whole rows: its length stays with it
+	if tapped != nil {
+		tapBuffer = b.Slice(m.out, 0, m.out.Len()/width*width)
+	}
 	out := make([]SeqOutput, len(seqs))
 	n, r0 := 0, 0
 	for i, sq := range seqs {
@@ -832,7 +840,7 @@ func (m *Model) outputs(seqs []SeqInput, logits kernels.Buffer, tops *deviceTops
 			n += want
 		}
 		if tapped != nil {
-			out[i].Taps = b.Slice(tapped, r0*width, T*width)
+			out[i].Taps, out[i].TapRow = tapBuffer, r0
 			if !sq.KeepTaps {
 				out[i].Features = hostTaps[r0*width : (r0+T)*width : (r0+T)*width]
 			}
@@ -906,26 +914,57 @@ func (m *Model) CommitKV(kv *SeqKV, start int, path []int32) error {
 	if len(dst) == 0 {
 		return nil
 	}
-	moves := append(dst, src...)
+	rp, record := m.ranks[0].b.(kernels.Replayer)
+	record = record && len(m.ranks) == 1 && !m.Eager
 	for _, r := range m.ranks {
-		if r.moves == nil || r.moves.Len() < len(moves) {
+		if r.moves == nil || r.moves.Len() < 2*len(dst) {
+			m.dropKVMoves()
 			if r.moves != nil {
 				r.b.Free(r.moves)
 				r.moves = nil
 			}
-			buf, err := r.b.Alloc(kernels.I32, max(2*len(moves), 64)) // a path of a few dozen tokens
+			buf, err := r.b.Alloc(kernels.I32, max(4*len(dst), 64)) // a path of a few dozen tokens
 			if err != nil {
 				return fmt.Errorf("engine: KV moves: %w", err)
 			}
 			r.moves = buf
 		}
-		if err := r.b.UploadI32(r.moves, 0, moves); err != nil {
+		n := len(dst)
+		if record {
+			// As many moves as the buffer holds, the rest the root's slot onto
+			// itself: no real move reads or writes it (the root stays where it
+			// is), so one recording serves every path.
+			n = r.moves.Len() / 2
+			root := kv.Slot(ps, start)
+			for len(dst) < n {
+				dst, src = append(dst, root), append(src, root)
+			}
+		}
+		if err := r.b.UploadI32(r.moves, 0, append(dst, src...)); err != nil {
 			return fmt.Errorf("engine: upload KV moves: %w", err)
 		}
-		dstBuf, srcBuf := r.b.Slice(r.moves, 0, len(dst)), r.b.Slice(r.moves, len(dst), len(src))
-		for l := 0; l < m.Cfg.NumFull(); l++ {
-			k, v := m.KV.Layer(r.id, l)
-			r.b.MoveKV(k, v, dstBuf, srcBuf, len(dst), KVDim(r.cfg))
+		dstBuf, srcBuf := r.b.Slice(r.moves, 0, n), r.b.Slice(r.moves, n, n)
+		move := func() error {
+			for l := 0; l < m.Cfg.NumFull(); l++ {
+				k, v := m.KV.Layer(r.id, l)
+				r.b.MoveKV(k, v, dstBuf, srcBuf, n, KVDim(r.cfg))
+			}
+			return nil
+		}
+		if !record || !m.steps.kvMovesSeen { // the first op by op: MoveKV sizes the backend's scratch
+			m.steps.kvMovesSeen = record
+			_ = move()
+			continue
+		}
+		if m.steps.kvMoves == nil {
+			g, err := rp.Capture(move)
+			if err != nil {
+				return fmt.Errorf("engine: recording KV moves: %w", err)
+			}
+			m.steps.kvMoves = g
+		}
+		if err := m.steps.kvMoves.Replay(); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -59,8 +59,9 @@ type TapAbsorber interface {
 	DraftSession
 	// Absorb takes newly committed tokens into the context: the rows of
 	// features (on the host, as Draft takes them), then the rows of taps
-	// (a step's SeqOutput.Taps) that rows lists, in that order. A later
-	// draft runs after them, given no features of theirs again.
+	// (a step's SeqOutput.Taps, the whole step's) that rows lists, in that
+	// order. A later draft runs after them, given no features of theirs
+	// again.
 	Absorb(features []float32, taps kernels.Buffer, rows []int32) error
 }
 
@@ -286,6 +287,7 @@ func (e *Engine) propose(sess DraftSession, features []float32, tokens []int32, 
 // commit keeps the accepted path of a verify: GDN states, KV compaction and
 // the sequence length; the rejected nodes' KV pages are returned.
 func (e *Engine) commit(s *sequence, verify *mamba.Verify, path []int32) error {
+	verify.Eager = e.Model.Eager
 	if err := verify.Commit(e.Model.States, s.slot, path); err != nil {
 		return err
 	}

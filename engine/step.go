@@ -25,6 +25,11 @@ const maxStepGraphs = 64
 type stepGraphs struct {
 	seen   map[string]bool // shapes run once, op by op
 	graphs map[string]kernels.Graph
+	// kvMoves is CommitKV's recording, made the second time it runs:
+	// every attention layer's moves of as many slot pairs as rank 0's moves
+	// buffer holds.
+	kvMoves     kernels.Graph
+	kvMovesSeen bool
 }
 
 // runStep runs step (which issues a Forward's ops) op by op, records it,
@@ -91,8 +96,17 @@ func (m *Model) dropGraphs() {
 	for _, g := range m.steps.graphs {
 		g.Close()
 	}
+	m.dropKVMoves()
 	m.steps = stepGraphs{}
 	m.moves++
+}
+
+// dropKVMoves closes CommitKV's recording, before its buffer moves.
+func (m *Model) dropKVMoves() {
+	if m.steps.kvMoves != nil {
+		m.steps.kvMoves.Close()
+	}
+	m.steps.kvMoves, m.steps.kvMovesSeen = nil, false
 }
 
 // Moves counts the times the model's step buffers moved (its recordings

@@ -28,6 +28,13 @@ type Replayer interface {
 	// (exact: n <= 2^24) and the row's log-sum-exp. One download then
 	// brings a step's top-k home.
 	TopKLSE(out, x Buffer, rows, n, ld, k int)
+	// ConvCommitAt is ConvCommit of the node read at run time from nodeAt
+	// (one I32, 0..maxNode), and GDNRecurrenceAt a chain's GDNRecurrence
+	// from state to stateOut, without outputs, over the rows read from
+	// rowsAt (one I32, 0..maxRows): recordings of them serve any accepted
+	// chain (mamba.Verify.Commit).
+	ConvCommitAt(state, x, parents, nodeAt Buffer, maxNode, channels, K int)
+	GDNRecurrenceAt(q, k, v, g, beta, state, stateOut, rowsAt Buffer, maxRows int, shape GDNShape)
 	// Capture records the ops record issues as a graph instead of running
 	// them. Allocations and host transfers fail while it records.
 	Capture(record func() error) (Graph, error)

@@ -52,6 +52,21 @@ type Verify struct {
 
 	n       int
 	parents []int32
+
+	// Eager commits op by op, never recording (the engine sets it from
+	// Model.Eager).
+	Eager bool
+	// commits are its recorded commits (commitRecorded).
+	commits recordedCommits
+}
+
+// recordedCommits are a Verify's recorded commits by slot and whether the
+// verify was a tree.
+type recordedCommits map[commitShape]kernels.Graph
+
+type commitShape struct {
+	slot int
+	tree bool
 }
 
 // verifyShard is one rank's scratch, shaped like that rank's heads.
@@ -68,6 +83,8 @@ type verifyShard struct {
 	parentsBuf kernels.Buffer
 	gathered   [5]kernels.Buffer // Replay along a tree path: q, k, v, g, beta rows
 	pathBuf    kernels.Buffer    // Replay: the path's tokens, the rows to gather
+	// commitArgs holds a recorded commit's last node, length and nodes.
+	commitArgs kernels.Buffer
 	bufs       []kernels.Buffer
 }
 
@@ -128,6 +145,12 @@ func newVerifyShard(shard Shard, strategy Strategy, maxTokens int) (*verifyShard
 			return nil, err
 		}
 		v.pathBuf = extra[len(extra)-1]
+		if _, ok := shard.B.(kernels.Replayer); ok {
+			if err := v.alloc(&extra, kernels.I32, 2+maxTokens); err != nil {
+				return nil, err
+			}
+			v.commitArgs = extra[len(extra)-1]
+		}
 	}
 	return v, nil
 }
@@ -152,6 +175,10 @@ func (v *verifyShard) close() {
 
 // Close frees the scratch.
 func (v *Verify) Close() {
+	for _, g := range v.commits {
+		g.Close()
+	}
+	v.commits = nil
 	for _, sh := range v.shards {
 		sh.close()
 	}
@@ -244,6 +271,9 @@ func (v *Verify) Commit(pool *Pool, slot int, path []int32) error {
 	if err := v.checkPath(path); err != nil {
 		return err
 	}
+	if rp := v.recorder(); rp != nil {
+		return v.commitRecorded(rp, pool, slot, path)
+	}
 	node := int(path[len(path)-1])
 	gather := v.strategy == Replay && !isPrefix(path)
 	for r, sh := range v.shards {
@@ -266,6 +296,62 @@ func (v *Verify) Commit(pool *Pool, slot int, path []int32) error {
 		}
 	}
 	return nil
+}
+
+// recorder is the backend that records this scratch's commits, or nil: a
+// Replayer on one rank, under Replay, unless Eager.
+func (v *Verify) recorder() kernels.Replayer {
+	if v.Eager || v.strategy != Replay || len(v.shards) != 1 || v.shards[0].commitArgs == nil {
+		return nil
+	}
+	return v.shards[0].B.(kernels.Replayer)
+}
+
+// commitRecorded commits path as Commit does, but with the kernels reading
+// its last node, its length and its nodes from the shard's commitArgs (one
+// upload), so that every path this slot commits is one recording, made the
+// first time and replayed from then on. A tree's path is gathered whole
+// (MaxTokens rows, those past the path from node 0), a chain's is its
+// prefix of rows. It reads the slot's states and this scratch's rows,
+// which never move.
+func (v *Verify) commitRecorded(rp kernels.Replayer, pool *Pool, slot int, path []int32) error {
+	sh := v.shards[0]
+	args := make([]int32, 2+v.maxTokens)
+	args[0], args[1] = path[len(path)-1], int32(len(path))
+	copy(args[2:], path)
+	if err := rp.UploadI32(sh.commitArgs, 0, args); err != nil {
+		return err
+	}
+	node, rows, nodes := rp.Slice(sh.commitArgs, 0, 1), rp.Slice(sh.commitArgs, 1, 1), rp.Slice(sh.commitArgs, 2, v.maxTokens)
+	shape, tree := sh.Shape, v.parents != nil
+	commit := func() error {
+		for l := 0; l < shape.Layers; l++ {
+			state := pool.SSM(0, l, slot)
+			rp.ConvCommitAt(pool.Conv(0, l, slot), sh.mixed[l], v.Parents(0), node, v.maxTokens-1, shape.ConvDim, shape.ConvKernel)
+			ins := [5]kernels.Buffer{sh.q[l], sh.k[l], sh.v[l], sh.g[l], sh.beta[l]}
+			if tree {
+				for i, src := range ins {
+					rp.Embedding(sh.gathered[i], src, nodes, v.maxTokens, src.Len()/v.maxTokens)
+				}
+				ins = sh.gathered
+			}
+			rp.GDNRecurrenceAt(ins[0], ins[1], ins[2], ins[3], ins[4], state, state, rows, v.maxTokens, shape.GDN)
+		}
+		return nil
+	}
+	key := commitShape{slot: slot, tree: tree}
+	g := v.commits[key]
+	if g == nil {
+		var err error
+		if g, err = rp.Capture(commit); err != nil {
+			return fmt.Errorf("mamba: recording a commit: %w", err)
+		}
+		if v.commits == nil {
+			v.commits = recordedCommits{}
+		}
+		v.commits[key] = g
+	}
+	return g.Replay()
 }
 
 // replayInputs returns a shard's layer-l recurrence inputs for the n

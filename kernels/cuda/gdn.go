@@ -49,6 +49,20 @@ func (be *Backend) GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeSta
 	be.GDNRecurrences(out, q, k, v, g, beta, []kernels.GDNSeq{{Rows: T, State: state, StateOut: stateOut, NodeStates: nodeStates, Parents: parents}}, shape)
 }
 
+// GDNRecurrenceAt runs a chain's recurrence from state to stateOut over
+// the rows read at run time from rowsAt (one I32 on the device,
+// 0..maxRows), without outputs: a recording of it serves any length.
+func (be *Backend) GDNRecurrenceAt(q, k, v, g, beta, state, stateOut, rowsAt kernels.Buffer, maxRows int, shape kernels.GDNShape) {
+	args := gdnOperands("GDNRecurrenceAt", nil, q, k, v, g, beta, maxRows, shape)
+	sl := shape.StateLen()
+	st, stBF16 := recurrentState("GDNRecurrenceAt state", state, nil, sl)
+	final, _ := recurrentState("GDNRecurrenceAt stateOut", stateOut, st, sl)
+	at := i32s("GDNRecurrenceAt rows", rowsAt, 1)
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	be.gdnRecurrence(args, []gdnSeq{{state: st, final: final, rowsAt: at, rows: maxRows}}, stBF16, shape)
+}
+
 // GDNRecurrences runs every sequence's recurrence in one launch per
 // maxGDNSeqs sequences.
 func (be *Backend) GDNRecurrences(out, q, k, v, g, beta kernels.Buffer, seqs []kernels.GDNSeq, shape kernels.GDNShape) {
@@ -148,15 +162,15 @@ func (be *Backend) GDNChunked(out, q, k, v, g, beta, state, stateOut kernels.Buf
 // operands, its states (final and nodes nil where the kernel takes none)
 // and tree parents.
 type gdnSeq struct {
-	start, rows                  int
-	state, final, nodes, parents *buffer
+	start, rows                          int
+	state, final, nodes, parents, rowsAt *buffer
 }
 
 const (
 	// maxGDNSeqs is MAX_GDN_SEQS in gdn.cu; gdnSeqLen and gdnSeqsLen are
 	// the sizes of its GDNSeq and GDNSeqs.
 	maxGDNSeqs = 16
-	gdnSeqLen  = 40
+	gdnSeqLen  = 48
 	gdnSeqsLen = maxGDNSeqs*gdnSeqLen + 8
 )
 
@@ -172,13 +186,13 @@ func (be *Backend) gdnRecurrence(args []any, seqs []gdnSeq, stBF16 int32, shape 
 		desc := make([]byte, gdnSeqsLen)
 		for i, sq := range chunk {
 			d := desc[i*gdnSeqLen:]
-			for j, b := range []*buffer{sq.state, sq.final, sq.nodes, sq.parents} {
+			for j, b := range []*buffer{sq.state, sq.final, sq.nodes, sq.parents, sq.rowsAt} {
 				if b != nil {
 					binary.LittleEndian.PutUint64(d[8*j:], uint64(b.addr()))
 				}
 			}
-			binary.LittleEndian.PutUint32(d[32:], uint32(i32(sq.start)))
-			binary.LittleEndian.PutUint32(d[36:], uint32(i32(sq.rows)))
+			binary.LittleEndian.PutUint32(d[40:], uint32(i32(sq.start)))
+			binary.LittleEndian.PutUint32(d[44:], uint32(i32(sq.rows)))
 		}
 		binary.LittleEndian.PutUint32(desc[maxGDNSeqs*gdnSeqLen:], uint32(len(chunk)))
 		grid := dim3{shape.ValueHeads, (shape.ValueDim + 31) / 32, len(chunk)}

@@ -77,8 +77,11 @@ INLINE void commit_channel(void *state, int state_bf16, const float *x, const in
   }
 }
 
-// conv_commit: commit_channel, one thread per channel.
-KERNEL conv_commit(void *state, int state_bf16, const float *x, const int *parents, int node, int channels, int K) {
+// conv_commit: commit_channel, one thread per channel. With node_at the
+// node is read there at run time (a recorded commit serves any node).
+KERNEL conv_commit(void *state, int state_bf16, const float *x, const int *parents, const int *node_at, int node,
+                   int channels, int K) {
+  if (node_at) node = *node_at;
   GRID_LOOP(c, channels) commit_channel(state, state_bf16, x, parents, node, (int)c, channels, K);
 }
 

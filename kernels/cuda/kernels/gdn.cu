@@ -44,6 +44,7 @@ struct GDNSeq {
   const void *state;
   void *state_out, *node_states;
   const int *parents;
+  const int *rows_at; // when set, the rows are read there at run time (a recorded commit)
   int start, rows;
 };
 struct GDNSeqs {
@@ -73,7 +74,7 @@ KERNEL gdn_recurrence(float *out, const float *q, const float *k, const float *v
   const void *state = sq.state;
   void *state_out = sq.state_out, *node_states = sq.node_states;
   const int *parents = sq.parents;
-  int T = sq.rows;
+  int T = sq.rows_at ? *sq.rows_at : sq.rows;
   i64 s0 = sq.start;
   q += s0 * key_heads * kd, k += s0 * key_heads * kd, v += s0 * value_heads * vd;
   g += s0 * value_heads, beta += s0 * value_heads;
