@@ -40,7 +40,11 @@
 #                    and DDTree verify equal the eager steps bit for bit
 #                    (tiny preset, 1 and 2 sequences); a steady decode
 #                    step's driver calls (≤ 2 launches, no allocation, one
-#                    download); a DDTree step's, logged; then the small
+#                    download); a DDTree step's (≤ 5 launches, no
+#                    allocation, two downloads of top-k records only);
+#                    recorded drafts and context intakes against op by op
+#                    and Draft's logits, batched linear and DDTree decoding
+#                    recorded against op by op; then the small
 #                    preset's whole step (LM head and device top-k in),
 #                    eager and replayed: decode of 1 and 8 sequences and a
 #                    DDTree-16 verify, wall time per step with its driver
@@ -56,13 +60,14 @@
 # preset's).
 #
 # Run time, estimated (no GPU has run this yet): the limits below add up to
-# 372 s (397 s with NCCL), the most it can take besides the library search;
+# 387 s (412 s with NCCL), the most it can take besides the library search;
 # expected about 60 % of that. engine-step's device work is a few hundred
 # steps of the tiny and small presets (milliseconds each); its host work is
 # writing the small preset's random weights (about 110 M values) once and
 # loading them once per step kind, three times, a few seconds each, and the
-# tiny presets' steps and DDTree generations (about 15 CPU-s on the
-# emulation here, CPU side included). The device work is milliseconds per test (tiny
+# tiny presets' steps, drafts and DDTree generations (about 50 CPU-s on
+# the emulation here, CPU side included, nearly all of it the emulated
+# device work). The device work is milliseconds per test (tiny
 # and small presets; each layer step a few ms; the step-time's 5 row counts
 # × 2 × 52 timed runs of 0.3-1 ms). What costs is host work: the PTX JIT on
 # each part's first backend (every part is a new process; the driver
@@ -167,7 +172,7 @@ parts=(
 	"layer-step 75 TestLayerStep"
 	"long-shapes 35 TestAttentionLong|TestGDNChunkedModel"
 	"step-time 60 TestStepTime"
-	"engine-step 45 TestEngineStep"
+	"engine-step 60 TestEngineStep"
 )
 if [ -n "$nccl" ]; then
 	parts+=("tensor-parallel 25 TestTensorParallel")
