@@ -16,8 +16,13 @@ import (
 // unlucky draft for a request does not rule a drafter out for it); the
 // others wait, their context kept for their next draft, and each is tried
 // again every ReprobeSteps of the request's drafts, so that a drafter that
-// starts to do better is seen. Only the proposal changes, so decoding stays
-// as lossless as with one drafter.
+// starts to do better is seen. A trial (a drafter's first draft for a
+// request, and each one ReprobeSteps later) starts its evidence afresh:
+// until the drafter is chosen again it is judged by the trial's draft
+// alone, since its older drafts are as old as its last chance and the
+// chosen drafter's are fresh (judged by them, the demo pair's better
+// drafter was chosen for a third of the drafts: docs/adaptive.md). Only the
+// proposal changes, so decoding stays as lossless as with one drafter.
 type Choice struct {
 	Drafters []DrafterStats
 }
@@ -75,6 +80,7 @@ type ChoiceState struct {
 	recent [][]draft // per drafter, its latest drafts (at most recentDrafts)
 	since  []int
 	trying []bool // its latest draft was a trial, not yet judged
+	fresh  []bool // its latest draft was a trial: its evidence is that draft
 	lost   []int
 }
 
@@ -89,13 +95,17 @@ type draft struct {
 // NewState starts a request's state: no drafter has drafted for it.
 func (c *Choice) NewState() *ChoiceState {
 	n := len(c.Drafters)
-	return &ChoiceState{choice: c, recent: make([][]draft, n), since: make([]int, n), trying: make([]bool, n), lost: make([]int, n)}
+	return &ChoiceState{choice: c, recent: make([][]draft, n), since: make([]int, n), trying: make([]bool, n), fresh: make([]bool, n), lost: make([]int, n)}
 }
 
 // evidence is the drafts drafter i is judged by for request s: its latest
-// for s, then, up to a window, its latest for other requests.
+// trial's draft alone until it is chosen again, else its latest for s,
+// then, up to a window, its latest for other requests.
 func (c *Choice) evidence(s *ChoiceState, i int) []draft {
 	drafts := s.recent[i]
+	if s.fresh[i] {
+		return drafts // a trial's own draft, not older ones
+	}
 	d := &c.Drafters[i]
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -156,6 +166,10 @@ func (s *ChoiceState) Retired(i int) bool { return s.lost[i] >= RetireAfter }
 // raw path probabilities and depths (in tree order).
 func (s *ChoiceState) Drafted(i int, probs []float64, depths []int32) {
 	dr := draft{probs: probs, depths: depths, owner: s}
+	if s.trying[i] {
+		s.recent[i] = s.recent[i][:0]
+	}
+	s.fresh[i] = s.trying[i]
 	s.recent[i] = latest(append(s.recent[i], dr))
 	d := &s.choice.Drafters[i]
 	d.mu.Lock()

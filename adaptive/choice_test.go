@@ -162,3 +162,50 @@ func TestPolicyJudgesADraftByItsDrafter(t *testing.T) {
 		}
 	}
 }
+
+// TestChoiceJudgesATrialByItsOwnDraft: a drafter on trial is judged by the
+// trial's draft alone, not by its older drafts for the request (which made
+// it lose, and which the chosen drafter's fresh drafts outweigh) nor by
+// other requests': one whose opening draft for the request was poor but
+// whose trial draft is sure is chosen after the trial over one whose
+// drafts are middling.
+func TestChoiceJudgesATrialByItsOwnDraft(t *testing.T) {
+	stepMs := func(rows int) float64 { return 10 + 0.5*float64(rows) }
+	sure, middling, unsure := []float64{0.9, 0.8, 0.7, 0.6}, []float64{0.5, 0.4, 0.3, 0.2}, []float64{0.05, 0.01, 0.005, 0.001}
+	depths := []int32{1, 2, 3, 4}
+	choice := NewChoice(2)
+	for i := range choice.Drafters {
+		for range 50 {
+			choice.Drafters[i].Calibration.Observe(sure, depths, 4)
+			choice.Drafters[i].Calibration.Observe(middling, depths, 3)
+			choice.Drafters[i].Calibration.Observe(unsure, depths, 0)
+			choice.Drafters[i].ObserveDraft(time.Millisecond, true)
+		}
+	}
+	earlier := choice.NewState() // drafter 1's drafts for another request were poor
+	for range recentDrafts {
+		earlier.Drafted(1, unsure, depths)
+	}
+	s := choice.NewState()
+	for i, probs := range [][]float64{middling, unsure} { // the openings
+		if got := choice.Choose(s, 1, stepMs, 0.1); got != i {
+			t.Fatalf("opening draft %d by drafter %d, want each in order", i, got)
+		}
+		s.Drafted(i, probs, depths)
+	}
+	trial := 0
+	for ; trial <= ReprobeSteps; trial++ {
+		got := choice.Choose(s, 1, stepMs, 0.1)
+		if got == 1 {
+			break
+		}
+		s.Drafted(0, middling, depths)
+	}
+	if trial > ReprobeSteps {
+		t.Fatalf("drafter 1 not tried again within %d drafts", ReprobeSteps)
+	}
+	s.Drafted(1, sure, depths)
+	if got := choice.Choose(s, 1, stepMs, 0.1); got != 1 {
+		t.Errorf("after drafter 1's sure trial draft, drafter %d chosen; want 1, judged by that draft and not its older ones", got)
+	}
+}
