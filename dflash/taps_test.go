@@ -9,6 +9,7 @@ import (
 	"ddflash/adaptive"
 	"ddflash/engine"
 	"ddflash/engine/testmodel"
+	"ddflash/internal/enginetest"
 	"ddflash/kernels"
 	"ddflash/mamba"
 )
@@ -119,7 +120,7 @@ func TestDeviceTapsDecodeAsHostTaps(t *testing.T) {
 				}
 				runs[i] = append(runs[i], res)
 			}
-			runs[i] = append(runs[i], batched(t, e, reqs)...)
+			runs[i] = append(runs[i], enginetest.Batched(t, e, reqs)...)
 			e.Close()
 		}
 		for i := range runs[0] {
@@ -148,31 +149,4 @@ func TestDeviceTapsDecodeAsHostTaps(t *testing.T) {
 			t.Fatalf("adaptive, taps on the device: %v, autoregressive %v", got.Tokens, want.Tokens)
 		}
 	}
-}
-
-// batched runs reqs at once through a scheduler.
-func batched(t *testing.T, e *engine.Engine, reqs []engine.Request) []*engine.Result {
-	t.Helper()
-	s := engine.NewScheduler(e, engine.SchedulerOptions{})
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	defer func() { stop(); <-done }()
-	var streams []*engine.Stream
-	for _, r := range reqs {
-		st, err := s.Submit(context.Background(), r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		streams = append(streams, st)
-	}
-	var out []*engine.Result
-	for _, st := range streams {
-		res, err := st.Wait()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, res)
-	}
-	return out
 }

@@ -238,7 +238,7 @@ func TestDFlash2IsLossless(t *testing.T) {
 		}
 		alone = append(alone, res)
 	}
-	for i, res := range batched(t, e, reqs) {
+	for i, res := range enginetest.Batched(t, e, reqs) {
 		if !slices.Equal(res.Tokens, alone[i].Tokens) {
 			t.Fatalf("request %d batched: %v, alone %v", i, res.Tokens, alone[i].Tokens)
 		}

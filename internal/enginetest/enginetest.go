@@ -3,6 +3,7 @@
 package enginetest
 
 import (
+	"context"
 	"slices"
 	"testing"
 
@@ -30,4 +31,32 @@ func TappedFeatures(t *testing.T, e *engine.Engine, tokens []int32, taps []int) 
 		t.Fatal(err)
 	}
 	return slices.Clone(out[0].Features) // the model's buffer: the next forward reuses it
+}
+
+// Batched runs reqs at once through a scheduler on e and returns their
+// results in order.
+func Batched(t *testing.T, e *engine.Engine, reqs []engine.Request) []*engine.Result {
+	t.Helper()
+	s := engine.NewScheduler(e, engine.SchedulerOptions{})
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	defer func() { stop(); <-done }()
+	var streams []*engine.Stream
+	for _, r := range reqs {
+		st, err := s.Submit(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, st)
+	}
+	var out []*engine.Result
+	for _, st := range streams {
+		res, err := st.Wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, res)
+	}
+	return out
 }

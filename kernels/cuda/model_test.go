@@ -17,6 +17,7 @@ import (
 	"ddflash/engine"
 	"ddflash/engine/planner"
 	"ddflash/engine/testmodel"
+	"ddflash/internal/enginetest"
 	"ddflash/kernels"
 	"ddflash/kernels/cpu"
 	"ddflash/kernels/cuda"
@@ -83,36 +84,13 @@ func checkPlannedAllocation(t *testing.T, be kernels.Backend) {
 	for i := range plan.MaxRunning.Effective {
 		reqs = append(reqs, engine.Request{Prompt: []int32{7, int32(i), 3}, MaxTokens: 16, IgnoreEOS: true})
 	}
-	batched(t, e, reqs)
+	enginetest.Batched(t, e, reqs)
 	must(t, be.Sync())
 	got, planned := held()-before, plan.EngineBytes()
 	slack := max(planned/50, 64<<20)
 	if d := got - planned; d > slack || -d > slack || planned < 4*slack {
 		t.Errorf("device buffers %d bytes after a batch, the plan assigns %d: %+d, want within %d of a plan over %d", got, planned, d, slack, 4*slack)
 	}
-}
-
-// batched runs reqs at once through a scheduler on e and returns their results.
-func batched(t *testing.T, e *engine.Engine, reqs []engine.Request) []*engine.Result {
-	t.Helper()
-	s := engine.NewScheduler(e, engine.SchedulerOptions{})
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	defer func() { stop(); <-done }()
-	var streams []*engine.Stream
-	for _, r := range reqs {
-		st, err := s.Submit(context.Background(), r)
-		must(t, err)
-		streams = append(streams, st)
-	}
-	var out []*engine.Result
-	for _, st := range streams {
-		res, err := st.Wait()
-		must(t, err)
-		out = append(out, res)
-	}
-	return out
 }
 
 // checkCloseReleases loads a target with a drafter on a BF16 KV cache,

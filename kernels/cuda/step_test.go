@@ -17,6 +17,7 @@ import (
 	"ddflash/dflash"
 	"ddflash/engine"
 	"ddflash/engine/testmodel"
+	"ddflash/internal/enginetest"
 	"ddflash/kernels"
 	"ddflash/kernels/cpu"
 	"ddflash/kernels/cuda"
@@ -84,7 +85,7 @@ func checkRecordedSpecBatched(t *testing.T, be kernels.Backend) {
 			if !e.DeviceTaps {
 				t.Fatal("the engine brings the taps home on a backend that records steps")
 			}
-			runs[i] = batched(t, e, reqs)
+			runs[i] = enginetest.Batched(t, e, reqs)
 			e.Close()
 		}
 		for r := range reqs {
