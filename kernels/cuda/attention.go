@@ -21,6 +21,9 @@ const (
 	attnSeqsLen    = 1032 // bytes of AttnSeqs: the descriptors, count, padding
 	attnThreads    = 256  // ATTN_WARPS warps
 	attnTileQ      = 8    // ATTN_TILE_Q: query vectors (row, head) per block
+	// The tensor-core kernel's (BF16 caches): AMMA_WARPS warps, AMMA_TILE_Q vectors.
+	attnMMAThreads = 128
+	attnMMATileQ   = 16
 	maxHeadDim     = 256
 	// A launch splits each row's keys (then merges) when its (query tile,
 	// KV head) blocks would not fill the GPU twice over, in splits of at
@@ -105,8 +108,9 @@ func caches(op string, kCache, vCache kernels.Buffer, kvDim int) (k, v *buffer, 
 
 // Attention computes paged, masked softmax attention for every sequence,
 // in launches of up to maxAttnSeqs sequences: one block per (query tile,
-// KV head, key split), a query tile being attnTileQ (row, head) query
-// vectors of one sequence among the heads that share the KV head. The
+// KV head, key split), a query tile being attnTileQ (attnMMATileQ on
+// tensor cores: attnKernel) (row, head) query vectors of one sequence
+// among the heads that share the KV head. The
 // sequences' descriptors go to the device by an upload into the backend's
 // own table (so Attention cannot be captured in a graph: a replayable step
 // uploads its table with its other metadata and calls AttentionTable).
@@ -188,7 +192,7 @@ func (be *Backend) AttentionTable(out, q, kCache, vCache kernels.Buffer, shape k
 		panic(fmt.Sprintf("cuda: Attention head dim %d: the kernel supports 1..%d", shape.HeadDim, maxHeadDim))
 	}
 	qDim := shape.NumHeads * shape.HeadDim
-	kc, vc, variant := caches("Attention", kCache, vCache, shape.NumKVHeads*shape.HeadDim)
+	kc, vc, _ := caches("Attention", kCache, vCache, shape.NumKVHeads*shape.HeadDim)
 	qRows := 0
 	for _, sq := range seqs {
 		qRows = max(qRows, sq.QueryStart+sq.QueryLen)
@@ -210,7 +214,8 @@ func (be *Backend) AttentionTable(out, q, kCache, vCache kernels.Buffer, shape k
 			rows += sq.QueryLen
 		}
 		desc := tb.addr() + devPtr(g*attnSeqsLen)
-		tiles := attnTiles(group, shape.NumHeads/shape.NumKVHeads)
+		kernel, tileQ, threads := attnKernel(kc.dt)
+		tiles := attnTiles(group, shape.NumHeads/shape.NumKVHeads, tileQ)
 		splits := be.attnSplits(maxKeys, tiles*shape.NumKVHeads)
 		var parts any
 		if splits > 1 {
@@ -221,9 +226,12 @@ func (be *Backend) AttentionTable(out, q, kCache, vCache kernels.Buffer, shape k
 			}
 			parts = p
 		}
-		be.launch("attention"+variant, dim3{tiles, shape.NumKVHeads, splits}, d1(attnThreads), 0, ov, qv, kc, vc, desc,
-			i32(shape.NumHeads), i32(shape.NumKVHeads), i32(shape.HeadDim), i32(shape.PageSize),
-			int64(kc.n/(shape.NumKVHeads*shape.HeadDim)), shape.Scale, parts, i32(splits))
+		args := []any{ov, qv, kc, vc, desc, i32(shape.NumHeads), i32(shape.NumKVHeads), i32(shape.HeadDim), i32(shape.PageSize),
+			int64(kc.n / (shape.NumKVHeads * shape.HeadDim)), shape.Scale, parts, i32(splits)}
+		if kc.dt == kernels.BF16 {
+			args = append(args, i32(splitTerms(shape.HeadDim)))
+		}
+		be.launch(kernel, dim3{tiles, shape.NumKVHeads, splits}, d1(threads), 0, args...)
 		if splits > 1 {
 			be.launch("attention_merge", dim3{rows, shape.NumHeads, 1}, rowThreads(shape.HeadDim, attnThreads), 0,
 				ov, parts, desc, i32(shape.NumHeads), i32(shape.HeadDim), i32(splits))
@@ -231,13 +239,25 @@ func (be *Backend) AttentionTable(out, q, kCache, vCache kernels.Buffer, shape k
 	}
 }
 
+// attnKernel is the attention kernel for a cache dtype, with its query
+// tile and block size: for BF16 caches attention_mma_bf16, whose products
+// run on tensor cores (the keys and values are bf16 already; the queries
+// and probabilities split into bf16 terms as split GEMMs' activations do),
+// for F32 caches the F32 kernel.
+func attnKernel(cache kernels.DType) (name string, tileQ, threads int) {
+	if cache == kernels.BF16 {
+		return "attention_mma_bf16", attnMMATileQ, attnMMAThreads
+	}
+	return "attention_f32", attnTileQ, attnThreads
+}
+
 // attnTiles is the number of query tiles of a launch: each sequence's
 // query vectors, (row, head) for the group heads of a KV head, in tiles
-// of attnTileQ.
-func attnTiles(seqs []kernels.AttnSeq, group int) int {
+// of tileQ.
+func attnTiles(seqs []kernels.AttnSeq, group, tileQ int) int {
 	tiles := 0
 	for _, sq := range seqs {
-		tiles += (sq.QueryLen*group + attnTileQ - 1) / attnTileQ
+		tiles += (sq.QueryLen*group + tileQ - 1) / tileQ
 	}
 	return tiles
 }

@@ -63,7 +63,8 @@ func TestLayerStep(t *testing.T) {
 // the block sizes their launches used.
 func TestKernelResources(t *testing.T) { checkKernelResources(t, gpu(t)) }
 
-// TestAttentionLong runs the tiled attention kernel at Qwen3.6-27B's heads
+// TestAttentionLong runs the tiled attention kernels (F32 and BF16 caches,
+// the latter on tensor cores) at Qwen3.6-27B's heads
 // (24 sharing 4 KV heads, head dim 256) over 32K cached keys against the
 // CPU backend: a decode row (split keys and merge), a 17-row DDTree-16
 // verify, and the two with a windowed row in one launch.
@@ -75,8 +76,10 @@ func TestAttentionLong(t *testing.T) {
 		{{rows: len(tree16), prefix: keys - len(tree16), parents: tree16}},
 		{{rows: len(tree16), prefix: keys - len(tree16), parents: tree16}, {rows: 1, prefix: keys / 2}, {rows: 1, prefix: keys - 1, window: 4096}},
 	} {
-		n := checkLongAttention(t, be, qwen36Attn, seqs)
-		t.Logf("%d sequences, %d rows: %d key splits on %d SMs", len(seqs), seqs[0].rows, n, be.sms)
+		for _, cache := range []kernels.DType{kernels.F32, kernels.BF16} {
+			n := checkLongAttention(t, be, qwen36Attn, cache, seqs)
+			t.Logf("%v cache, %d sequences, %d rows: %d key splits on %d SMs", cache, len(seqs), seqs[0].rows, n, be.sms)
+		}
 	}
 }
 

@@ -172,9 +172,10 @@ func TestEmulatedLayerStep(t *testing.T) {
 	})
 }
 
-// TestEmulatedAttention checks the tiled attention kernel where the
-// conformance suite's short sequences do not reach: head dim 256 with 32K
-// cached keys, split across blocks and merged, against the CPU backend.
+// TestEmulatedAttention checks the tiled attention kernels (F32 caches;
+// BF16 caches on tensor cores) where the conformance suite's short
+// sequences do not reach: head dim 256 with 32K cached keys, split across
+// blocks and merged, against the CPU backend.
 // The emulated driver imitates an H200 (132 SMs) for a decode row and an
 // RTX PRO 6000 (188 SMs) for a tree verify and a windowed row in one
 // launch; the tree's key splits differ between the two. (The emulation
@@ -199,10 +200,12 @@ func TestEmulatedAttention(t *testing.T) {
 		if be.sms != c.sms {
 			t.Fatalf("the emulated %s reports %d SMs, want %d", c.gpu, be.sms, c.sms)
 		}
-		if n := checkLongAttention(t, be, shape, c.seqs); n < 2 {
-			t.Errorf("%s: %d rows over %d keys run in %d split", c.gpu, len(c.seqs), keys, n)
+		for _, cache := range []kernels.DType{kernels.F32, kernels.BF16} {
+			if n := checkLongAttention(t, be, shape, cache, c.seqs); n < 2 {
+				t.Errorf("%s, %v cache: %d rows over %d keys run in %d split", c.gpu, cache, len(c.seqs), keys, n)
+			}
 		}
-		splits[c.gpu] = longAttnSplits(be, shape, verify)
+		splits[c.gpu] = longAttnSplits(be, shape, kernels.BF16, verify)
 		be.Close()
 	}
 	if !(1 < splits["H200"] && splits["H200"] < splits["RTX PRO 6000"]) {

@@ -34,10 +34,11 @@ func treeMask(parents []int) []int32 {
 }
 
 // checkLongAttention runs Attention over seqs in one call on be and on the
-// CPU backend (random queries, keys and values; each sequence's pages
-// scattered over one shared cache) and compares the outputs. It returns
-// the number of key splits be chose.
-func checkLongAttention(t *testing.T, be *Backend, shape kernels.AttnShape, seqs []longAttnSeq) int {
+// CPU backend (random queries, keys and values written by WriteKV into a
+// cache of the given dtype; each sequence's pages scattered over one
+// shared cache) and compares the outputs. It returns the number of key
+// splits be chose.
+func checkLongAttention(t *testing.T, be *Backend, shape kernels.AttnShape, cache kernels.DType, seqs []longAttnSeq) int {
 	t.Helper()
 	kvDim, qDim := shape.NumKVHeads*shape.HeadDim, shape.NumHeads*shape.HeadDim
 	rng := rand.New(rand.NewPCG(9, uint64(len(seqs))))
@@ -83,28 +84,54 @@ func checkLongAttention(t *testing.T, be *Backend, shape kernels.AttnShape, seqs
 			attnSeqs = append(attnSeqs, seq)
 			start += s.rows
 		}
+		kc, vc := filledCaches(t, b, cache, k, v, kvDim)
 		o := mustAlloc(t, b, kernels.F32, rows*qDim)
-		b.Attention(o, up(q), up(k), up(v), shape, attnSeqs)
+		b.Attention(o, up(q), kc, vc, shape, attnSeqs)
 		out[i] = make([]float32, rows*qDim)
 		must(t, b.DownloadF32(o, 0, out[i]))
 	}
 	// Both sum the same exact-ish terms in different orders and with
 	// different exp implementations: a few F32 roundings apart.
-	if d := relNorm(out[1], out[0]); !(d < 1e-5) {
-		t.Errorf("%d sequences, %d rows: ‖cuda−cpu‖/‖cpu‖ = %.2g", len(seqs), rows, d)
+	d := relNorm(out[1], out[0])
+	if !(d < 1e-5) {
+		t.Errorf("%v cache, %d sequences, %d rows: ‖cuda−cpu‖/‖cpu‖ = %.2g", cache, len(seqs), rows, d)
 	}
-	return longAttnSplits(be, shape, seqs)
+	t.Logf("%v cache, %d sequences, %d rows: ‖cuda−cpu‖/‖cpu‖ = %.2g", cache, len(seqs), rows, d)
+	return longAttnSplits(be, shape, cache, seqs)
 }
 
-// longAttnSplits is the number of key splits be chooses for seqs.
-func longAttnSplits(be *Backend, shape kernels.AttnShape, seqs []longAttnSeq) int {
+// filledCaches returns K and V caches of dtype cache on b holding k and v
+// row by row ([slots, kvDim]; WriteKV rounds them to the cache's dtype).
+func filledCaches(t *testing.T, b kernels.Backend, cache kernels.DType, k, v []float32, kvDim int) (kc, vc kernels.Buffer) {
+	t.Helper()
+	slots := len(k) / kvDim
+	every := make([]int32, slots)
+	for i := range every {
+		every[i] = int32(i)
+	}
+	kb, vb, sb := mustAlloc(t, b, kernels.F32, len(k)), mustAlloc(t, b, kernels.F32, len(v)), mustAlloc(t, b, kernels.I32, slots)
+	must(t, b.UploadF32(kb, 0, k))
+	must(t, b.UploadF32(vb, 0, v))
+	must(t, b.UploadI32(sb, 0, every))
+	kc, vc = mustAlloc(t, b, cache, len(k)), mustAlloc(t, b, cache, len(v))
+	b.WriteKV(kc, vc, kb, vb, sb, slots, kvDim)
+	for _, buf := range []kernels.Buffer{kb, vb, sb} {
+		b.Free(buf)
+	}
+	return kc, vc
+}
+
+// longAttnSplits is the number of key splits be chooses for seqs over a
+// cache of the given dtype.
+func longAttnSplits(be *Backend, shape kernels.AttnShape, cache kernels.DType, seqs []longAttnSeq) int {
 	var as []kernels.AttnSeq
 	keys := 0
 	for _, s := range seqs {
 		as = append(as, kernels.AttnSeq{QueryLen: s.rows, Prefix: s.prefix})
 		keys = max(keys, s.prefix+s.rows)
 	}
-	return be.attnSplits(keys, attnTiles(as, shape.NumHeads/shape.NumKVHeads)*shape.NumKVHeads)
+	_, tileQ, _ := attnKernel(cache)
+	return be.attnSplits(keys, attnTiles(as, shape.NumHeads/shape.NumKVHeads, tileQ)*shape.NumKVHeads)
 }
 
 // qwen36Attn is Qwen3.6-27B's full-attention head layout: 24 query heads

@@ -79,8 +79,14 @@ func TestEmulatedGraphCuBLASLt(t *testing.T) {
 // over steps whose sequences grow (new prefixes and pages, a tree mask,
 // uploaded into the same table): each replay equals the eager call bit for
 // bit and the CPU backend's Attention to rounding, with and without a key
-// split.
+// split, on F32 and BF16 caches (the F32 and the tensor-core kernel).
 func TestEmulatedAttentionTable(t *testing.T) {
+	for _, cache := range []kernels.DType{kernels.F32, kernels.BF16} {
+		t.Run(cache.String(), func(t *testing.T) { checkAttentionTable(t, cache) })
+	}
+}
+
+func checkAttentionTable(t *testing.T, cache kernels.DType) {
 	be := emulated(t)
 	shape := kernels.AttnShape{NumHeads: 1, NumKVHeads: 1, HeadDim: 24, PageSize: 4, Scale: 0.2}
 	kvDim, qDim := shape.NumKVHeads*shape.HeadDim, shape.NumHeads*shape.HeadDim
@@ -95,8 +101,10 @@ func TestEmulatedAttentionTable(t *testing.T) {
 	}
 	mask := []int32{1, 0, 0, 1, 1, 0, 1, 0, 1}
 	for _, maxKeys := range []int{64, 1024} { // 1024 keys split on the emulation's 4 SMs
-		kc, vc, qv, out := upload(be, kv[0]), upload(be, kv[1]), upload(be, q), mustAlloc(t, be, kernels.F32, rows*qDim)
-		ck, cv, cq, cout := upload(cpuB, kv[0]), upload(cpuB, kv[1]), upload(cpuB, q), mustAlloc(t, cpuB, kernels.F32, rows*qDim)
+		kc, vc := filledCaches(t, be, cache, kv[0], kv[1], kvDim)
+		ck, cv := filledCaches(t, cpuB, cache, kv[0], kv[1], kvDim)
+		qv, out := upload(be, q), mustAlloc(t, be, kernels.F32, rows*qDim)
+		cq, cout := upload(cpuB, q), mustAlloc(t, cpuB, kernels.F32, rows*qDim)
 		// The step's metadata: one I32 buffer holding the table (first, at
 		// an even offset), both page tables and the mask.
 		tableLen := be.AttnTableLen(2)
@@ -149,7 +157,8 @@ func TestEmulatedAttentionTable(t *testing.T) {
 				t.Errorf("maxKeys %d step %d: ‖emulated−cpu‖/‖cpu‖ = %.2g", maxKeys, step, d)
 			}
 		}
-		blocks := attnTiles([]kernels.AttnSeq{{QueryLen: 1}, {QueryLen: 3}}, shape.NumHeads/shape.NumKVHeads) * shape.NumKVHeads
+		_, tileQ, _ := attnKernel(cache)
+		blocks := attnTiles([]kernels.AttnSeq{{QueryLen: 1}, {QueryLen: 3}}, shape.NumHeads/shape.NumKVHeads, tileQ) * shape.NumKVHeads
 		if maxKeys == 1024 && be.attnSplits(maxKeys, blocks) < 2 {
 			t.Errorf("%d keys over %d SMs do not split: the split path went untested", maxKeys, be.sms)
 		}

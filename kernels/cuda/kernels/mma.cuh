@@ -1,7 +1,8 @@
 // Tensor-core matrix multiply-accumulate on bf16 operands with F32
 // accumulation, 16×16×16 tiles per warp (the WMMA instructions, sm_80+):
 // D = C + A·B with A [16 m][16 k] row-major, B [16 k][16 n] read from
-// [16 n][16 k] rows (column-major), C and D F32. Every lane of the warp
+// [16 n][16 k] rows (column-major: MmaB) or from its own [16 k][16 n] rows
+// (row-major: MmaBRow), C and D F32. Every lane of the warp
 // calls each function (they are warp-collective); fragments are opaque.
 //
 // The CPU emulation runs them exactly as defined here: each product of two
@@ -29,6 +30,10 @@ INLINE void mma_load_a(MmaA &a, const u16 *p, int ldm) {
 INLINE void mma_load_b(MmaB &b, const u16 *p, int ldm) {
   for (int kk = 0; kk < 16; kk++) b.v[kk] = p[mma_col() * ldm + kk];
 }
+struct MmaBRow : MmaB {};  // the same column, read from row-major B
+INLINE void mma_load_b_row(MmaBRow &b, const u16 *p, int ldm) {
+  for (int kk = 0; kk < 16; kk++) b.v[kk] = p[kk * ldm + mma_col()];
+}
 INLINE void mma_sync(MmaC &d, const MmaA &a, const MmaB &b) {
   for (int i = 0; i < 8; i++) {
     float s = d.x[i];
@@ -42,12 +47,16 @@ INLINE void mma_store(float *p, const MmaC &d, int ldm) {
 #else
 struct MmaA { int r[4]; };
 struct MmaB { int r[4]; };
+struct MmaBRow { int r[4]; };
 struct MmaC { float x[8]; };
 
 // Layout codes of the builtins: 0 row-major, 1 column-major; the mma's 1
 // is A row-major, B column-major.
 INLINE void mma_load_a(MmaA &a, const u16 *p, int ldm) { __mma_bf16_m16n16k16_ld_a(a.r, (const int *)p, ldm, 0); }
 INLINE void mma_load_b(MmaB &b, const u16 *p, int ldm) { __mma_bf16_m16n16k16_ld_b(b.r, (const int *)p, ldm, 1); }
+INLINE void mma_load_b_row(MmaBRow &b, const u16 *p, int ldm) { __mma_bf16_m16n16k16_ld_b(b.r, (const int *)p, ldm, 0); }
 INLINE void mma_sync(MmaC &d, const MmaA &a, const MmaB &b) { __mma_bf16_m16n16k16_mma_f32(d.x, a.r, b.r, d.x, 1, 0); }
+// The mma's 0: A and B row-major.
+INLINE void mma_sync(MmaC &d, const MmaA &a, const MmaBRow &b) { __mma_bf16_m16n16k16_mma_f32(d.x, a.r, b.r, d.x, 0, 0); }
 INLINE void mma_store(float *p, MmaC d, int ldm) { __hmma_m16n16k16_st_c_f32(p, d.x, ldm, 0); }
 #endif
