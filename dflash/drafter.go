@@ -616,11 +616,15 @@ func (s *Session) Absorb(features []float32, taps kernels.Buffer, rows []int32) 
 		s.cached += n
 		return err
 	}
+	// The activations first, where the recorded intake has them: with the
+	// inputs first, the two would trade the arena's buffers (F32 for I32)
+	// at every request's prompt, reallocating them and so dropping the
+	// recordings.
+	bufs := d.contextBuffers(a, n)
 	in := &contextInputs{rows: a.i32(rows), pos: a.i32(p.pos)}
 	for kind := range 2 {
 		in.slots[kind] = a.i32(p.slots[kind])
 	}
-	bufs := d.contextBuffers(a, n)
 	if a.err != nil {
 		return a.err
 	}

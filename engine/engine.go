@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"ddflash/engine/config"
@@ -107,6 +108,7 @@ type Engine struct {
 	// cacheEvents receives the prefix cache's changes (SetCacheEvents).
 	cacheEvents func(CacheEvent)
 	contexts    contextPool
+	verifies    verifyPool
 }
 
 // Load reads a checkpoint directory and allocates caches on b.
@@ -227,6 +229,7 @@ func (e *Engine) Close() {
 		d.Close()
 	}
 	e.Drafter = nil
+	e.verifies.close()
 	e.Model.Close()
 }
 
@@ -479,6 +482,53 @@ func (e *Engine) newSequence() (*sequence, error) {
 func (e *Engine) release(s *sequence) {
 	e.Model.KV.Truncate(&s.kv, 0)
 	e.Model.States.Release(s.slot)
+}
+
+// verifyPool keeps one verify scratch per state slot, made at the first
+// draft of a request in the slot and kept for the requests after it: they
+// reuse its buffers, so the verify steps and commits recorded on them (a
+// GPU's graphs, keyed by the scratch: stepShape) replay for the next
+// request in the slot instead of being recorded again, and a request
+// allocates no scratch. The planner counts rollback memory for every
+// running request, so a scratch per slot that drafts stays within it.
+type verifyPool struct {
+	mu     sync.Mutex
+	bySlot map[int]*mamba.Verify
+}
+
+// verifyFor returns the verify scratch of slot, made on first use and
+// made again when the engine's speculation changed to one it does not
+// serve (more verify tokens, another rollback: bench switches modes).
+func (e *Engine) verifyFor(slot int) (*mamba.Verify, error) {
+	p := &e.verifies
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	need := e.Spec.VerifyTokens(e.Drafter.BlockSize())
+	if v := p.bySlot[slot]; v != nil {
+		if v.MaxTokens() >= need && v.Strategy() == e.Spec.Rollback {
+			return v, nil
+		}
+		v.Close()
+		delete(p.bySlot, slot)
+	}
+	v, err := mamba.NewVerify(e.Model.States, e.Spec.Rollback, need)
+	if err != nil {
+		return nil, err
+	}
+	if p.bySlot == nil {
+		p.bySlot = map[int]*mamba.Verify{}
+	}
+	p.bySlot[slot] = v
+	return v, nil
+}
+
+func (p *verifyPool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, v := range p.bySlot {
+		v.Close()
+	}
+	p.bySlot = nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -129,9 +129,7 @@ func (j *job) close() {
 	}
 	j.e.contexts.put(j.context, j.e.MaxSeqs())
 	j.context = nil
-	if j.verify != nil {
-		j.verify.Close()
-	}
+	j.verify = nil // the slot's: it stays for the slot's next request (verifyFor)
 	if j.e.prefix != nil {
 		j.e.prefix.unlock(j)
 	}
@@ -190,7 +188,7 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 		room := j.draftRoom()
 		if j.drafted = room > 0 && j.draftsNow(); j.drafted && j.verify == nil {
 			var err error
-			if j.verify, err = mamba.NewVerify(e.Model.States, e.Spec.Rollback, e.Spec.VerifyTokens(e.Drafter.BlockSize())); err != nil {
+			if j.verify, err = e.verifyFor(j.seq.slot); err != nil {
 				return in, err
 			}
 		}

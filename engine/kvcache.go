@@ -125,6 +125,16 @@ func (s *SeqKV) Slot(pageSize, pos int) int32 {
 	return s.Pages[pos/pageSize]*int32(pageSize) + int32(pos%pageSize)
 }
 
+// Spare names a page no sequence or cache holds, without taking it (false
+// when none is free): a step may scribble on it, since a sequence that
+// reserves it writes its rows before it reads them.
+func (c *KVCache) Spare() (int32, bool) {
+	if len(c.free) == 0 {
+		return 0, false
+	}
+	return c.free[0], true
+}
+
 // Reserve makes sure the sequence owns pages for n tokens. On ErrKVFull it
 // keeps the pages it already had.
 func (c *KVCache) Reserve(s *SeqKV, n int) error {

@@ -113,6 +113,7 @@ type Model struct {
 	// Steps counts the forwards run (prefill chunks, decode and verify steps).
 	Steps int64
 	steps stepGraphs // recorded steps (step.go)
+	padKV SeqKV      // a padding sequence's borrowed page (padDecode)
 	moves int        // dropGraphs calls (Moves)
 	tops  deviceTops // the layout of a Replayer's step's device top-k
 }
@@ -275,6 +276,8 @@ func KVDim(cfg *config.Config) int { return cfg.NumKVHeads * cfg.HeadDim }
 // second time it was seen (step.go); its per-step values reach the device
 // in one upload, and its buffers persist, so it allocates nothing.
 func (m *Model) Forward(seqs []SeqInput, taps []int) ([]SeqOutput, error) {
+	real := len(seqs)
+	seqs = m.padDecode(seqs)
 	rows, logitRows, err := m.checkInputs(seqs, taps)
 	if err != nil {
 		return nil, err
@@ -327,7 +330,11 @@ func (m *Model) Forward(seqs []SeqInput, taps []int) ([]SeqOutput, error) {
 	if logitRows > 0 {
 		logits = heads[0].logits
 	}
-	return m.outputs(seqs, logits, tops, len(taps), tapped)
+	out, err := m.outputs(seqs, logits, tops, len(taps), tapped)
+	if err != nil {
+		return nil, err
+	}
+	return out[:real], nil
 }
 
 // stepOutputs lays out rank 0's m.out for a step: the tapped layers'
@@ -484,9 +491,17 @@ func (m *Model) deltaNet(r *rank, lw *LayerWeights, idx int, seqs []SeqInput, ro
 		{W: lw.InProjQKV, Out: s.mixed, N: convDim}, {W: lw.InProjZ, Out: s.z, N: valueDim},
 		{W: lw.InProjB, Out: s.beta, N: hv}, {W: lw.InProjA, Out: s.g, N: hv},
 	})
+	// On a backend that records steps, a sequence that does not verify
+	// names its state slot through the step's metadata (meta.states), so
+	// that one recording serves any slots (stepShape leaves them out).
+	_, slotted := b.(kernels.Replayer)
+	slotAt := func(i int) kernels.Buffer { return b.Slice(r.meta.states, i, 1) }
 	convSeqs := make([]kernels.GDNConvSeq, len(seqs))
 	for i, sq := range seqs {
 		convSeqs[i] = kernels.GDNConvSeq{Rows: len(sq.Tokens), State: m.States.Conv(r.id, idx, sq.Slot), Parents: sq.Spec.Parents(r.id), Commit: sq.Spec == nil}
+		if slotted && sq.Spec == nil {
+			convSeqs[i].State, convSeqs[i].SlotAt = m.States.ConvLayer(r.id, idx), slotAt(i)
+		}
 	}
 	const l2eps = 1e-6
 	b.GDNConvInputs(s.gq, s.gk, s.gv, s.g, s.beta, s.mixed, lw.Conv, lw.ALog, lw.DtBias, convSeqs, K, r.gdn, l2eps, float32(1/math.Sqrt(float64(cfg.LinearKeyDim))))
@@ -495,7 +510,7 @@ func (m *Model) deltaNet(r *rank, lw *LayerWeights, idx int, seqs []SeqInput, ro
 	// long enough for the chunked form run on their own.
 	var rec []kernels.GDNSeq
 	r0 := 0
-	for _, sq := range seqs {
+	for i, sq := range seqs {
 		T := len(sq.Tokens)
 		state := m.States.SSM(r.id, idx, sq.Slot)
 		switch _, whole := chainSplit(sq.Start, T); {
@@ -505,6 +520,9 @@ func (m *Model) deltaNet(r *rank, lw *LayerWeights, idx int, seqs []SeqInput, ro
 			sq.Spec.Save(r.id, idx, rowsOf(b, s.mixed, r0, T, convDim), q, k, v, g, beta)
 			stateOut, nodeStates := sq.Spec.Targets(r.id, idx)
 			rec = append(rec, kernels.GDNSeq{Start: r0, Rows: T, State: state, StateOut: stateOut, NodeStates: nodeStates, Parents: sq.Spec.Parents(r.id)})
+		case whole == 0 && slotted:
+			all := m.States.SSMLayer(r.id, idx)
+			rec = append(rec, kernels.GDNSeq{Start: r0, Rows: T, State: all, StateOut: all, SlotAt: slotAt(i)})
 		case whole == 0:
 			rec = append(rec, kernels.GDNSeq{Start: r0, Rows: T, State: state, StateOut: state})
 		default:
@@ -986,7 +1004,10 @@ type stepMeta struct {
 	buf                    kernels.Buffer // grown as needed, never shrunk
 	host                   []int32        // the upload, reused
 	table, ids, pos, slots kernels.Buffer
-	attnSeqs               []kernels.AttnSeq
+	// states holds each sequence's state slot, where a Replayer's GDN ops
+	// read it (kernels.GDNConvSeq.SlotAt): a recorded step serves any slots.
+	states   kernels.Buffer
+	attnSeqs []kernels.AttnSeq
 	// maxKeys bounds every sequence's keys: the next power of two (at
 	// least minKeyBucket) above the longest, so that the attention split
 	// plan changes only when a sequence crosses a power of two.
@@ -1007,7 +1028,7 @@ func (m *Model) uploadMeta(r *rank, seqs []SeqInput, rows int) error {
 	if replayer != nil {
 		tableLen = replayer.AttnTableLen(len(seqs))
 	}
-	size := tableLen + 3*rows
+	size := tableLen + 3*rows + len(seqs)
 	for _, sq := range seqs {
 		size += max(len(sq.KV.Pages), 1)
 		if sq.Parents != nil {
@@ -1027,13 +1048,16 @@ func (m *Model) uploadMeta(r *rank, seqs []SeqInput, rows int) error {
 		meta.buf = buf
 	}
 	view := func(off, n int) kernels.Buffer { return b.Slice(meta.buf, off, n) }
-	host := slices.Grow(meta.host[:0], size)[:tableLen+3*rows]
+	host := slices.Grow(meta.host[:0], size)[:tableLen+3*rows+len(seqs)]
 	meta.table, meta.ids, meta.pos, meta.slots = view(0, tableLen), view(tableLen, rows), view(tableLen+rows, rows), view(tableLen+2*rows, rows)
-	ids, pos, slots := host[tableLen:tableLen+rows], host[tableLen+rows:tableLen+2*rows], host[tableLen+2*rows:]
+	meta.states = view(tableLen+3*rows, len(seqs))
+	ids, pos, slots := host[tableLen:tableLen+rows], host[tableLen+rows:tableLen+2*rows], host[tableLen+2*rows:tableLen+3*rows]
+	states := host[tableLen+3*rows:]
 	meta.attnSeqs = meta.attnSeqs[:0]
 	meta.maxKeys = minKeyBucket
 	r0 := 0
-	for _, sq := range seqs {
+	for i, sq := range seqs {
+		states[i] = int32(sq.Slot)
 		depth := treeDepths(sq.Parents, len(sq.Tokens))
 		for j, t := range sq.Tokens {
 			ids[r0+j] = t

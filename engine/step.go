@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"math/bits"
 	"strings"
 
 	"ddflash/kernels"
@@ -65,6 +66,52 @@ func (m *Model) runStep(seqs []SeqInput, taps []int, step func() error) error {
 	return g.Replay()
 }
 
+// maxDecodeBucket is the largest decode step padDecode pads.
+const maxDecodeBucket = 64
+
+// padDecode pads a decode step of n sequences, on a backend that records
+// steps, to the next power of two (up to maxDecodeBucket) with copies of
+// its last sequence, so that one recording serves every batch of 2^k-1 ..
+// 2^k sequences instead of one recording per count (vLLM's capture sizes
+// do the same). A copy decodes token 0 at position 0 in a state slot and a
+// KV page that no request holds (borrowed for the step: whatever it writes
+// there is never read, a request taking them zeroes or overwrites them),
+// its rows apart from the real ones' (every op is row-wise or per
+// sequence); the caller drops its outputs. Without a spare slot and page,
+// for steps that bring whole logit rows home, or for any other step, seqs
+// come back as they were.
+func (m *Model) padDecode(seqs []SeqInput) []SeqInput {
+	n := len(seqs)
+	if _, ok := m.ranks[0].b.(kernels.Replayer); !ok || m.Eager || len(m.ranks) > 1 || n == 0 || n&(n-1) == 0 || n > maxDecodeBucket {
+		return seqs
+	}
+	for _, sq := range seqs {
+		// Whole logit rows come home: a copy's would too (a vocabulary's
+		// worth of bytes each), so such steps stay as they are.
+		wholeRows := sq.Logits != NoRows && sq.Top == 0
+		if len(sq.Tokens) != 1 || sq.Spec != nil || wholeRows {
+			return seqs
+		}
+	}
+	slot, okSlot := m.States.Spare()
+	page, okPage := m.KV.Spare()
+	if !okSlot || !okPage {
+		return seqs
+	}
+	m.padKV.Pages = append(m.padKV.Pages[:0], page)
+	pad := seqs[n-1]
+	pad.Tokens, pad.Start, pad.KV, pad.Slot = padToken[:], 0, &m.padKV, slot
+	padded := make([]SeqInput, n, 1<<bits.Len(uint(n)))
+	copy(padded, seqs)
+	for len(padded) < cap(padded) {
+		padded = append(padded, pad)
+	}
+	return padded
+}
+
+// padToken is what a padding sequence decodes.
+var padToken = [1]int32{0}
+
 // replayable reports whether a step can be recorded: a decode or verify
 // step. A prefill chunk's GDN ops depend on where its tokens fall between
 // chunk boundaries (gdnChain), which the shape does not say.
@@ -78,14 +125,19 @@ func replayable(seqs []SeqInput) bool {
 }
 
 // stepShape names what a recording of a step depends on: per sequence its
-// token count, state slot, logit rows, top-k, verify scratch and whether
-// it is a tree; the taps; and the attention's key bound. Positions, KV
-// slots, page tables and masks are data the step uploads.
+// token count, logit rows, top-k, verify scratch and whether it is a tree,
+// and a verifying sequence's state slot; the taps; and the attention's key
+// bound. Positions, KV slots, page tables, masks and the state slots of
+// the sequences that do not verify are data the step uploads.
 func (m *Model) stepShape(seqs []SeqInput, taps []int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "keys %d taps %v", m.ranks[0].meta.maxKeys, taps)
 	for _, sq := range seqs {
-		fmt.Fprintf(&b, "|%d slot %d logits %d top %d verify %d tree %t", len(sq.Tokens), sq.Slot, sq.Logits, sq.Top,
+		slot := -1 // read from the step's metadata (deltaNet)
+		if sq.Spec != nil {
+			slot = sq.Slot
+		}
+		fmt.Fprintf(&b, "|%d slot %d logits %d top %d verify %d tree %t", len(sq.Tokens), slot, sq.Logits, sq.Top,
 			sq.Spec.ID(), sq.Parents != nil)
 	}
 	return b.String()

@@ -118,19 +118,23 @@ type MatMulPart struct {
 // GDNConvSeq is one sequence of a GDNConvInputs call: the next Rows rows,
 // their conv state [K-1, channels] (F32 or BF16) and tree parents (I32
 // [Rows], nil for a chain); Commit sets the state to the window of the
-// last row afterwards (ConvCommit).
+// last row afterwards (ConvCommit). With SlotAt (one I32, read when the op
+// runs) State holds states one after another and the sequence's is the
+// one SlotAt names: a recorded step (Replayer) then serves any slot.
 type GDNConvSeq struct {
-	Rows           int
-	State, Parents Buffer
-	Commit         bool
+	Rows                   int
+	State, Parents, SlotAt Buffer
+	Commit                 bool
 }
 
 // GDNSeq is one sequence of a GDNRecurrences call: its rows Start ..
 // Start+Rows-1 of the operands, and the states and tree parents (I32
-// [Rows] or nil) that GDNRecurrence takes.
+// [Rows] or nil) that GDNRecurrence takes. SlotAt, for a chain without
+// NodeStates, names the sequence's slot of State and StateOut as
+// GDNConvSeq's does.
 type GDNSeq struct {
-	Start, Rows                          int
-	State, StateOut, NodeStates, Parents Buffer
+	Start, Rows                                  int
+	State, StateOut, NodeStates, Parents, SlotAt Buffer
 }
 
 // StateLen is the number of F32 elements of one recurrent state: [ValueHeads, KeyDim, ValueDim].

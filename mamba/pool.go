@@ -121,6 +121,15 @@ func (p *Pool) Slots() int { return p.slots }
 // Free reports how many slots are unused.
 func (p *Pool) Free() int { return len(p.free) }
 
+// Spare names a slot no request holds, without taking it (false when all
+// are held): a step may scribble on its state, since Acquire zeroes it.
+func (p *Pool) Spare() (int, bool) {
+	if len(p.free) == 0 {
+		return 0, false
+	}
+	return p.free[0], true
+}
+
 // Acquire takes a slot and zeroes its state on every shard (a fresh request
 // starts from zero).
 func (p *Pool) Acquire() (int, error) {
@@ -155,6 +164,12 @@ func (p *Pool) Conv(rank, l, slot int) kernels.Buffer {
 	n := sh.Shape.ConvLen()
 	return sh.B.Slice(sh.conv[l], slot*n, n)
 }
+
+// ConvLayer and SSMLayer are rank's share of layer l's conv and recurrent
+// states of every slot, one after another (what a GDN op given a slot at
+// run time indexes: kernels.GDNConvSeq.SlotAt).
+func (p *Pool) ConvLayer(rank, l int) kernels.Buffer { return p.shards[rank].conv[l] }
+func (p *Pool) SSMLayer(rank, l int) kernels.Buffer  { return p.shards[rank].ssm[l] }
 
 // SSM is rank's share of layer l's recurrent state of a slot:
 // [ValueHeads, KeyDim, ValueDim].

@@ -201,6 +201,9 @@ func (v *Verify) ID() uint64 {
 // MaxTokens is the longest proposal the scratch holds.
 func (v *Verify) MaxTokens() int { return v.maxTokens }
 
+// Strategy is how the scratch rolls a state back.
+func (v *Verify) Strategy() Strategy { return v.strategy }
+
 // Begin starts a verify of n tokens. parents gives each token's parent index
 // (-1 for the root, which continues the committed state); nil means a chain.
 func (v *Verify) Begin(n int, parents []int32) error {

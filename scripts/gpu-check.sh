@@ -40,8 +40,11 @@
 #                    and DDTree verify equal the eager steps bit for bit
 #                    (tiny preset, 1 and 2 sequences); a steady decode
 #                    step's driver calls (≤ 2 launches, no allocation, one
-#                    download); a DDTree step's (≤ 5 launches, no
-#                    allocation, two downloads of top-k records only);
+#                    download); a decode recording replayed for sequences
+#                    in other state slots and, padded to 8, for 5 to 7
+#                    sequences; a DDTree step's (≤ 5 launches, no
+#                    allocation, two downloads of top-k records only; no
+#                    allocation in a request after the first);
 #                    recorded drafts and context intakes against op by op
 #                    and Draft's logits, batched linear and DDTree decoding
 #                    recorded against op by op; then the small

@@ -137,9 +137,10 @@ func (be *Backend) GDNConvInputs(q, k, v, a, b, x, convW, aLog, dtBias kernels.B
 	r0 := 0
 	for _, sq := range seqs {
 		xs := be.Slice(x, r0*width, sq.Rows*width)
-		be.CausalConv(be.Slice(conv, r0*width, sq.Rows*width), xs, sq.State, convW, sq.Parents, sq.Rows, width, K)
+		state := be.slotState("GDNConvInputs", sq.State, sq.SlotAt, (K-1)*width)
+		be.CausalConv(be.Slice(conv, r0*width, sq.Rows*width), xs, state, convW, sq.Parents, sq.Rows, width, K)
 		if sq.Commit {
-			be.ConvCommit(sq.State, xs, sq.Parents, sq.Rows-1, width, K)
+			be.ConvCommit(state, xs, sq.Parents, sq.Rows-1, width, K)
 		}
 		r0 += sq.Rows
 	}
@@ -149,6 +150,19 @@ func (be *Backend) GDNConvInputs(q, k, v, a, b, x, convW, aLog, dtBias kernels.B
 	be.Copy(v, be.Slice(conv, 2*qk, conv.Len()-2*qk), T, vd, vd, width)
 	be.L2Norm(q, T*s.KeyHeads, s.KeyDim, eps, qScale)
 	be.L2Norm(k, T*s.KeyHeads, s.KeyDim, eps, 1)
+}
+
+// slotState is a sequence's state: state, or with slotAt (one I32) the
+// slotAt[0]-th of the n-element states state holds.
+func (be *Backend) slotState(op string, state, slotAt kernels.Buffer, n int) kernels.Buffer {
+	if slotAt == nil {
+		return state
+	}
+	slot := int(i32s(op+" slot", slotAt, 1)[0])
+	if slot < 0 || (slot+1)*n > state.Len() {
+		panic(fmt.Sprintf("cpu: %s slot %d outside the %d states of %d elements", op, slot, state.Len()/n, n))
+	}
+	return be.Slice(state, slot*n, n)
 }
 
 // RoPE rotates the first rotDim dims of every head, NeoX style, in place.

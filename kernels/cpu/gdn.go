@@ -123,8 +123,16 @@ func (be *Backend) GDNRecurrences(out, q, k, v, g, beta kernels.Buffer, seqs []k
 			}
 			return be.Slice(b, sq.Start*width, sq.Rows*width)
 		}
+		state, stateOut := sq.State, sq.StateOut
+		if sq.SlotAt != nil {
+			if sq.Parents != nil || sq.NodeStates != nil {
+				panic("cpu: GDNRecurrence SlotAt is for a chain without node states")
+			}
+			state = be.slotState("GDNRecurrence state", state, sq.SlotAt, s.StateLen())
+			stateOut = be.slotState("GDNRecurrence stateOut", stateOut, sq.SlotAt, s.StateLen())
+		}
 		be.GDNRecurrence(rows(out, vd), rows(q, qk), rows(k, qk), rows(v, vd), rows(g, s.ValueHeads), rows(beta, s.ValueHeads),
-			sq.State, sq.StateOut, sq.NodeStates, sq.Parents, sq.Rows, s)
+			state, stateOut, sq.NodeStates, sq.Parents, sq.Rows, s)
 	}
 }
 

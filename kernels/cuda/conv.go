@@ -63,7 +63,7 @@ const (
 	// maxConvSeqs is MAX_CONV_SEQS in conv.cu; convSeqLen and convSeqsLen
 	// are the sizes of its ConvSeq and ConvSeqs.
 	maxConvSeqs = 32
-	convSeqLen  = 32
+	convSeqLen  = 48
 	convSeqsLen = maxConvSeqs*convSeqLen + 8
 )
 
@@ -95,12 +95,13 @@ func (be *Backend) GDNConvInputs(q, k, v, a, b, x, convW, aLog, dtBias kernels.B
 			if sq.Parents != nil {
 				binary.LittleEndian.PutUint64(d[8:], uint64(i32s("GDNConvInputs parents", sq.Parents, sq.Rows).addr()))
 			}
+			slots := slotStates("GDNConvInputs", sq.SlotAt, st, (K-1)*width, d[16:])
 			commit := 0
 			if sq.Commit && sq.Rows > 0 {
 				commit = 1
 			}
-			for j, v := range []int{r0, sq.Rows, commit, int(stBF16)} {
-				binary.LittleEndian.PutUint32(d[16+4*j:], uint32(i32(v)))
+			for j, v := range []int{r0, sq.Rows, commit, int(stBF16), slots} {
+				binary.LittleEndian.PutUint32(d[24+4*j:], uint32(i32(v)))
 			}
 			r0 += sq.Rows
 		}
@@ -113,6 +114,18 @@ func (be *Backend) GDNConvInputs(q, k, v, a, b, x, convW, aLog, dtBias kernels.B
 				qv, kv, vv, av, bv, xv, wv, al, db, desc, i32(s.KeyHeads), i32(s.KeyDim), i32(hv), i32(s.ValueDim), i32(K), eps, qScale)
 		}()
 	}
+}
+
+// slotStates puts slotAt's device address (one I32) into dst and returns
+// how many states of n elements st holds: with SlotAt a sequence's state is
+// the one of them slotAt names when the kernel runs (slot_state). Without
+// slotAt it writes nothing and returns 1.
+func slotStates(op string, slotAt kernels.Buffer, st *buffer, n int, dst []byte) int {
+	if slotAt == nil {
+		return 1
+	}
+	binary.LittleEndian.PutUint64(dst, uint64(i32s(op+" slot", slotAt, 1).addr()))
+	return st.n / n
 }
 
 // convState checks an F32 or BF16 conv state of at least n elements and

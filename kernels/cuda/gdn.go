@@ -83,6 +83,12 @@ func (be *Backend) GDNRecurrences(out, q, k, v, g, beta kernels.Buffer, seqs []k
 		if sq.Parents == nil {
 			d.final, _ = recurrentState("GDNRecurrence stateOut", sq.StateOut, like, sl)
 		}
+		if sq.SlotAt != nil {
+			if sq.Parents != nil || sq.NodeStates != nil || d.final.n != d.state.n {
+				panic("cuda: GDNRecurrence SlotAt is for a chain without node states, State and StateOut of one length")
+			}
+			d.slotAt = i32s("GDNRecurrence slot", sq.SlotAt, 1)
+		}
 		if sq.NodeStates != nil || sq.Parents != nil {
 			d.nodes, _ = recurrentState("GDNRecurrence nodeStates", sq.NodeStates, like, sq.Rows*sl)
 		}
@@ -162,15 +168,15 @@ func (be *Backend) GDNChunked(out, q, k, v, g, beta, state, stateOut kernels.Buf
 // operands, its states (final and nodes nil where the kernel takes none)
 // and tree parents.
 type gdnSeq struct {
-	start, rows                          int
-	state, final, nodes, parents, rowsAt *buffer
+	start, rows                                  int
+	state, final, nodes, parents, rowsAt, slotAt *buffer
 }
 
 const (
 	// maxGDNSeqs is MAX_GDN_SEQS in gdn.cu; gdnSeqLen and gdnSeqsLen are
 	// the sizes of its GDNSeq and GDNSeqs.
 	maxGDNSeqs = 16
-	gdnSeqLen  = 48
+	gdnSeqLen  = 64
 	gdnSeqsLen = maxGDNSeqs*gdnSeqLen + 8
 )
 
@@ -186,13 +192,18 @@ func (be *Backend) gdnRecurrence(args []any, seqs []gdnSeq, stBF16 int32, shape 
 		desc := make([]byte, gdnSeqsLen)
 		for i, sq := range chunk {
 			d := desc[i*gdnSeqLen:]
-			for j, b := range []*buffer{sq.state, sq.final, sq.nodes, sq.parents, sq.rowsAt} {
+			for j, b := range []*buffer{sq.state, sq.final, sq.nodes, sq.parents, sq.rowsAt, sq.slotAt} {
 				if b != nil {
 					binary.LittleEndian.PutUint64(d[8*j:], uint64(b.addr()))
 				}
 			}
-			binary.LittleEndian.PutUint32(d[40:], uint32(i32(sq.start)))
-			binary.LittleEndian.PutUint32(d[44:], uint32(i32(sq.rows)))
+			slots := 1
+			if sq.slotAt != nil {
+				slots = sq.state.n / shape.StateLen()
+			}
+			for j, v := range []int{sq.start, sq.rows, slots} {
+				binary.LittleEndian.PutUint32(d[48+4*j:], uint32(i32(v)))
+			}
 		}
 		binary.LittleEndian.PutUint32(desc[maxGDNSeqs*gdnSeqLen:], uint32(len(chunk)))
 		grid := dim3{shape.ValueHeads, (shape.ValueDim + 31) / 32, len(chunk)}

@@ -53,6 +53,8 @@ func checkEngineSteps(t *testing.T, be kernels.Backend) {
 		}
 	})
 	t.Run("DecodeCounts", func(t *testing.T) { checkDecodeCounts(t, be, dir) })
+	t.Run("DecodeAnySlots", func(t *testing.T) { checkDecodeAnySlots(t, be, dir) })
+	t.Run("DecodeBuckets", func(t *testing.T) { checkDecodeBuckets(t, be, dir) })
 	t.Run("EagerLaunches", func(t *testing.T) { checkEagerLaunches(t, be) })
 	t.Run("DDTreeCounts", func(t *testing.T) { checkDDTreeCounts(t, be) })
 	t.Run("DraftTop", func(t *testing.T) { checkDraftTop(t, be) })
@@ -351,7 +353,9 @@ type stepSeq struct {
 
 func newStepRun(t *testing.T, be kernels.Backend, dir string, batch int, eager bool, taps []int) *stepRun {
 	const verify = 17 // a DDTree-16 verify (engineStepTimes)
-	e, err := engine.Load(be, dir, engine.Options{PageSize: 4, Context: 96, MaxSeqs: batch, VerifyTokens: verify})
+	// One state slot more than the sequences: a spare to pad a decode step
+	// to its bucket with (Model.padDecode).
+	e, err := engine.Load(be, dir, engine.Options{PageSize: 4, Context: 96, MaxSeqs: batch + 1, VerifyTokens: verify})
 	must(t, err)
 	t.Cleanup(e.Close)
 	e.Model.Eager = eager
@@ -496,6 +500,90 @@ func checkDecodeCounts(t *testing.T, be kernels.Backend, dir string) {
 	}
 }
 
+// checkDecodeAnySlots: a recorded decode step serves sequences in other
+// state slots (their GDN ops read the slots from the step's metadata). Two
+// sequences decode until their step replays; then two others, in the
+// engine's other two slots, decode the same tokens: every one of their
+// decode steps is one launch, the replay, and their outputs equal an
+// op-by-op run's bit for bit (a replay that read or wrote the first
+// pair's states would differ: they hold other tokens' states by then).
+func checkDecodeAnySlots(t *testing.T, be kernels.Backend, dir string) {
+	run, eager := newStepRun(t, be, dir, 4, false, nil), newStepRun(t, be, dir, 2, true, nil)
+	first, second := run.seqs[:2], run.seqs[2:]
+	prompt := [][]int32{{5, 6, 7}, {8, 9, 10}}
+	decode := func(i int) [][]int32 { return [][]int32{{int32(11 + i)}, {int32(21 + i)}} }
+	run.seqs = first
+	run.step(t, [][]int32{{40, 41, 42}, {43, 44, 45}}, nil, false, 0)
+	for i := range 3 { // op by op, recorded, replayed
+		run.step(t, decode(i), nil, false, 1)
+	}
+	run.seqs = second
+	eager.step(t, prompt, nil, false, 0)
+	run.step(t, prompt, nil, false, 0)
+	for i := range 3 {
+		want := eager.step(t, decode(i), nil, false, 1)
+		before := driverCounts(t, be)
+		got := run.step(t, decode(i), nil, false, 1)
+		if c := driverCounts(t, be).Sub(before); c.Launches != 1 {
+			t.Errorf("decode step %d in slots %d and %d: %v, want the first pair's recording replayed", i, second[0].slot, second[1].slot, c)
+		}
+		for j := range want {
+			if !slices.Equal(got[j].TopIDs, want[j].TopIDs) || !slices.Equal(bits(got[j].TopLogits), bits(want[j].TopLogits)) {
+				t.Fatalf("decode step %d, sequence %d in slot %d: %v %v, op by op %v %v", i, j, second[j].slot, got[j].TopIDs, got[j].TopLogits, want[j].TopIDs, want[j].TopLogits)
+			}
+		}
+	}
+}
+
+// checkDecodeBuckets: decode steps of 5, 6 and 7 sequences run padded to
+// 8 (Model.padDecode) and share one recording: after five sequences'
+// steps are recorded, a sixth and then a seventh joins, and every decode
+// step of six and of seven is one launch, the replay. Each step's outputs
+// equal an op-by-op run's of the same sequences (unpadded) bit for bit.
+func checkDecodeBuckets(t *testing.T, be kernels.Backend, dir string) {
+	run, eager := newStepRun(t, be, dir, 7, false, nil), newStepRun(t, be, dir, 7, true, nil)
+	all, eagerAll := run.seqs, eager.seqs
+	tokens := func(n, salt int) [][]int32 {
+		out := make([][]int32, n)
+		for i := range out {
+			out[i] = []int32{int32((salt*13 + i*7) % 300)}
+		}
+		return out
+	}
+	both := func(n, salt int, recorded bool) {
+		t.Helper()
+		run.seqs, eager.seqs = all[:n], eagerAll[:n]
+		want := eager.step(t, tokens(n, salt), nil, false, 1)
+		before := driverCounts(t, be)
+		got := run.step(t, tokens(n, salt), nil, false, 1)
+		if c := driverCounts(t, be).Sub(before); recorded && c.Launches != 1 {
+			t.Errorf("a decode step of %d sequences: %v, want the 8-row bucket's recording replayed", n, c)
+		}
+		for j := range want {
+			if !slices.Equal(got[j].TopIDs, want[j].TopIDs) || !slices.Equal(bits(got[j].TopLogits), bits(want[j].TopLogits)) {
+				t.Fatalf("a decode step of %d sequences, sequence %d: %v %v, op by op %v %v", n, j, got[j].TopIDs, got[j].TopLogits, want[j].TopIDs, want[j].TopLogits)
+			}
+		}
+		if len(got) != n {
+			t.Fatalf("a decode step of %d sequences returned %d outputs", n, len(got))
+		}
+	}
+	// Prompts one at a time (op by op, not decode steps): each sequence
+	// starts where the others are.
+	for i := range all {
+		run.seqs, eager.seqs = all[i:i+1], eagerAll[i:i+1]
+		prompt := [][]int32{{int32(5 + i), int32(6 + i), int32(7 + i)}}
+		eager.step(t, prompt, nil, false, 0)
+		run.step(t, prompt, nil, false, 0)
+	}
+	for i := range 3 { // op by op, recorded, replayed
+		both(5, i, i == 2)
+	}
+	both(6, 3, true)
+	both(7, 4, true)
+	both(6, 5, true)
+}
+
 // checkEagerLaunches counts the launches of an eager greedy decode step of
 // one sequence (embedding, LM head and device top-k included) at
 // Qwen3.6-27B's 64 layers in its pattern (48 GDN, 16 attention) and tiny
@@ -564,7 +652,8 @@ func bits(v []float32) []uint32 {
 // stay on the device, taken by the drafter there (engine.DeviceTaps), and
 // the drafter's rows come home as their budget's candidates (topk_lse),
 // not as logits.
-// Its launches are replays, five at the most (issue 34: at most 6).
+// Its launches are replays, five at the most (issue 34: at most 6). A
+// request after the first allocates nothing.
 func checkDDTreeCounts(t *testing.T, be kernels.Backend) {
 	target, draft := tinyBF16Pair(t, 8)
 	spec := engine.SpecOptions{Mode: engine.SpecTree, Budget: 4}
@@ -583,6 +672,14 @@ func checkDDTreeCounts(t *testing.T, be kernels.Backend) {
 	run(20) // records the steps
 	short, shortSteps := run(8)
 	long, longSteps := run(20)
+	// A request after the first allocates nothing: it verifies in its
+	// slot's scratch (the previous request's), and the drafter's prompt
+	// intake keeps the buffers its recorded intake uses. Its prompt and the
+	// drafter's first intake run op by op, its steps replay.
+	t.Logf("a request of 8 tokens after the first: %v", short)
+	if short.Allocs != 0 {
+		t.Errorf("a request after the first allocated %d times on the device; want none", short.Allocs)
+	}
 	steps := int64(longSteps - shortSteps)
 	if steps < 2 {
 		t.Fatalf("%d and %d verify steps: too few to measure", shortSteps, longSteps)

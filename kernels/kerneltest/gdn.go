@@ -192,25 +192,30 @@ func testGDNGates(h *harness) {
 // CausalConv, ConvCommit, GDNGates, Copy and L2Norm on the same backend
 // (each checked against float64 references): q, k, v, the gates and the
 // conv states equal, bit for bit. Sequences: a committed chain with an F32
-// state, a tree and a one-row committed chain with BF16 states; and 34
-// one-row sequences, more than one launch takes on CUDA.
+// state, a tree and a one-row committed chain with BF16 states, a chain
+// whose BF16 state is slot 1 of three (SlotAt: the others stay as they
+// were); and 34 one-row sequences, more than one launch takes on CUDA.
 func testGDNConvInputs(h *harness) {
 	const K, eps, qScale = 4, 1e-6, 0.125
 	s := kernels.GDNShape{KeyHeads: 2, ValueHeads: 4, KeyDim: 20, ValueDim: 9}
 	qk, vd, hv := s.KeyHeads*s.KeyDim, s.ValueHeads*s.ValueDim, s.ValueHeads
 	width := 2*qk + vd
 	type seq struct {
-		rows   int
-		state  kernels.DType
-		tree   bool
-		commit bool
+		rows    int
+		state   kernels.DType
+		tree    bool
+		commit  bool
+		slotted bool
 	}
 	many := make([]seq, 34)
 	for i := range many {
-		many[i] = seq{1, kernels.F32, false, true}
+		many[i] = seq{1, kernels.F32, false, true, false}
 	}
+	const slots, slot = 3, 1
+	n := (K - 1) * width
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
-		for ci, seqs := range [][]seq{{{5, kernels.F32, false, true}, {6, kernels.BF16, true, false}, {1, kernels.BF16, false, true}}, many} {
+		mixed := []seq{{5, kernels.F32, false, true, false}, {6, kernels.BF16, true, false, false}, {1, kernels.BF16, false, true, false}, {3, kernels.BF16, false, true, true}}
+		for ci, seqs := range [][]seq{mixed, many} {
 			T := 0
 			for _, sq := range seqs {
 				T += sq.rows
@@ -220,8 +225,9 @@ func testGDNConvInputs(h *harness) {
 			aLog, _ := h.weights(dt, h.normal(hv, 1))
 			dtBias, _ := h.weights(dt, h.normal(hv, 0.5))
 			fused, unfused := make([]kernels.GDNConvSeq, len(seqs)), make([]kernels.GDNConvSeq, len(seqs))
+			var others []float32 // the slotted sequence's states, as they were
 			for i, sq := range seqs {
-				state := h.normal((K-1)*width, 1)
+				state := h.normal(n, 1)
 				fused[i] = kernels.GDNConvSeq{Rows: sq.rows, Commit: sq.commit}
 				if sq.tree {
 					fused[i].Parents = h.i32(h.randomTree(sq.rows))
@@ -229,6 +235,12 @@ func testGDNConvInputs(h *harness) {
 				unfused[i] = fused[i]
 				fused[i].State, _ = h.stateOf(sq.state, state)
 				unfused[i].State, _ = h.stateOf(sq.state, state)
+				if sq.slotted {
+					all := h.normal(slots*n, 1)
+					copy(all[slot*n:], state)
+					fused[i].State, others = h.stateOf(sq.state, all)
+					fused[i].SlotAt = h.i32([]int32{slot})
+				}
 			}
 			name := fmt.Sprintf("GDNConvInputs w %v case %d", dt, ci)
 			q, k, v := h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*qk), h.alloc(kernels.F32, T*vd)
@@ -259,8 +271,13 @@ func testGDNConvInputs(h *harness) {
 			h.expectEqual(name+" g", h.read(ab, T*hv), h.read(wa, T*hv))
 			h.expectEqual(name+" beta", h.read(bb, T*hv), h.read(wb, T*hv))
 			for i := range fused {
-				n := (K - 1) * width
-				h.expectEqual(fmt.Sprintf("%s state %d", name, i), h.read(fused[i].State, n), h.read(unfused[i].State, n))
+				got := h.read(fused[i].State, fused[i].State.Len())
+				if fused[i].SlotAt != nil {
+					h.expectEqual(fmt.Sprintf("%s slots before %d", name, slot), got[:slot*n], others[:slot*n])
+					h.expectEqual(fmt.Sprintf("%s slots after %d", name, slot), got[(slot+1)*n:], others[(slot+1)*n:])
+					got = got[slot*n:]
+				}
+				h.expectEqual(fmt.Sprintf("%s state %d", name, i), got[:n], h.read(unfused[i].State, n))
 			}
 		}
 	}

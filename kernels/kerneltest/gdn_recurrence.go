@@ -183,22 +183,27 @@ func testGDNChain(h *harness) {
 // testGDNRecurrences checks, for each state dtype, that one call over
 // several sequences equals one GDNRecurrence per sequence on the same
 // backend (checked against float64 references above), bit for bit: a
-// chain with node states and its own stateOut, a tree, a replay (out nil)
-// and a chain in place, with rows between them that no sequence takes;
-// and 18 one-token chains, more than one launch takes on CUDA.
+// chain with node states and its own stateOut, a tree, a replay (out nil),
+// a chain in place, and a chain in place in slot 1 of three states
+// (SlotAt), with rows between them that no sequence takes; and 18
+// one-token chains, more than one launch takes on CUDA.
 func testGDNRecurrences(h *harness) {
 	s := gdnShape
 	vDim, sl := s.ValueHeads*s.ValueDim, s.StateLen()
 	type seq struct {
-		start, rows           int
-		tree, nodes, separate bool
+		start, rows                    int
+		tree, nodes, separate, slotted bool
 	}
 	many := make([]seq, 18)
 	for i := range many {
 		many[i] = seq{start: i, rows: 1}
 	}
+	// A slotted sequence's state is slot 1 of three (SlotAt) when batched;
+	// the others must stay as they were.
+	const slots, slot = 3, 1
 	for _, dt := range stateTypes {
-		for ci, seqs := range [][]seq{{{0, 3, false, true, true}, {4, 5, true, true, false}, {9, 2, false, false, false}}, many} {
+		mixed := []seq{{0, 3, false, true, true, false}, {4, 5, true, true, false, false}, {9, 2, false, false, false, false}, {11, 2, false, false, false, true}}
+		for ci, seqs := range [][]seq{mixed, many} {
 			T := 0
 			for _, sq := range seqs {
 				T = max(T, sq.start+sq.rows+1)
@@ -218,10 +223,17 @@ func testGDNRecurrences(h *harness) {
 						ob = h.alloc(kernels.F32, T*vDim)
 					}
 					descs := make([]kernels.GDNSeq, len(seqs))
+					var others []float32 // the slotted sequence's states, as they were
 					for i, sq := range seqs {
 						d := &descs[i]
 						d.Start, d.Rows = sq.start, sq.rows
 						d.State, _ = h.stateOf(dt, states[i])
+						if sq.slotted && batched {
+							all := h.normal(slots*sl, 0.5)
+							copy(all[slot*sl:], states[i])
+							d.State, others = h.stateOf(dt, all)
+							d.SlotAt = h.i32([]int32{slot})
+						}
 						d.StateOut = d.State
 						if sq.separate {
 							d.StateOut = h.alloc(dt, sl)
@@ -252,9 +264,16 @@ func testGDNRecurrences(h *harness) {
 					}
 					for _, d := range descs {
 						for _, b := range []kernels.Buffer{d.StateOut, d.NodeStates} {
-							if b != nil {
-								results = append(results, h.read(b, b.Len()))
+							if b == nil {
+								continue
 							}
+							got := h.read(b, b.Len())
+							if d.SlotAt != nil {
+								h.expectEqual("GDNRecurrences slots before the slotted one", got[:slot*sl], others[:slot*sl])
+								h.expectEqual("GDNRecurrences slots after the slotted one", got[(slot+1)*sl:], others[(slot+1)*sl:])
+								got = got[slot*sl : (slot+1)*sl]
+							}
+							results = append(results, got)
 						}
 					}
 					return out, results

@@ -140,6 +140,16 @@ INLINE float block_max(float v, float *scratch) {
   return warp_max(v);
 }
 
+// slot_state is a sequence's state: state itself, or with slot_at set the
+// slot_at[0]-th of slots states of the given bytes one after another, read
+// at run time, so that a recorded step serves sequences in any slots.
+INLINE char *slot_state(const void *state, const int *slot_at, int slots, i64 bytes) {
+  if (!slot_at) return (char *)state;
+  int slot = *slot_at;
+  if (slot < 0 || slot >= slots) trap();
+  return (char *)state + slot * bytes;
+}
+
 // Grid-stride loop over [0, n).
 #define GRID_LOOP(i, n) \
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (i64)(n); i += (i64)gridDim.x * blockDim.x)

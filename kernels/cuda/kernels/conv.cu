@@ -87,13 +87,14 @@ KERNEL conv_commit(void *state, int state_bf16, const float *x, const int *paren
 
 // Mirror of the Go gdnConvSeqs (conv.go): the sequences of a
 // gdn_conv_inputs launch, each rows rows from row0 with its conv state
-// (F32 or BF16), its tree parents (null for a chain) and whether its last
+// (F32 or BF16; with slot_at, the slot it names of slots states:
+// slot_state), its tree parents (null for a chain) and whether its last
 // row's window is committed.
 #define MAX_CONV_SEQS 32
 struct ConvSeq {
   void *state;
-  const int *parents;
-  int row0, rows, commit, state_bf16;
+  const int *parents, *slot_at;
+  int row0, rows, commit, state_bf16, slots;
 };
 struct ConvSeqs {
   ConvSeq s[MAX_CONV_SEQS];
@@ -114,6 +115,7 @@ INLINE void gdn_conv_inputs(float *q, float *k, float *v, float *a, float *b, co
                             int value_heads, int value_dim, int K, float eps, float q_scale) {
   const ConvSeq &sq = seqs.s[blockIdx.y];
   int part = blockIdx.x, qk = key_heads * key_dim, channels = 2 * qk + value_heads * value_dim;
+  void *state = slot_state(sq.state, sq.slot_at, sq.slots, (i64)(K - 1) * channels * (sq.state_bf16 ? 2 : 4));
   bool key = part < 2 * key_heads;
   int h = key ? part % key_heads : part - 2 * key_heads, dim = key ? key_dim : value_dim;
   int c0 = key ? part * key_dim : 2 * qk + h * value_dim, stride = key ? qk : value_heads * value_dim;
@@ -124,7 +126,7 @@ INLINE void gdn_conv_inputs(float *q, float *k, float *v, float *a, float *b, co
     i64 r = sq.row0 + t;
     float *o = out + r * stride;
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
-      o[i] = conv_at(xs, sq.state, sq.state_bf16, conv_w, sq.parents, t, c0 + i, channels, K);
+      o[i] = conv_at(xs, state, sq.state_bf16, conv_w, sq.parents, t, c0 + i, channels, K);
     if (key) {
       float f = inv_rms(o, dim, eps, false) * scale;
       for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] *= f;
@@ -134,7 +136,7 @@ INLINE void gdn_conv_inputs(float *q, float *k, float *v, float *a, float *b, co
   }
   if (sq.commit)
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
-      commit_channel(sq.state, sq.state_bf16, xs, sq.parents, sq.rows - 1, c0 + i, channels, K);
+      commit_channel(state, sq.state_bf16, xs, sq.parents, sq.rows - 1, c0 + i, channels, K);
 }
 WEIGHT_KERNELS(gdn_conv_inputs,
                (float *q, float *k, float *v, float *a, float *b, const float *x, const void *conv_w,
