@@ -177,19 +177,6 @@ func ExpectedGain(recent []Prediction, rest Rest, stepMs func(rows int) float64,
 	})
 }
 
-// ExpectedSpeedup is what a request's next draft is expected to speed the
-// batch's step up by (its tokens per time with the draft over those
-// without), judged as ExpectedGain judges a draft. Choosing between
-// drafters of different draft times, this is what to compare: a gain of
-// g batch steps over a step c times as long is a speedup of 1 + g/c, so of
-// two drafts gaining alike the cheaper one speeds decoding up more.
-func ExpectedSpeedup(recent []Prediction, rest Rest, stepMs func(rows int) float64, commitMs, draftMs float64) float64 {
-	return expected(recent, rest, stepMs, commitMs, draftMs, func(reqs []Request, n []int, draftMs float64) float64 {
-		r := draftRatios(reqs, rest, n, stepMs, draftMs+commitMs)[0]
-		return r.tokens / r.time
-	})
-}
-
 // expected is the mean, over recent drafts, of judge on each (a request of
 // one draft) with its best allotment n (0 for none) and its draft time.
 func expected(recent []Prediction, rest Rest, stepMs func(rows int) float64, commitMs, draftMs float64, judge func(reqs []Request, n []int, draftMs float64) float64) float64 {

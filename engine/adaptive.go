@@ -182,9 +182,6 @@ func (e *Engine) measureDraft(p *adaptive.Policy) error {
 		return err
 	}
 	defer sess.Close()
-	if cs, ok := sess.(*choiceSession); ok {
-		cs.policy = p
-	}
 	row := make([]float32, e.featureWidth())
 	for range 2 {
 		start := time.Now()

@@ -10,14 +10,13 @@ import (
 )
 
 // ChoiceDrafter drafts with one of several drafters (such as the target's
-// MTP head and a DFlash drafter) per request and step, the one Choice
-// expects to pay most (adaptive.Choice: each drafter's own calibration and
-// draft cost). The target taps the union of their layers; each drafter's
-// session is given its own layers' rows and keeps the rows committed while
-// another drafted until its next draft (catch-up, as after autoregressive
-// steps). Only the proposal changes, so decoding stays lossless.
-// It runs under an adaptive policy (SpecOptions.Policy), whose step costs
-// each draft is weighed against.
+// MTP head and a DFlash drafter) per request, the one Choice picks
+// (adaptive.Choice: the fastest by its latest requests' measured speed,
+// each drafter in turn every ExploreEvery-th request). The target taps the
+// union of their layers; the request's drafter is given its own layers'
+// rows. Only the proposal changes, so decoding stays lossless. It runs
+// under an adaptive policy (SpecOptions.Policy), which judges each draft
+// by its drafter's calibration and draft cost.
 type ChoiceDrafter struct {
 	Drafters []Drafter
 	Choice   *adaptive.Choice
@@ -71,22 +70,17 @@ func (c *ChoiceDrafter) NewSession(prompt []int32) (DraftSession, error) {
 	return c.NewBlockSession(prompt, c.BlockSize())
 }
 
-// NewBlockSession starts a session of every drafter, each drafting at most
-// block rows (SpecOptions.DraftDepth): a drafter whose own block is longer
-// and that can draft a shorter one drafts block rows, the others their own.
+// NewBlockSession starts a session of the drafter the request drafts
+// with (Choice.Pick), drafting at most block rows (SpecOptions.DraftDepth):
+// a drafter whose own block is longer and that can draft a shorter one
+// drafts block rows, the others their own.
 func (c *ChoiceDrafter) NewBlockSession(prompt []int32, block int) (DraftSession, error) {
-	s := &choiceSession{c: c, state: c.Choice.NewState(), chosen: -1}
-	for _, d := range c.Drafters {
-		sess, err := blockSession(d, prompt, block)
-		if err != nil {
-			s.Close()
-			return nil, err
-		}
-		s.sessions = append(s.sessions, sess)
+	i := c.Choice.Pick()
+	sess, err := blockSession(c.Drafters[i], prompt, block)
+	if err != nil {
+		return nil, err
 	}
-	s.pending = make([][]float32, len(c.Drafters))
-	s.pendingTokens = make([][]int32, len(c.Drafters))
-	return s, nil
+	return &choiceSession{c: c, chosen: i, session: sess}, nil
 }
 
 // measured reports whether every drafter's draft cost is measured.
@@ -121,96 +115,63 @@ func (c *ChoiceDrafter) measureDrafts(hidden, block int) error {
 	return nil
 }
 
-// choiceSession is a request's sessions of every drafter.
+// choiceSession is a request's session of the drafter it drafts with.
 type choiceSession struct {
-	c        *ChoiceDrafter
-	policy   *adaptive.Policy // the engine's (set by startJob)
-	sessions []DraftSession
-	// pending are each drafter's rows (its layers' features, and their
-	// tokens) committed since its last draft.
-	pending       [][]float32
-	pendingTokens [][]int32
-	state         *adaptive.ChoiceState
-	chosen        int // the drafter of the latest draft
+	c       *ChoiceDrafter
+	chosen  int // the request's drafter
+	session DraftSession
+	rows    []float32 // the chosen drafter's layers of the rows to draft from
 }
 
-func (s *choiceSession) Close() {
-	for _, sess := range s.sessions {
-		if sess != nil {
-			sess.Close()
-		}
-	}
-}
+func (s *choiceSession) Close() { s.session.Close() }
 
-// Draft fails: the sessions may need the rows' tokens (DraftTokens).
+// Draft fails: the session may need the rows' tokens (DraftTokens).
 func (s *choiceSession) Draft([]float32, int32) ([]float32, error) {
 	return nil, errors.New("a choice among drafters drafts with its rows' tokens (DraftTokens)")
 }
 
-// DraftTokens hands every drafter its layers of the new rows and drafts
-// with the one Choice chooses, judged as if the request were alone in its
-// batch.
+// DraftTokens hands the request's drafter its layers of the new rows and
+// drafts.
 func (s *choiceSession) DraftTokens(features []float32, tokens []int32, anchor int32) ([]float32, error) {
-	c := s.c
+	c, cols := s.c, s.c.cols[s.chosen]
+	s.rows = s.rows[:0]
 	if len(tokens) > 0 {
 		hidden := len(features) / (len(tokens) * len(c.taps))
-		for i, cols := range c.cols {
-			if s.state.Retired(i) {
-				continue
+		for r := range tokens {
+			row := features[r*len(c.taps)*hidden:]
+			for _, col := range cols {
+				s.rows = append(s.rows, row[col*hidden:(col+1)*hidden]...)
 			}
-			for r := range tokens {
-				row := features[r*len(c.taps)*hidden:]
-				for _, col := range cols {
-					s.pending[i] = append(s.pending[i], row[col*hidden:(col+1)*hidden]...)
-				}
-			}
-			s.pendingTokens[i] = append(s.pendingTokens[i], tokens...)
 		}
 	}
-	stepMs, commitMs := s.policy.StepCosts(1)
-	i := c.Choice.Choose(s.state, 1, stepMs, commitMs)
-	s.retire()
-	steady := len(s.pendingTokens[i]) <= c.Drafters[i].BlockSize()
+	steady := len(tokens) <= c.Drafters[s.chosen].BlockSize()
 	start := time.Now()
-	rows, err := draft(s.sessions[i], s.pending[i], s.pendingTokens[i], anchor)
+	rows, err := draft(s.session, s.rows, tokens, anchor)
 	if err != nil {
 		return nil, err
 	}
-	c.Choice.Drafters[i].ObserveDraft(time.Since(start), steady)
-	s.pending[i], s.pendingTokens[i] = s.pending[i][:0], s.pendingTokens[i][:0]
-	s.chosen = i
+	c.Choice.Drafters[s.chosen].ObserveDraft(time.Since(start), steady)
 	return rows, nil
 }
 
-// retire closes the sessions of the drafters retired for the request and
-// drops the rows they kept.
-func (s *choiceSession) retire() {
-	for i, sess := range s.sessions {
-		if sess != nil && s.state.Retired(i) {
-			sess.Close()
-			s.sessions[i], s.pending[i], s.pendingTokens[i] = nil, nil, nil
-		}
-	}
+// finished records the request's decoding speed for its drafter.
+func (s *choiceSession) finished(tokens int, took time.Duration) {
+	s.c.Choice.Finished(s.chosen, tokens, took)
 }
 
 // Lattice is the chosen drafter's lattice when it drafts one, else nil.
 func (s *choiceSession) Lattice() *ddtree.Lattice {
-	if ls, ok := s.sessions[s.chosen].(LatticeSession); ok {
+	if ls, ok := s.session.(LatticeSession); ok {
 		return ls.Lattice()
 	}
 	return nil
 }
 
-// proposed records the tree the latest draft gave (before the policy's cut).
-func (s *choiceSession) proposed(tree *ddtree.Tree) {
-	s.state.Drafted(s.chosen, pathProbs(tree), tree.Depths[1:])
-}
-
-// drafter is the latest draft's drafter's calibration and draft cost,
-// which the policy judges the draft by.
+// drafter is the request's drafter's calibration and draft cost, which
+// the policy judges its drafts by.
 func (s *choiceSession) drafter() *adaptive.DrafterStats { return &s.c.Choice.Drafters[s.chosen] }
 
-// verified calibrates the latest draft's drafter with its verified tree
+// verified calibrates the request's drafter with its verified tree
 // and the drafted tokens the target accepted.
 func (s *choiceSession) verified(tree *ddtree.Tree, accepted int) {
 	s.drafter().Calibration.Observe(pathProbs(tree), tree.Depths[1:], accepted)

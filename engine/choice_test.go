@@ -16,18 +16,18 @@ import (
 // confident whose proposals are always wrong (random), with a smaller
 // block and other tapped layers, as an MTP head beside a DFlash drafter.
 // Whichever is listed first, greedy and seeded sampled output stays
-// autoregressive and most drafts come from the good drafter (after a first
-// request, which measures the costs); the bad one drafts for a request only
-// in its trials until it is retired (its first draft and one reprobe, where
-// without retirement a third comes after 2·ReprobeSteps drafts).
+// autoregressive, every request drafts with one drafter only, and once
+// both have decoded two requests the good one (several tokens a step
+// against one) gets every request but the exploring ones (every
+// adaptive.ExploreEvery-th goes to the drafters in turn).
 func TestAdaptiveChoosesTheBetterDrafter(t *testing.T) {
 	const ctxLen = 256
 	prompt := randomTokens(rand.New(rand.NewPCG(7, 8)), 6, 290)
 	for _, c := range []struct {
 		goodFirst bool
 		temp      float64
-	}{{true, 0}, {false, 0}, {false, 0.9}} {
-		req := Request{Prompt: prompt, MaxTokens: 200, IgnoreEOS: true, Sampling: SamplingParams{Temperature: c.temp, Seed: 3}}
+	}{{true, 0}, {false, 0.9}} {
+		req := Request{Prompt: prompt, MaxTokens: 64, IgnoreEOS: true, Sampling: SamplingParams{Temperature: c.temp, Seed: 3}}
 		want, err := newTestEngine(t, "tiny", 3, Options{Context: ctxLen}).Generate(context.Background(), req)
 		if err != nil {
 			t.Fatal(err)
@@ -41,7 +41,8 @@ func TestAdaptiveChoosesTheBetterDrafter(t *testing.T) {
 		if !c.goodFirst {
 			slices.Reverse(drafters)
 		}
-		e.Drafter = NewChoiceDrafter(drafters...)
+		choice := NewChoiceDrafter(drafters...)
+		e.Drafter = choice
 		// Preset costs under which good drafts pay (a flat step of 1 ms, a
 		// draft of 0.1 ms), so the policy does not stop drafting on the
 		// loaded machine's times.
@@ -50,22 +51,31 @@ func TestAdaptiveChoosesTheBetterDrafter(t *testing.T) {
 			p.Cost.ObserveStep(1, 33, time.Millisecond)
 			p.Cost.ObserveDraft(100*time.Microsecond, true)
 		}
-		if _, err := e.Generate(context.Background(), Request{Prompt: prompt, MaxTokens: 4}); err != nil {
-			t.Fatal(err)
+		const warmup, requests = 4, 3 * adaptive.ExploreEvery
+		var goodRequests, badRequests int
+		for k := range warmup + requests {
+			good.drafts, bad.drafts = 0, 0
+			got, err := e.Generate(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got.Tokens, want.Tokens) {
+				t.Fatalf("%+v, request %d: output differs from autoregressive\n got %v\nwant %v", c, k, got.Tokens, want.Tokens)
+			}
+			// (The first request also times two drafts of each drafter.)
+			if k > 0 && good.drafts > 0 && bad.drafts > 0 {
+				t.Fatalf("%+v, request %d: %d drafts by the good drafter and %d by the bad one: a request drafts with one", c, k, good.drafts, bad.drafts)
+			}
+			if k >= warmup && good.drafts > 0 {
+				goodRequests++
+			} else if k >= warmup {
+				badRequests++
+			}
 		}
-		good.drafts, bad.drafts = 0, 0
-		got, err := e.Generate(context.Background(), req)
-		if err != nil {
-			t.Fatal(err)
+		// Of 3·ExploreEvery requests, 3 explore, half of them the bad drafter's.
+		if badRequests > 2 {
+			t.Errorf("%+v: after the warm-up %d requests drafted with the good drafter and %d with the bad one", c, goodRequests, badRequests)
 		}
-		if !slices.Equal(got.Tokens, want.Tokens) {
-			t.Fatalf("%+v: output differs from autoregressive\n got %v\nwant %v", c, got.Tokens, want.Tokens)
-		}
-		// Without retirement the bad drafter's third trial would come at the
-		// request's draft 2·(ReprobeSteps+1)+1 at the latest.
-		if good.drafts+bad.drafts <= 2*(adaptive.ReprobeSteps+1) || bad.drafts > adaptive.RetireAfter {
-			t.Errorf("%+v: %d drafts by the good drafter, %d by the bad one", c, good.drafts, bad.drafts)
-		}
-		t.Logf("%+v: %d drafts by the good drafter, %d by the bad one; τ %.2f", c, good.drafts, bad.drafts, got.Stats.SpecStats.AcceptanceLength)
+		t.Logf("%+v: after the warm-up %d requests with the good drafter, %d with the bad one", c, goodRequests, badRequests)
 	}
 }

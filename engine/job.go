@@ -113,10 +113,8 @@ func (e *Engine) startJob(r Request, checkpointOnly bool) (*job, error) {
 	if j.sess, err = e.newDraftSession(r.Prompt); err != nil {
 		return nil, err
 	}
-	if cs, ok := j.sess.(*choiceSession); ok {
-		if cs.policy = e.Spec.Policy; cs.policy == nil {
-			return nil, errors.New("a choice among drafters needs an adaptive policy (--spec adaptive)")
-		}
+	if _, ok := j.sess.(*choiceSession); ok && e.Spec.Policy == nil {
+		return nil, errors.New("a choice among drafters needs an adaptive policy (--spec adaptive)")
 	}
 	built = true
 	return j, nil
@@ -203,9 +201,6 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 				return in, err
 			}
 			j.context, j.contextTokens = j.context[:0], j.contextTokens[:0]
-			if o, ok := j.sess.(*choiceSession); ok {
-				o.proposed(j.tree)
-			}
 		} else {
 			// An autoregressive step: the drafter sees its features with the next draft.
 			j.tree = ddtree.Chain(j.last, nil)
@@ -399,7 +394,11 @@ func (j *job) finish() {
 			j.stats.Policy = &s
 		}
 	}
-	j.out.finish(time.Since(j.decodeStart))
+	took := time.Since(j.decodeStart)
+	if cs, ok := j.sess.(*choiceSession); ok {
+		cs.finished(len(j.out.res.Tokens), took)
+	}
+	j.out.finish(took)
 }
 
 func (j *job) result() *Result { return j.out.res }
