@@ -356,11 +356,14 @@ func TestDraftBlock(t *testing.T) {
 		}
 	}
 	// A choice session at block b gives the long drafter a b-row session
-	// (b < 16) and the short one its own block.
+	// (b < 16) and the short one its own block. Sessions go round the
+	// drafters before their speeds are measured: two at each block.
 	dflashLike := choice.Drafters[0].(*shortBlockDrafter)
 	for _, block := range []int{16, 5, 3} {
-		if _, err := blockSession(choice, []int32{1}, block); err != nil {
-			t.Fatal(err)
+		for range choice.Drafters {
+			if _, err := blockSession(choice, []int32{1}, block); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	if want := []int{5, 3}; !slices.Equal(dflashLike.blocks, want) {
