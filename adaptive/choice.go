@@ -1,6 +1,7 @@
 package adaptive
 
 import (
+	"math"
 	"sync"
 	"time"
 )
@@ -9,7 +10,9 @@ import (
 // several loaded, such as the target's MTP head and a DFlash drafter). A
 // request drafts with one of them from its first draft to its end (Pick):
 // the one whose latest requests decoded fastest (tokens per second of
-// decoding, measured: Finished), except every ExploreEvery-th request,
+// decoding, measured: Finished), or among drafters as fast as it within
+// speedTie the one whose drafts cost least, except every ExploreEvery-th
+// request,
 // which goes to each drafter in turn so that every one's speed stays
 // current. Within the request the adaptive policy judges each draft by its
 // drafter's own calibration and draft cost (Draft.Drafter), as it cuts
@@ -75,6 +78,17 @@ const (
 	// minSpeedTokens: a request of fewer tokens says too little about a
 	// drafter's speed to count.
 	minSpeedTokens = 8
+	// speedTie: drafters whose mean speeds are within this share of the
+	// fastest's are as fast as their requests can tell (one request's
+	// speed varies by prompt by more). Among them the one whose drafts
+	// cost least is picked: a costlier drafter's drafts, and its catch-up
+	// over the rows since a request's last draft, slow every request
+	// batched with its own, which its own speed does not show (on the
+	// demo pair at concurrency 4, where speculation stops paying, both
+	// drafters' requests ran within 1.5 % of each other and a coin flip
+	// between them cost 7 % of the batch's speed). At most this share of
+	// speed is given up when the costlier drafter really is faster.
+	speedTie = 0.03
 )
 
 // Pick returns the drafter a new request drafts with.
@@ -91,10 +105,21 @@ func (c *Choice) Pick() int {
 	if k%ExploreEvery == 0 {
 		return k / ExploreEvery % n
 	}
-	best, bestSpeed := 0, 0.0
+	fastest := 0.0
+	for _, s := range c.speeds {
+		fastest = max(fastest, mean(s))
+	}
+	best, bestCost, bestSpeed := -1, 0.0, 0.0
 	for i, s := range c.speeds {
-		if v := mean(s); v > bestSpeed {
-			best, bestSpeed = i, v
+		speed, cost := mean(s), c.Drafters[i].DraftMs()
+		if speed < fastest*(1-speedTie) {
+			continue
+		}
+		if cost == 0 { // not measured: no cheaper than any
+			cost = math.Inf(1)
+		}
+		if best < 0 || cost < bestCost || cost == bestCost && speed > bestSpeed {
+			best, bestCost, bestSpeed = i, cost, speed
 		}
 	}
 	return best

@@ -63,6 +63,45 @@ func TestChoicePicksTheFasterDrafter(t *testing.T) {
 	}
 }
 
+// TestChoiceBreaksSpeedTiesByDraftCost: drafters whose speeds are within
+// speedTie of the fastest's are a tie, which the drafter of the cheapest
+// drafts wins (at equal cost, the faster; a drafter whose cost is not
+// measured wins no tie); a cheaper drafter slower by more than speedTie
+// loses.
+func TestChoiceBreaksSpeedTiesByDraftCost(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		speeds []float64 // tokens per second, per drafter
+		costs  []float64 // ms per draft, 0: not measured
+		want   int
+	}{
+		{"tie, second cheaper", []float64{102, 100}, []float64{6, 2}, 1},
+		{"tie, first cheaper", []float64{100, 102}, []float64{2, 6}, 0},
+		{"tie, just inside", []float64{100, 97.5}, []float64{6, 2}, 1},
+		{"no tie, just outside", []float64{100, 96.5}, []float64{6, 2}, 0},
+		{"cheaper but slower", []float64{100, 95}, []float64{6, 2}, 0},
+		{"tie, equal cost: the faster", []float64{100, 101}, []float64{3, 3}, 1},
+		{"tie, cost not measured", []float64{102, 100}, []float64{6, 0}, 0},
+		{"three, two tied", []float64{100, 120, 118}, []float64{1, 6, 4}, 2},
+	} {
+		c := NewChoice(len(tc.speeds))
+		for i, ms := range tc.costs {
+			if ms > 0 {
+				c.Drafters[i].ObserveDraft(time.Duration(ms*float64(time.Millisecond)), true)
+			}
+		}
+		for i, v := range tc.speeds {
+			for range minSpeeds {
+				c.Finished(i, 96, time.Duration(96/v*float64(time.Second)))
+			}
+		}
+		c.requests = 1 // not an exploring request
+		if got := c.Pick(); got != tc.want {
+			t.Errorf("%s: picked drafter %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
 // TestPolicyJudgesADraftByItsDrafter: under a Choice, the policy allots a
 // draft by its own drafter's calibration and judges whether drafting pays
 // at its own drafter's draft time, not at the policy's, which mixes every
