@@ -32,9 +32,11 @@ const probeCap = 300 * time.Millisecond
 func (e *Engine) forwardBatch(jobs []*job, inputs []SeqInput, taps []int) ([]SeqOutput, error) {
 	p := e.Spec.Policy
 	if p == nil {
+		e.assignVerifies(jobs, inputs)
 		return e.Model.Forward(inputs, taps)
 	}
 	decoding, drafted := e.allot(p, jobs, inputs)
+	e.assignVerifies(jobs, inputs)
 	start := time.Now()
 	p.Cost.ForwardStarts(start, decoding, drafted)
 	outs, err := e.Model.Forward(inputs, taps)
@@ -95,7 +97,11 @@ func (e *Engine) allot(p *adaptive.Policy, jobs []*job, inputs []SeqInput) (bool
 	}
 	nodes := p.Allot(drafts, rest, backoffs)
 	for k, i := range drafted {
-		jobs[i].tree = jobs[i].tree.Prefix(nodes[k])
+		n := nodes[k]
+		if e.Model.records() {
+			n = verifyBucket(n, jobs[i].tree.Len()-1)
+		}
+		jobs[i].tree = jobs[i].tree.Prefix(n)
 		jobs[i].setProposal(&inputs[i])
 	}
 	return decoding, len(drafted)

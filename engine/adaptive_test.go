@@ -150,3 +150,17 @@ func TestAdaptiveNeedsATree(t *testing.T) {
 		t.Errorf("an adaptive policy on the linear chain: %v", err)
 	}
 }
+
+// TestVerifyBucket: where steps are recorded, a cut draft verifies its
+// rows rounded up to a power of two, never more nodes than were drafted,
+// and a draft cut to nothing stays a plain step.
+func TestVerifyBucket(t *testing.T) {
+	for _, c := range []struct{ nodes, drafted, want int }{
+		{0, 16, 0}, {1, 16, 1}, {2, 16, 3}, {3, 16, 3}, {4, 16, 7}, {7, 16, 7},
+		{8, 16, 15}, {15, 16, 15}, {16, 16, 16}, {9, 12, 12}, {5, 5, 5}, {2, 2, 2},
+	} {
+		if got := verifyBucket(c.nodes, c.drafted); got != c.want {
+			t.Errorf("verifyBucket(%d of %d drafted) = %d, want %d", c.nodes, c.drafted, got, c.want)
+		}
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"ddflash/engine/config"
@@ -484,51 +483,63 @@ func (e *Engine) release(s *sequence) {
 	e.Model.States.Release(s.slot)
 }
 
-// verifyPool keeps one verify scratch per state slot, made at the first
-// draft of a request in the slot and kept for the requests after it: they
-// reuse its buffers, so the verify steps and commits recorded on them (a
-// GPU's graphs, keyed by the scratch: stepShape) replay for the next
-// request in the slot instead of being recorded again, and a request
-// allocates no scratch. The planner counts rollback memory for every
-// running request, so a scratch per slot that drafts stays within it.
+// verifyPool holds the engine's verify scratches: one per request that
+// drafts (claimVerify, at its first draft; given back as it ends), made
+// when the claims outnumber them and kept for later requests, so that a
+// request allocates no scratch. A step hands its k-th verifying sequence
+// the k-th scratch whatever its state slot (assignVerifies): the verify
+// steps and commits recorded on them (a GPU's graphs, keyed by the scratch:
+// stepShape) read the slots at run time and replay for any requests in any
+// slots instead of being recorded again. The planner counts rollback
+// memory for every running request, so a scratch per drafting request
+// stays within it.
 type verifyPool struct {
-	mu     sync.Mutex
-	bySlot map[int]*mamba.Verify
+	claims  int
+	scratch []*mamba.Verify
 }
 
-// verifyFor returns the verify scratch of slot, made on first use and
-// made again when the engine's speculation changed to one it does not
-// serve (more verify tokens, another rollback: bench switches modes).
-func (e *Engine) verifyFor(slot int) (*mamba.Verify, error) {
+// claimVerify claims a verify scratch for a request that drafts, making
+// one when every scratch is claimed, and making them all again when the
+// engine's speculation changed to one they do not serve (more verify
+// tokens, another rollback: bench switches modes; a scratch holds nothing
+// between steps).
+func (e *Engine) claimVerify() error {
 	p := &e.verifies
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	need := e.Spec.VerifyTokens(e.Drafter.BlockSize())
-	if v := p.bySlot[slot]; v != nil {
-		if v.MaxTokens() >= need && v.Strategy() == e.Spec.Rollback {
-			return v, nil
+	if len(p.scratch) > 0 && (p.scratch[0].MaxTokens() < need || p.scratch[0].Strategy() != e.Spec.Rollback) {
+		p.close()
+	}
+	for len(p.scratch) <= p.claims {
+		v, err := mamba.NewVerify(e.Model.States, e.Spec.Rollback, need)
+		if err != nil {
+			return err
 		}
-		v.Close()
-		delete(p.bySlot, slot)
+		p.scratch = append(p.scratch, v)
 	}
-	v, err := mamba.NewVerify(e.Model.States, e.Spec.Rollback, need)
-	if err != nil {
-		return nil, err
+	p.claims++
+	return nil
+}
+
+// assignVerifies gives the step's k-th verifying input (one whose job's
+// proposal goes beyond its root: job.verifies) the k-th scratch, to verify
+// and then commit in.
+func (e *Engine) assignVerifies(jobs []*job, inputs []SeqInput) {
+	k := 0
+	for i, j := range jobs {
+		if !j.verifies() {
+			continue
+		}
+		j.verify = e.verifies.scratch[k]
+		inputs[i].Spec = j.verify
+		k++
 	}
-	if p.bySlot == nil {
-		p.bySlot = map[int]*mamba.Verify{}
-	}
-	p.bySlot[slot] = v
-	return v, nil
 }
 
 func (p *verifyPool) close() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, v := range p.bySlot {
+	for _, v := range p.scratch {
 		v.Close()
 	}
-	p.bySlot = nil
+	p.scratch = nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -46,10 +46,14 @@ type job struct {
 	// contextTokens are the tokens of context's rows.
 	contextTokens []int32
 
-	sess   DraftSession
-	verify *mamba.Verify
-	tree   *ddtree.Tree // the proposal in flight
-	stats  *SpecStats
+	sess DraftSession
+	// claimed says the job holds a claim on a verify scratch (claimVerify,
+	// at its first draft); verify is the one its step verifies in
+	// (assignVerifies).
+	claimed bool
+	verify  *mamba.Verify
+	tree    *ddtree.Tree // the proposal in flight
+	stats   *SpecStats
 	// drafted says the proposal in flight comes from a draft; under an
 	// adaptive policy a step may skip the drafter (backoff says when). Its
 	// backoff starts at its first decoding step, a plain one (unscheduled
@@ -127,7 +131,11 @@ func (j *job) close() {
 	}
 	j.e.contexts.put(j.context, j.e.MaxSeqs())
 	j.context = nil
-	j.verify = nil // the slot's: it stays for the slot's next request (verifyFor)
+	if j.claimed { // the scratch stays for later requests (claimVerify)
+		j.e.verifies.claims--
+		j.claimed = false
+	}
+	j.verify = nil
 	if j.e.prefix != nil {
 		j.e.prefix.unlock(j)
 	}
@@ -181,14 +189,14 @@ func (j *job) prepare(maxChunk int) (SeqInput, error) {
 	case j.sess == nil:
 		in.Tokens, in.Logits = []int32{j.last}, LastRow
 	default:
-		// The verify scratch is made at the first draft: a request that
+		// A verify scratch is claimed at the first draft: a request that
 		// never drafts needs none.
 		room := j.draftRoom()
-		if j.drafted = room > 0 && j.draftsNow(); j.drafted && j.verify == nil {
-			var err error
-			if j.verify, err = e.verifyFor(j.seq.slot); err != nil {
+		if j.drafted = room > 0 && j.draftsNow(); j.drafted && !j.claimed {
+			if err := e.claimVerify(); err != nil {
 				return in, err
 			}
+			j.claimed = true
 		}
 		td := time.Now()
 		steady := true
@@ -249,17 +257,21 @@ func (j *job) prefillEnd(maxChunk int) int {
 	return end
 }
 
-// setProposal makes the input verify the proposal in flight. A proposal of
-// the root alone is a plain decoding step, which the forward commits itself:
-// the autoregressive computation, without a verify to commit.
+// setProposal makes the input verify the proposal in flight, in the
+// scratch the step assigns (assignVerifies). A proposal of the root alone
+// is a plain decoding step, which the forward commits itself: the
+// autoregressive computation, without a verify to commit.
 func (j *job) setProposal(in *SeqInput) {
-	in.Tokens, in.Logits, in.Spec, in.Parents = j.tree.Tokens, AllRows, j.verify, nil
-	switch {
-	case j.tree.Len() == 1:
-		in.Spec = nil
-	case j.e.Spec.Mode == SpecTree:
+	in.Tokens, in.Logits, in.Spec, in.Parents = j.tree.Tokens, AllRows, nil, nil
+	if j.verifies() && j.e.Spec.Mode == SpecTree {
 		in.Parents = j.tree.Parents
 	}
+}
+
+// verifies reports whether the job's step verifies a proposal: it is past
+// its prompt, drafts, and its proposal goes beyond the root.
+func (j *job) verifies() bool {
+	return j.sess != nil && !j.prefilling() && j.tree != nil && j.tree.Len() > 1
 }
 
 // complete consumes the target's output for the input prepare returned.

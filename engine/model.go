@@ -491,7 +491,7 @@ func (m *Model) deltaNet(r *rank, lw *LayerWeights, idx int, seqs []SeqInput, ro
 		{W: lw.InProjQKV, Out: s.mixed, N: convDim}, {W: lw.InProjZ, Out: s.z, N: valueDim},
 		{W: lw.InProjB, Out: s.beta, N: hv}, {W: lw.InProjA, Out: s.g, N: hv},
 	})
-	// On a backend that records steps, a sequence that does not verify
+	// On a backend that records steps, a decoding or verifying sequence
 	// names its state slot through the step's metadata (meta.states), so
 	// that one recording serves any slots (stepShape leaves them out).
 	_, slotted := b.(kernels.Replayer)
@@ -499,7 +499,7 @@ func (m *Model) deltaNet(r *rank, lw *LayerWeights, idx int, seqs []SeqInput, ro
 	convSeqs := make([]kernels.GDNConvSeq, len(seqs))
 	for i, sq := range seqs {
 		convSeqs[i] = kernels.GDNConvSeq{Rows: len(sq.Tokens), State: m.States.Conv(r.id, idx, sq.Slot), Parents: sq.Spec.Parents(r.id), Commit: sq.Spec == nil}
-		if slotted && sq.Spec == nil {
+		if slotted {
 			convSeqs[i].State, convSeqs[i].SlotAt = m.States.ConvLayer(r.id, idx), slotAt(i)
 		}
 	}
@@ -519,7 +519,11 @@ func (m *Model) deltaNet(r *rank, lw *LayerWeights, idx int, seqs []SeqInput, ro
 			g, beta := rowsOf(b, s.g, r0, T, hv), rowsOf(b, s.beta, r0, T, hv)
 			sq.Spec.Save(r.id, idx, rowsOf(b, s.mixed, r0, T, convDim), q, k, v, g, beta)
 			stateOut, nodeStates := sq.Spec.Targets(r.id, idx)
-			rec = append(rec, kernels.GDNSeq{Start: r0, Rows: T, State: state, StateOut: stateOut, NodeStates: nodeStates, Parents: sq.Spec.Parents(r.id)})
+			d := kernels.GDNSeq{Start: r0, Rows: T, State: state, StateOut: stateOut, NodeStates: nodeStates, Parents: sq.Spec.Parents(r.id)}
+			if slotted {
+				d.State, d.SlotAt = m.States.SSMLayer(r.id, idx), slotAt(i)
+			}
+			rec = append(rec, d)
 		case whole == 0 && slotted:
 			all := m.States.SSMLayer(r.id, idx)
 			rec = append(rec, kernels.GDNSeq{Start: r0, Rows: T, State: all, StateOut: all, SlotAt: slotAt(i)})

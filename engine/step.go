@@ -36,10 +36,10 @@ type stepGraphs struct {
 // runStep runs step (which issues a Forward's ops) op by op, records it,
 // or replays its recording, as described above.
 func (m *Model) runStep(seqs []SeqInput, taps []int, step func() error) error {
-	rp, ok := m.ranks[0].b.(kernels.Replayer)
-	if !ok || m.Eager || len(m.ranks) > 1 || !replayable(seqs) {
+	if !m.records() || !replayable(seqs) {
 		return step()
 	}
+	rp := m.ranks[0].b.(kernels.Replayer)
 	key := m.stepShape(seqs, taps)
 	st := &m.steps
 	if g := st.graphs[key]; g != nil {
@@ -82,7 +82,7 @@ const maxDecodeBucket = 64
 // come back as they were.
 func (m *Model) padDecode(seqs []SeqInput) []SeqInput {
 	n := len(seqs)
-	if _, ok := m.ranks[0].b.(kernels.Replayer); !ok || m.Eager || len(m.ranks) > 1 || n == 0 || n&(n-1) == 0 || n > maxDecodeBucket {
+	if !m.records() || n == 0 || n&(n-1) == 0 || n > maxDecodeBucket {
 		return seqs
 	}
 	for _, sq := range seqs {
@@ -112,6 +112,28 @@ func (m *Model) padDecode(seqs []SeqInput) []SeqInput {
 // padToken is what a padding sequence decodes.
 var padToken = [1]int32{0}
 
+// records reports whether the model records its steps: on a backend that
+// can (kernels.Replayer), on one rank, unless Eager.
+func (m *Model) records() bool {
+	_, ok := m.ranks[0].b.(kernels.Replayer)
+	return ok && !m.Eager && len(m.ranks) == 1
+}
+
+// verifyBucket is how many of a tree's drafted nodes a verify of nodes of
+// them takes where steps are recorded: its rows (the nodes and the root)
+// rounded up to a power of two, at most the whole tree's. An adaptive
+// policy cuts drafts to any node count, and each count of each sequence
+// of a step would be a step shape of its own, recorded apart; in buckets
+// they are a few. The nodes added are drafted ones, verified as any (the
+// output stays the target's), and on a GPU a verify of a few rows more
+// costs next to nothing: its step streams the weights once either way.
+func verifyBucket(nodes, drafted int) int {
+	if nodes <= 0 {
+		return nodes
+	}
+	return min(1<<bits.Len(uint(nodes)), drafted+1) - 1
+}
+
 // replayable reports whether a step can be recorded: a decode or verify
 // step. A prefill chunk's GDN ops depend on where its tokens fall between
 // chunk boundaries (gdnChain), which the shape does not say.
@@ -125,20 +147,17 @@ func replayable(seqs []SeqInput) bool {
 }
 
 // stepShape names what a recording of a step depends on: per sequence its
-// token count, logit rows, top-k, verify scratch and whether it is a tree,
-// and a verifying sequence's state slot; the taps; and the attention's key
-// bound. Positions, KV slots, page tables, masks and the state slots of
-// the sequences that do not verify are data the step uploads.
+// token count, logit rows, top-k, verify scratch and whether it is a tree;
+// the taps; and the attention's key bound. Positions, KV slots, page
+// tables, masks and state slots are data the step uploads (deltaNet reads
+// the slots from the step's metadata), so a verify scratch given to the
+// step's i-th verifying sequence whatever its slot (Engine.verifyAt) makes
+// the recording serve any slots.
 func (m *Model) stepShape(seqs []SeqInput, taps []int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "keys %d taps %v", m.ranks[0].meta.maxKeys, taps)
 	for _, sq := range seqs {
-		slot := -1 // read from the step's metadata (deltaNet)
-		if sq.Spec != nil {
-			slot = sq.Slot
-		}
-		fmt.Fprintf(&b, "|%d slot %d logits %d top %d verify %d tree %t", len(sq.Tokens), slot, sq.Logits, sq.Top,
-			sq.Spec.ID(), sq.Parents != nil)
+		fmt.Fprintf(&b, "|%d logits %d top %d verify %d tree %t", len(sq.Tokens), sq.Logits, sq.Top, sq.Spec.ID(), sq.Parents != nil)
 	}
 	return b.String()
 }

@@ -129,9 +129,10 @@ type GDNConvSeq struct {
 
 // GDNSeq is one sequence of a GDNRecurrences call: its rows Start ..
 // Start+Rows-1 of the operands, and the states and tree parents (I32
-// [Rows] or nil) that GDNRecurrence takes. SlotAt, for a chain without
-// NodeStates, names the sequence's slot of State and StateOut as
-// GDNConvSeq's does.
+// [Rows] or nil) that GDNRecurrence takes. SlotAt names the sequence's
+// slot of State as GDNConvSeq's does; StateOut is then the same slots'
+// states, indexed alike, when it has State's length, else one state (a
+// verify's discarded final state). NodeStates is never indexed.
 type GDNSeq struct {
 	Start, Rows                                  int
 	State, StateOut, NodeStates, Parents, SlotAt Buffer

@@ -32,9 +32,11 @@ type Replayer interface {
 	// (one I32, 0..maxNode), and GDNRecurrenceAt a chain's GDNRecurrence
 	// from state to stateOut, without outputs, over the rows read from
 	// rowsAt (one I32, 0..maxRows): recordings of them serve any accepted
-	// chain (mamba.Verify.Commit).
-	ConvCommitAt(state, x, parents, nodeAt Buffer, maxNode, channels, K int)
-	GDNRecurrenceAt(q, k, v, g, beta, state, stateOut, rowsAt Buffer, maxRows int, shape GDNShape)
+	// chain (mamba.Verify.Commit). With slotAt (one I32, or nil) state and
+	// stateOut hold states one after another and the one slotAt names is
+	// committed (GDNConvSeq.SlotAt): they serve any slot too.
+	ConvCommitAt(state, x, parents, nodeAt, slotAt Buffer, maxNode, channels, K int)
+	GDNRecurrenceAt(q, k, v, g, beta, state, stateOut, rowsAt, slotAt Buffer, maxRows int, shape GDNShape)
 	// Capture records the ops record issues as a graph instead of running
 	// them. Allocations and host transfers fail while it records.
 	Capture(record func() error) (Graph, error)

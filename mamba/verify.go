@@ -56,17 +56,9 @@ type Verify struct {
 	// Eager commits op by op, never recording (the engine sets it from
 	// Model.Eager).
 	Eager bool
-	// commits are its recorded commits (commitRecorded).
-	commits recordedCommits
-}
-
-// recordedCommits are a Verify's recorded commits by slot and whether the
-// verify was a tree.
-type recordedCommits map[commitShape]kernels.Graph
-
-type commitShape struct {
-	slot int
-	tree bool
+	// commits are its recorded commits (commitRecorded), of a chain's
+	// verify and of a tree's.
+	commits [2]kernels.Graph
 }
 
 // verifyShard is one rank's scratch, shaped like that rank's heads.
@@ -83,7 +75,8 @@ type verifyShard struct {
 	parentsBuf kernels.Buffer
 	gathered   [5]kernels.Buffer // Replay along a tree path: q, k, v, g, beta rows
 	pathBuf    kernels.Buffer    // Replay: the path's tokens, the rows to gather
-	// commitArgs holds a recorded commit's last node, length and nodes.
+	// commitArgs holds a recorded commit's last node, length, slot and
+	// nodes.
 	commitArgs kernels.Buffer
 	bufs       []kernels.Buffer
 }
@@ -146,7 +139,7 @@ func newVerifyShard(shard Shard, strategy Strategy, maxTokens int) (*verifyShard
 		}
 		v.pathBuf = extra[len(extra)-1]
 		if _, ok := shard.B.(kernels.Replayer); ok {
-			if err := v.alloc(&extra, kernels.I32, 2+maxTokens); err != nil {
+			if err := v.alloc(&extra, kernels.I32, commitNodes+maxTokens); err != nil {
 				return nil, err
 			}
 			v.commitArgs = extra[len(extra)-1]
@@ -175,10 +168,12 @@ func (v *verifyShard) close() {
 
 // Close frees the scratch.
 func (v *Verify) Close() {
-	for _, g := range v.commits {
-		g.Close()
+	for i, g := range v.commits {
+		if g != nil {
+			g.Close()
+		}
+		v.commits[i] = nil
 	}
-	v.commits = nil
 	for _, sh := range v.shards {
 		sh.close()
 	}
@@ -310,27 +305,33 @@ func (v *Verify) recorder() kernels.Replayer {
 	return v.shards[0].B.(kernels.Replayer)
 }
 
+// commitNodes is where a recorded commit's nodes start in commitArgs,
+// after its last node, its length and its slot.
+const commitNodes = 3
+
 // commitRecorded commits path as Commit does, but with the kernels reading
-// its last node, its length and its nodes from the shard's commitArgs (one
-// upload), so that every path this slot commits is one recording, made the
+// its last node, its length, the slot and its nodes from the shard's
+// commitArgs (one upload), so that every path this scratch commits, into
+// any slot, is one recording (one for chains, one for trees), made the
 // first time and replayed from then on. A tree's path is gathered whole
 // (MaxTokens rows, those past the path from node 0), a chain's is its
-// prefix of rows. It reads the slot's states and this scratch's rows,
+// prefix of rows. It reads the pool's states and this scratch's rows,
 // which never move.
 func (v *Verify) commitRecorded(rp kernels.Replayer, pool *Pool, slot int, path []int32) error {
 	sh := v.shards[0]
-	args := make([]int32, 2+v.maxTokens)
-	args[0], args[1] = path[len(path)-1], int32(len(path))
-	copy(args[2:], path)
+	args := make([]int32, commitNodes+v.maxTokens)
+	args[0], args[1], args[2] = path[len(path)-1], int32(len(path)), int32(slot)
+	copy(args[commitNodes:], path)
 	if err := rp.UploadI32(sh.commitArgs, 0, args); err != nil {
 		return err
 	}
-	node, rows, nodes := rp.Slice(sh.commitArgs, 0, 1), rp.Slice(sh.commitArgs, 1, 1), rp.Slice(sh.commitArgs, 2, v.maxTokens)
+	node, rows, slotAt := rp.Slice(sh.commitArgs, 0, 1), rp.Slice(sh.commitArgs, 1, 1), rp.Slice(sh.commitArgs, 2, 1)
+	nodes := rp.Slice(sh.commitArgs, commitNodes, v.maxTokens)
 	shape, tree := sh.Shape, v.parents != nil
 	commit := func() error {
 		for l := 0; l < shape.Layers; l++ {
-			state := pool.SSM(0, l, slot)
-			rp.ConvCommitAt(pool.Conv(0, l, slot), sh.mixed[l], v.Parents(0), node, v.maxTokens-1, shape.ConvDim, shape.ConvKernel)
+			states := pool.SSMLayer(0, l)
+			rp.ConvCommitAt(pool.ConvLayer(0, l), sh.mixed[l], v.Parents(0), node, slotAt, v.maxTokens-1, shape.ConvDim, shape.ConvKernel)
 			ins := [5]kernels.Buffer{sh.q[l], sh.k[l], sh.v[l], sh.g[l], sh.beta[l]}
 			if tree {
 				for i, src := range ins {
@@ -338,23 +339,18 @@ func (v *Verify) commitRecorded(rp kernels.Replayer, pool *Pool, slot int, path 
 				}
 				ins = sh.gathered
 			}
-			rp.GDNRecurrenceAt(ins[0], ins[1], ins[2], ins[3], ins[4], state, state, rows, v.maxTokens, shape.GDN)
+			rp.GDNRecurrenceAt(ins[0], ins[1], ins[2], ins[3], ins[4], states, states, rows, slotAt, v.maxTokens, shape.GDN)
 		}
 		return nil
 	}
-	key := commitShape{slot: slot, tree: tree}
-	g := v.commits[key]
-	if g == nil {
+	g := &v.commits[btoi(tree)]
+	if *g == nil {
 		var err error
-		if g, err = rp.Capture(commit); err != nil {
+		if *g, err = rp.Capture(commit); err != nil {
 			return fmt.Errorf("mamba: recording a commit: %w", err)
 		}
-		if v.commits == nil {
-			v.commits = recordedCommits{}
-		}
-		v.commits[key] = g
 	}
-	return g.Replay()
+	return (*g).Replay()
 }
 
 // replayInputs returns a shard's layer-l recurrence inputs for the n
@@ -400,4 +396,11 @@ func (v *Verify) checkPath(path []int32) error {
 		}
 	}
 	return nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -125,11 +125,10 @@ func (be *Backend) GDNRecurrences(out, q, k, v, g, beta kernels.Buffer, seqs []k
 		}
 		state, stateOut := sq.State, sq.StateOut
 		if sq.SlotAt != nil {
-			if sq.Parents != nil || sq.NodeStates != nil {
-				panic("cpu: GDNRecurrence SlotAt is for a chain without node states")
+			if stateOut != nil && stateOut.Len() == state.Len() {
+				stateOut = be.slotState("GDNRecurrence stateOut", stateOut, sq.SlotAt, s.StateLen())
 			}
 			state = be.slotState("GDNRecurrence state", state, sq.SlotAt, s.StateLen())
-			stateOut = be.slotState("GDNRecurrence stateOut", stateOut, sq.SlotAt, s.StateLen())
 		}
 		be.GDNRecurrence(rows(out, vd), rows(q, qk), rows(k, qk), rows(v, vd), rows(g, s.ValueHeads), rows(beta, s.ValueHeads),
 			state, stateOut, sq.NodeStates, sq.Parents, sq.Rows, s)

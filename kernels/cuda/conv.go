@@ -43,20 +43,26 @@ func (be *Backend) ConvCommit(state, x, parents kernels.Buffer, node, channels, 
 	par := optI32s("ConvCommit parents", parents, node+1)
 	be.mu.Lock()
 	defer be.mu.Unlock()
-	be.launch("conv_commit", be.gridFor(channels, 256), d1(256), 0, st, stBF16, xv, par, nil, i32(node), i32(channels), i32(K))
+	be.launch("conv_commit", be.gridFor(channels, 256), d1(256), 0, st, stBF16, xv, par, nil, nil, i32(node), i32(1), i32(channels), i32(K))
 }
 
 // ConvCommitAt is ConvCommit of the node read at run time from nodeAt (one
-// I32 on the device, 0..maxNode): a recording of it serves any node.
-func (be *Backend) ConvCommitAt(state, x, parents, nodeAt kernels.Buffer, maxNode, channels, K int) {
+// I32 on the device, 0..maxNode), in the slot slotAt names when set
+// (slot_state): a recording of it serves any node and slot.
+func (be *Backend) ConvCommitAt(state, x, parents, nodeAt, slotAt kernels.Buffer, maxNode, channels, K int) {
 	checkConvK("ConvCommitAt", K)
 	st, stBF16 := convState("ConvCommitAt state", state, (K-1)*channels)
 	xv := f32s("ConvCommitAt x", x, (maxNode+1)*channels)
 	par := optI32s("ConvCommitAt parents", parents, maxNode+1)
 	at := i32s("ConvCommitAt node", nodeAt, 1)
+	var slot any
+	slots := 1
+	if slotAt != nil {
+		slot, slots = i32s("ConvCommitAt slot", slotAt, 1), st.n/((K-1)*channels)
+	}
 	be.mu.Lock()
 	defer be.mu.Unlock()
-	be.launch("conv_commit", be.gridFor(channels, 256), d1(256), 0, st, stBF16, xv, par, at, i32(0), i32(channels), i32(K))
+	be.launch("conv_commit", be.gridFor(channels, 256), d1(256), 0, st, stBF16, xv, par, at, slot, i32(0), i32(slots), i32(channels), i32(K))
 }
 
 const (

@@ -51,16 +51,23 @@ func (be *Backend) GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeSta
 
 // GDNRecurrenceAt runs a chain's recurrence from state to stateOut over
 // the rows read at run time from rowsAt (one I32 on the device,
-// 0..maxRows), without outputs: a recording of it serves any length.
-func (be *Backend) GDNRecurrenceAt(q, k, v, g, beta, state, stateOut, rowsAt kernels.Buffer, maxRows int, shape kernels.GDNShape) {
+// 0..maxRows), without outputs, in the slot slotAt names when set: a
+// recording of it serves any length and slot.
+func (be *Backend) GDNRecurrenceAt(q, k, v, g, beta, state, stateOut, rowsAt, slotAt kernels.Buffer, maxRows int, shape kernels.GDNShape) {
 	args := gdnOperands("GDNRecurrenceAt", nil, q, k, v, g, beta, maxRows, shape)
 	sl := shape.StateLen()
 	st, stBF16 := recurrentState("GDNRecurrenceAt state", state, nil, sl)
 	final, _ := recurrentState("GDNRecurrenceAt stateOut", stateOut, st, sl)
-	at := i32s("GDNRecurrenceAt rows", rowsAt, 1)
+	d := gdnSeq{state: st, final: final, rowsAt: i32s("GDNRecurrenceAt rows", rowsAt, 1), rows: maxRows}
+	if slotAt != nil {
+		if final.n != st.n {
+			panic(fmt.Sprintf("cuda: GDNRecurrenceAt with a slot: stateOut holds %d elements, state %d; want the same slots", final.n, st.n))
+		}
+		d.slotAt, d.outSlotted = i32s("GDNRecurrenceAt slot", slotAt, 1), true
+	}
 	be.mu.Lock()
 	defer be.mu.Unlock()
-	be.gdnRecurrence(args, []gdnSeq{{state: st, final: final, rowsAt: at, rows: maxRows}}, stBF16, shape)
+	be.gdnRecurrence(args, []gdnSeq{d}, stBF16, shape)
 }
 
 // GDNRecurrences runs every sequence's recurrence in one launch per
@@ -84,10 +91,8 @@ func (be *Backend) GDNRecurrences(out, q, k, v, g, beta kernels.Buffer, seqs []k
 			d.final, _ = recurrentState("GDNRecurrence stateOut", sq.StateOut, like, sl)
 		}
 		if sq.SlotAt != nil {
-			if sq.Parents != nil || sq.NodeStates != nil || d.final.n != d.state.n {
-				panic("cuda: GDNRecurrence SlotAt is for a chain without node states, State and StateOut of one length")
-			}
 			d.slotAt = i32s("GDNRecurrence slot", sq.SlotAt, 1)
+			d.outSlotted = d.final != nil && d.final.n == d.state.n
 		}
 		if sq.NodeStates != nil || sq.Parents != nil {
 			d.nodes, _ = recurrentState("GDNRecurrence nodeStates", sq.NodeStates, like, sq.Rows*sl)
@@ -170,6 +175,7 @@ func (be *Backend) GDNChunked(out, q, k, v, g, beta, state, stateOut kernels.Buf
 type gdnSeq struct {
 	start, rows                                  int
 	state, final, nodes, parents, rowsAt, slotAt *buffer
+	outSlotted                                   bool // final is slotAt's slot of the slots' final states
 }
 
 const (
@@ -197,11 +203,14 @@ func (be *Backend) gdnRecurrence(args []any, seqs []gdnSeq, stBF16 int32, shape 
 					binary.LittleEndian.PutUint64(d[8*j:], uint64(b.addr()))
 				}
 			}
-			slots := 1
+			slots, outSlotted := 1, 0
 			if sq.slotAt != nil {
 				slots = sq.state.n / shape.StateLen()
 			}
-			for j, v := range []int{sq.start, sq.rows, slots} {
+			if sq.outSlotted {
+				outSlotted = 1
+			}
+			for j, v := range []int{sq.start, sq.rows, slots, outSlotted} {
 				binary.LittleEndian.PutUint32(d[48+4*j:], uint32(i32(v)))
 			}
 		}

@@ -54,6 +54,7 @@ func checkEngineSteps(t *testing.T, be kernels.Backend) {
 	})
 	t.Run("DecodeCounts", func(t *testing.T) { checkDecodeCounts(t, be, dir) })
 	t.Run("DecodeAnySlots", func(t *testing.T) { checkDecodeAnySlots(t, be, dir) })
+	t.Run("VerifyAnySlots", func(t *testing.T) { checkVerifyAnySlots(t, be, dir) })
 	t.Run("DecodeBuckets", func(t *testing.T) { checkDecodeBuckets(t, be, dir) })
 	t.Run("EagerLaunches", func(t *testing.T) { checkEagerLaunches(t, be) })
 	t.Run("DDTreeCounts", func(t *testing.T) { checkDDTreeCounts(t, be) })
@@ -533,6 +534,65 @@ func checkDecodeAnySlots(t *testing.T, be kernels.Backend, dir string) {
 			}
 		}
 	}
+}
+
+// checkVerifyAnySlots: a recorded tree verify and commit serve sequences
+// in other state slots (GDN ops and commits read the slots from device
+// memory; the engine gives a step's k-th verifying sequence its k-th
+// scratch whatever its slot: Engine.assignVerifies). Two sequences verify
+// and commit until their steps replay; then two others, in the engine's
+// other two slots, verify in the same two scratches: every verify step is
+// one launch, the first pair's recording, and every commit at most two a
+// sequence (the recorded GDN commit and KV moves) with no allocation; the
+// verifies' outputs, and a decode step's after the commits, equal an
+// op-by-op run's bit for bit (a replay that read or wrote the first pair's
+// states would differ).
+func checkVerifyAnySlots(t *testing.T, be kernels.Backend, dir string) {
+	run, eager := newStepRun(t, be, dir, 4, false, nil), newStepRun(t, be, dir, 2, true, nil)
+	first, second := run.seqs[:2], run.seqs[2:]
+	for i := range second {
+		second[i].verify = first[i].verify
+	}
+	parents := []int32{-1, 0, 0, 1, 2}
+	paths := [][]int32{{0, 2, 4}, {0, 1, 3}, {0, 1}}
+	verify := func(i int) [][]int32 {
+		return [][]int32{{int32(30 + i), 31, 32, 33, 34}, {int32(60 + i), 61, 62, 63, 64}}
+	}
+	run.seqs = first
+	run.step(t, [][]int32{{40, 41, 42}, {43, 44, 45}}, nil, false, 0)
+	for i := range 3 { // op by op, recorded, replayed
+		run.step(t, verify(i), parents, true, 3)
+		run.commit(t, paths[i])
+	}
+	run.seqs = second
+	prompt := [][]int32{{5, 6, 7}, {8, 9, 10}}
+	eager.step(t, prompt, nil, false, 0)
+	run.step(t, prompt, nil, false, 0)
+	same := func(what string, got, want []engine.SeqOutput) {
+		t.Helper()
+		for j := range want {
+			if !slices.Equal(got[j].TopIDs, want[j].TopIDs) || !slices.Equal(bits(got[j].TopLogits), bits(want[j].TopLogits)) {
+				t.Fatalf("%s, sequence %d in slot %d: %v %v, op by op %v %v", what, j, second[j].slot, got[j].TopIDs, got[j].TopLogits, want[j].TopIDs, want[j].TopLogits)
+			}
+		}
+	}
+	for i := range 3 {
+		want := eager.step(t, verify(i), parents, true, 3)
+		before := driverCounts(t, be)
+		got := run.step(t, verify(i), parents, true, 3)
+		if c := driverCounts(t, be).Sub(before); c.Launches != 1 {
+			t.Errorf("tree verify %d in slots %d and %d: %v, want the first pair's recording replayed", i, second[0].slot, second[1].slot, c)
+		}
+		same(fmt.Sprintf("tree verify %d", i), got, want)
+		eager.commit(t, paths[i])
+		before = driverCounts(t, be)
+		run.commit(t, paths[i])
+		if c := driverCounts(t, be).Sub(before); c.Launches > 4 || c.Allocs != 0 {
+			t.Errorf("commit %v in slots %d and %d: %v, want the first pair's recordings replayed (at most 2 launches a sequence, no allocation)", paths[i], second[0].slot, second[1].slot, c)
+		}
+	}
+	next := [][]int32{{11}, {21}}
+	same("the decode step after the commits", run.step(t, next, nil, false, 1), eager.step(t, next, nil, false, 1))
 }
 
 // checkDecodeBuckets: decode steps of 5, 6 and 7 sequences run padded to

@@ -184,9 +184,11 @@ func testGDNChain(h *harness) {
 // several sequences equals one GDNRecurrence per sequence on the same
 // backend (checked against float64 references above), bit for bit: a
 // chain with node states and its own stateOut, a tree, a replay (out nil),
-// a chain in place, and a chain in place in slot 1 of three states
-// (SlotAt), with rows between them that no sequence takes; and 18
-// one-token chains, more than one launch takes on CUDA.
+// a chain in place, with rows between them that no sequence takes, and
+// when batched the first, second and last reading their state from slot 1
+// of three (SlotAt: a verify's chain and tree leave the slots as they
+// were, the chain in place writes its slot alone); and 18 one-token
+// chains, more than one launch takes on CUDA.
 func testGDNRecurrences(h *harness) {
 	s := gdnShape
 	vDim, sl := s.ValueHeads*s.ValueDim, s.StateLen()
@@ -202,7 +204,7 @@ func testGDNRecurrences(h *harness) {
 	// the others must stay as they were.
 	const slots, slot = 3, 1
 	for _, dt := range stateTypes {
-		mixed := []seq{{0, 3, false, true, true, false}, {4, 5, true, true, false, false}, {9, 2, false, false, false, false}, {11, 2, false, false, false, true}}
+		mixed := []seq{{0, 3, false, true, true, true}, {4, 5, true, true, false, true}, {9, 2, false, false, false, false}, {11, 2, false, false, false, true}}
 		for ci, seqs := range [][]seq{mixed, many} {
 			T := 0
 			for _, sq := range seqs {
@@ -223,7 +225,7 @@ func testGDNRecurrences(h *harness) {
 						ob = h.alloc(kernels.F32, T*vDim)
 					}
 					descs := make([]kernels.GDNSeq, len(seqs))
-					var others []float32 // the slotted sequence's states, as they were
+					others := make([][]float32, len(seqs)) // a slotted sequence's states, as they were
 					for i, sq := range seqs {
 						d := &descs[i]
 						d.Start, d.Rows = sq.start, sq.rows
@@ -231,7 +233,7 @@ func testGDNRecurrences(h *harness) {
 						if sq.slotted && batched {
 							all := h.normal(slots*sl, 0.5)
 							copy(all[slot*sl:], states[i])
-							d.State, others = h.stateOf(dt, all)
+							d.State, others[i] = h.stateOf(dt, all)
 							d.SlotAt = h.i32([]int32{slot})
 						}
 						d.StateOut = d.State
@@ -262,15 +264,20 @@ func testGDNRecurrences(h *harness) {
 					if withOut {
 						out = h.read(ob, T*vDim)
 					}
-					for _, d := range descs {
-						for _, b := range []kernels.Buffer{d.StateOut, d.NodeStates} {
+					for i, d := range descs {
+						inPlace := !seqs[i].separate && !seqs[i].tree
+						if d.SlotAt != nil && !inPlace {
+							// A verify: the slots stay as they were, its own included.
+							h.expectEqual("GDNRecurrences slots read by a verify", h.read(d.State, slots*sl), others[i])
+						}
+						for k, b := range []kernels.Buffer{d.StateOut, d.NodeStates} {
 							if b == nil {
 								continue
 							}
 							got := h.read(b, b.Len())
-							if d.SlotAt != nil {
-								h.expectEqual("GDNRecurrences slots before the slotted one", got[:slot*sl], others[:slot*sl])
-								h.expectEqual("GDNRecurrences slots after the slotted one", got[(slot+1)*sl:], others[(slot+1)*sl:])
+							if d.SlotAt != nil && inPlace && k == 0 {
+								h.expectEqual("GDNRecurrences slots before the slotted one", got[:slot*sl], others[i][:slot*sl])
+								h.expectEqual("GDNRecurrences slots after the slotted one", got[(slot+1)*sl:], others[i][(slot+1)*sl:])
 								got = got[slot*sl : (slot+1)*sl]
 							}
 							results = append(results, got)

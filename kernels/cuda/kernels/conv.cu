@@ -78,11 +78,13 @@ INLINE void commit_channel(void *state, int state_bf16, const float *x, const in
 }
 
 // conv_commit: commit_channel, one thread per channel. With node_at the
-// node is read there at run time (a recorded commit serves any node).
-KERNEL conv_commit(void *state, int state_bf16, const float *x, const int *parents, const int *node_at, int node,
-                   int channels, int K) {
+// node is read there at run time, with slot_at the state is the one it
+// names of slots (slot_state): a recorded commit serves any node and slot.
+KERNEL conv_commit(void *state, int state_bf16, const float *x, const int *parents, const int *node_at,
+                   const int *slot_at, int node, int slots, int channels, int K) {
   if (node_at) node = *node_at;
-  GRID_LOOP(c, channels) commit_channel(state, state_bf16, x, parents, node, (int)c, channels, K);
+  void *st = slot_state(state, slot_at, slots, (i64)(K - 1) * channels * (state_bf16 ? 2 : 4));
+  GRID_LOOP(c, channels) commit_channel(st, state_bf16, x, parents, node, (int)c, channels, K);
 }
 
 // Mirror of the Go gdnConvSeqs (conv.go): the sequences of a

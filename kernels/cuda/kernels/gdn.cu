@@ -45,8 +45,8 @@ struct GDNSeq {
   void *state_out, *node_states;
   const int *parents;
   const int *rows_at; // when set, the rows are read there at run time (a recorded commit)
-  const int *slot_at; // when set, state and state_out are arrays of slots states: slot_state
-  int start, rows, slots;
+  const int *slot_at; // when set, state (and state_out when out_slotted) are arrays of slots states: slot_state
+  int start, rows, slots, out_slotted;
 };
 struct GDNSeqs {
   GDNSeq s[MAX_GDN_SEQS];
@@ -74,7 +74,8 @@ KERNEL gdn_recurrence(float *out, const float *q, const float *k, const float *v
   const GDNSeq &sq = seqs.s[blockIdx.z];
   i64 state_bytes = (i64)value_heads * kd * vd * (state_bf16 ? 2 : 4);
   const void *state = slot_state(sq.state, sq.slot_at, sq.slots, state_bytes);
-  void *state_out = slot_state(sq.state_out, sq.slot_at, sq.slots, state_bytes), *node_states = sq.node_states;
+  void *state_out = slot_state(sq.state_out, sq.out_slotted ? sq.slot_at : nullptr, sq.slots, state_bytes);
+  void *node_states = sq.node_states;
   const int *parents = sq.parents;
   int T = sq.rows_at ? *sq.rows_at : sq.rows;
   i64 s0 = sq.start;
