@@ -506,7 +506,7 @@ type verifyPool struct {
 func (e *Engine) claimVerify() error {
 	p := &e.verifies
 	need := e.Spec.VerifyTokens(e.Drafter.BlockSize())
-	if len(p.scratch) > 0 && (p.scratch[0].MaxTokens() < need || p.scratch[0].Strategy() != e.Spec.Rollback) {
+	if slices.ContainsFunc(p.scratch, func(v *mamba.Verify) bool { return v.MaxTokens() < need || v.Strategy() != e.Spec.Rollback }) {
 		p.close()
 	}
 	for len(p.scratch) <= p.claims {

@@ -254,3 +254,45 @@ func TestSchedulerLongAndShortShareThePool(t *testing.T) {
 	}
 	waitIdle(t, s)
 }
+
+// TestVerifyScratchesFollowTheSpec switches one engine's speculation
+// between batches, as bench does between modes: a budget of 8 alone (one
+// verify scratch of 9 rows), a budget of 2 four at a time (three more
+// scratches, of 3 rows), then a budget of 8 four at a time again, whose
+// steps hand out every scratch: each must have been made again for 9 rows
+// (claimVerify), and every output equals autoregressive decoding.
+func TestVerifyScratchesFollowTheSpec(t *testing.T) {
+	const seed, ctxLen = 5, 96
+	rng := rand.New(rand.NewPCG(21, 22))
+	reqs, answers := randomRequests(t, newTestEngine(t, "tiny", seed, Options{Context: ctxLen}), rng, 4, 20, 30)
+	big, small := specCase{SpecTree, 8, mamba.Replay}, specCase{SpecTree, 2, mamba.Replay}
+	e := specEngineBlock(t, "tiny", seed, big, pathOracle(answers...), 0.3, ctxLen, 16, Options{MaxSeqs: 4})
+	check := func(phase string, i int, got []int32) {
+		t.Helper()
+		if want := answers[i][len(reqs[i].Prompt):]; !slices.Equal(got, want) {
+			t.Fatalf("%s, request %d: %v, autoregressive %v", phase, i, got, want)
+		}
+	}
+	res, err := e.Generate(context.Background(), reqs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("budget 8 alone", 0, res.Tokens)
+	for _, c := range []specCase{small, big} {
+		setOracleDrafter(e, seed, c, pathOracle(answers...), 0.3, 16)
+		s := NewScheduler(e, SchedulerOptions{})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { s.Run(ctx); close(done) }()
+		for i, st := range submitAll(t, s, reqs) {
+			res, err := st.Wait()
+			if err != nil {
+				t.Fatalf("%v, request %d: %v", c, i, err)
+			}
+			check(c.String(), i, res.Tokens)
+		}
+		waitIdle(t, s)
+		cancel()
+		<-done
+	}
+}
