@@ -151,8 +151,8 @@ func replayable(seqs []SeqInput) bool {
 // the taps; and the attention's key bound. Positions, KV slots, page
 // tables, masks and state slots are data the step uploads (deltaNet reads
 // the slots from the step's metadata), so a verify scratch given to the
-// step's i-th verifying sequence whatever its slot (Engine.verifyAt) makes
-// the recording serve any slots.
+// step's k-th verifying sequence whatever its slot (Engine.assignVerifies)
+// makes the recording serve any slots.
 func (m *Model) stepShape(seqs []SeqInput, taps []int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "keys %d taps %v", m.ranks[0].meta.maxKeys, taps)

@@ -56,9 +56,9 @@ type Verify struct {
 	// Eager commits op by op, never recording (the engine sets it from
 	// Model.Eager).
 	Eager bool
-	// commits are its recorded commits (commitRecorded), of a chain's
-	// verify and of a tree's.
-	commits [2]kernels.Graph
+	// chainCommit and treeCommit are its recorded commits
+	// (commitRecorded) of a chain's verify and of a tree's.
+	chainCommit, treeCommit kernels.Graph
 }
 
 // verifyShard is one rank's scratch, shaped like that rank's heads.
@@ -168,11 +168,11 @@ func (v *verifyShard) close() {
 
 // Close frees the scratch.
 func (v *Verify) Close() {
-	for i, g := range v.commits {
-		if g != nil {
-			g.Close()
+	for _, g := range []*kernels.Graph{&v.chainCommit, &v.treeCommit} {
+		if *g != nil {
+			(*g).Close()
+			*g = nil
 		}
-		v.commits[i] = nil
 	}
 	for _, sh := range v.shards {
 		sh.close()
@@ -343,7 +343,10 @@ func (v *Verify) commitRecorded(rp kernels.Replayer, pool *Pool, slot int, path 
 		}
 		return nil
 	}
-	g := &v.commits[btoi(tree)]
+	g := &v.chainCommit
+	if tree {
+		g = &v.treeCommit
+	}
 	if *g == nil {
 		var err error
 		if *g, err = rp.Capture(commit); err != nil {
@@ -396,11 +399,4 @@ func (v *Verify) checkPath(path []int32) error {
 		}
 	}
 	return nil
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
