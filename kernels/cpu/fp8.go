@@ -24,9 +24,9 @@ var e4m3Values = func() (t [256]float32) {
 	return t
 }()
 
-// matmulFP8 is MatMul on a block-scaled FP8 weight w [n,k], tiles of four
-// weight rows spread over the pool.
-func (be *Backend) matmulFP8(out, x []float32, w *kernels.BlockScaled, m, n, k int) {
+// fp8Tiles is matmulTiles for a block-scaled FP8 weight w [n,k]: the
+// function that computes a range of tiles of four weight rows.
+func (be *Backend) fp8Tiles(out, x []float32, w *kernels.BlockScaled, m, n, k int) func(lo, hi int) {
 	if w.Rows != n || w.Cols != k {
 		panic(fmt.Sprintf("cpu: MatMul n=%d k=%d on an FP8 weight [%d, %d]", n, k, w.Rows, w.Cols))
 	}
@@ -34,11 +34,7 @@ func (be *Backend) matmulFP8(out, x []float32, w *kernels.BlockScaled, m, n, k i
 	checkDType("MatMul fp8 values", q, kernels.F8E4M3)
 	_, blocks := kernels.ScaleBlocks(n, k)
 	scales := f32s("MatMul fp8 scales", w.Scale, w.Scale.Len())
-	if m == 0 || n == 0 {
-		return
-	}
-	tiles := (n + matmulTile - 1) / matmulTile
-	be.pool.parallelFor(tiles, m*k*matmulTile, func(lo, hi int) {
+	return func(lo, hi int) {
 		var rows [4][]uint8
 		for t := lo; t < hi; t++ {
 			j := t * matmulTile
@@ -49,7 +45,7 @@ func (be *Backend) matmulFP8(out, x []float32, w *kernels.BlockScaled, m, n, k i
 			br := j / kernels.FP8Block
 			be.kern.tileFP8(out[j:], n, min(matmulTile, n-j), x, m, k, &rows, scales[br*blocks:(br+1)*blocks])
 		}
-	})
+	}
 }
 
 // tileFP8Portable is the portable fp8Tile: rows4Portable's dot4 chain on

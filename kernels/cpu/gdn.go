@@ -152,7 +152,9 @@ func (be *Backend) GDNRecurrence(out, q, k, v, g, beta, state, stateOut, nodeSta
 		final = recurrentStates("GDNRecurrence stateOut", stateOut, dt, sl)
 	}
 	headLen := shape.KeyDim * shape.ValueDim
-	be.pool.parallelFor(shape.ValueHeads, T*headLen, func(lo, hi int) {
+	// A token costs a head about four multiply-adds per state element (a
+	// multiply and three FMAs), and a decode step finds the state in memory.
+	be.pool.parallelFor(shape.ValueHeads, 4*T*headLen, func(lo, hi int) {
 		deltaTemp, delta := be.temps.get(shape.ValueDim)
 		defer be.temps.put(deltaTemp)
 		var work []float32 // a BF16 head's working copy

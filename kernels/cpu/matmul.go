@@ -29,31 +29,50 @@ var scratchPool = sync.Pool{New: func() any { return new([]float32) }}
 // MatMul computes out[m,n] = x[m,k]·w[n,k]ᵀ; w is F32, BF16, F16 or
 // *kernels.BlockScaled (fp8.go).
 func (be *Backend) MatMul(out, x, w kernels.Buffer, m, n, k int) {
+	tiles, run := be.matmulTiles(out, x, w, m, n, k)
+	be.pool.parallelFor(tiles, m*k*matmulTile, run)
+}
+
+// matmulTiles returns MatMul's work as tiles of matmulTile weight rows and
+// the function that computes a range of them.
+func (be *Backend) matmulTiles(out, x, w kernels.Buffer, m, n, k int) (int, func(lo, hi int)) {
 	o := f32s("MatMul out", out, m*n)
 	xv := f32s("MatMul x", x, m*k)
+	tiles := (n + matmulTile - 1) / matmulTile
+	if m == 0 {
+		tiles = 0
+	}
 	if fp8, ok := w.(*kernels.BlockScaled); ok {
-		be.matmulFP8(o, xv, fp8, m, n, k)
-		return
+		return tiles, be.fp8Tiles(o, xv, fp8, m, n, k)
 	}
 	wb := asBuffer(w)
 	checkLen("MatMul w", wb, n*k)
 	if wb.dt == kernels.I32 {
 		panic(fmt.Sprintf("cpu: MatMul weights must be F32, BF16 or F16, got %v", wb.dt))
 	}
-	if m == 0 || n == 0 {
-		return
-	}
-	tiles := (n + matmulTile - 1) / matmulTile
-	be.pool.parallelFor(tiles, m*k*matmulTile, func(lo, hi int) {
+	return tiles, func(lo, hi int) {
 		be.kern.columns(o, xv, wb, m, n, k, lo*matmulTile, min(n, hi*matmulTile))
-	})
+	}
 }
 
-// MatMulParts runs MatMul per part.
+// MatMulParts runs MatMul per part, as one parallel loop over all the
+// parts' tiles: a decode step's threads meet once for a layer's
+// projections instead of once per weight.
 func (be *Backend) MatMulParts(x kernels.Buffer, m, k int, parts []kernels.MatMulPart) {
-	for _, p := range parts {
-		be.MatMul(p.Out, x, p.W, m, p.N, k)
+	starts := make([]int, len(parts)+1) // the first tile of each part in the loop
+	runs := make([]func(lo, hi int), len(parts))
+	for i, p := range parts {
+		var tiles int
+		tiles, runs[i] = be.matmulTiles(p.Out, x, p.W, m, p.N, k)
+		starts[i+1] = starts[i] + tiles
 	}
+	be.pool.parallelFor(starts[len(parts)], m*k*matmulTile, func(lo, hi int) {
+		for i, run := range runs {
+			if a, b := max(lo, starts[i]), min(hi, starts[i+1]); a < b {
+				run(a-starts[i], b-starts[i])
+			}
+		}
+	})
 }
 
 // MatMulGLU runs the gate and up MatMuls, then SwiGLU.

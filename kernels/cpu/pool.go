@@ -42,11 +42,15 @@ type poolCounters struct {
 	calls, split, handoffNs, waitNs atomic.Int64
 }
 
-// defaultMinWork is tens of microseconds of one core's work: handing a
-// range to a parked worker (a futex wake-up) costs several, and on a
-// two-core machine the default pair's 16-row verify ran faster serial than
-// split at 1<<17, where futex calls took a tenth of its time.
-const defaultMinWork = 1 << 20
+// defaultMinWork is about ten microseconds of one core's work (a decode
+// row reading 512 KB of bf16 weights): with the workers polling through a
+// step (spinFor), a hand-off costs a microsecond or two, so every
+// projection of a small model's decode step is split. Parked, a worker
+// took 40 µs to wake on a 2-vCPU VM; at 1<<20, with a 50 µs poll, the
+// small preset's decode step left its 2 MB projections and the GDN
+// recurrence on one thread and paid a wake-up at most of the rest
+// (docs/cpu-profile.md).
+const defaultMinWork = 1 << 18
 
 // chunksPerThread is how many chunks a split loop has per goroutine taking
 // part: enough that a late worker costs the caller at most a fraction of
@@ -55,9 +59,11 @@ const defaultMinWork = 1 << 20
 const chunksPerThread = 4
 
 // spinFor is how long a worker, and a caller at the barrier, poll before
-// parking: longer than the gaps between a step's loops (the unsplit ops
-// between them), shorter than anything a scheduler would notice.
-const spinFor = 50 * time.Microsecond
+// parking: longer than the gaps between a decode step's split loops (the
+// unsplit ops between them, a GDN layer's convolution and norms: tens of
+// microseconds), short enough that an idle engine's workers park at once
+// next to a scheduler's time slice.
+const spinFor = 200 * time.Microsecond
 
 // poolCall is one split parallelFor: its chunks, how many are claimed and
 // finished, and the first panic of a chunk, re-raised on the calling goroutine.

@@ -32,7 +32,7 @@ var avx512Kernels = kernelSet{
 	swiglu:     swigluAVX512,
 	silu:       siluAVX512,
 	mulSigmoid: mulSigmoidAVX512,
-	deltaStep:  deltaStepAVX512,
+	deltaStep:  deltaStepAVX2, // eight 8-lane FMA chains in flight, where two 16-lane ones waited on latency
 	accumRows:  accumRowsAVX512,
 	conv:       convAVX512,
 	scaledMax:  scaledMaxAVX512,

@@ -179,10 +179,18 @@ func accumRowsAVX2(out, c, b []float32, stride int) {
 	archsimd.ClearAVXUpperBits()
 }
 
-// deltaStepAVX2 is deltaStepAVX512 over 16-lane slices (two vectors) of
-// the value dimension, with its per-lane operations.
-func deltaStepAVX2(S, q, k, v []float32, g, beta float32, out, _ []float32) {
+// deltaStepAVX2 is deltaStepPortable with the 16-lane model's per-lane
+// FMA chains (lanes16_test.go), for both SIMD sets. A value dimension of
+// whole 64-lane blocks (the models' 128) takes deltaStep64x8; others go
+// over 16-lane slices (two vectors) of it: per slice, one pass over the
+// key rows forms Sᵀk, a second updates S and accumulates Sᵀq, so delta
+// and out never leave registers.
+func deltaStepAVX2(S, q, k, v []float32, g, beta float32, out, delta []float32) {
 	vd := len(v)
+	if vd%64 == 0 && out != nil {
+		deltaStep64x8(S, q, k, v, g, beta, out, delta)
+		return
+	}
 	decay := splat8(float32(math.Exp(float64(g))))
 	S = S[:len(k)*vd]
 	q = q[:len(k)]
@@ -220,6 +228,59 @@ func deltaStepAVX2(S, q, k, v []float32, g, beta float32, out, _ []float32) {
 				store8(o1, out[j+8:], n1)
 			}
 		}
+	}
+	archsimd.ClearAVXUpperBits()
+}
+
+// deltaStep64x8 is deltaStepAVX2 for a value dimension of whole 64-lane
+// blocks, computing the same per-lane chains with more of them in flight:
+// Sᵀk eight vectors at a time (eight independent FMA chains cover the FMA
+// latency on both units, where a 16-lane slice's two chains waited on it),
+// into delta, then the update and Sᵀq four vectors at a time.
+func deltaStep64x8(S, q, k, v []float32, g, beta float32, out, delta []float32) {
+	vd := len(v)
+	decay, b := splat8(float32(math.Exp(float64(g)))), splat8(beta)
+	S = S[:len(k)*vd]
+	q = q[:len(k)]
+	delta, out = delta[:vd], out[:vd]
+	load := archsimd.LoadFloat32x8Slice
+	for j := 0; j < vd; j += 64 {
+		var p0, p1, p2, p3, p4, p5, p6, p7 archsimd.Float32x8
+		for i, ki := range k {
+			row, kv := S[i*vd+j:i*vd+j+64], splat8(ki)
+			p0 = load(row[0:]).MulAdd(kv, p0)
+			p1 = load(row[8:]).MulAdd(kv, p1)
+			p2 = load(row[16:]).MulAdd(kv, p2)
+			p3 = load(row[24:]).MulAdd(kv, p3)
+			p4 = load(row[32:]).MulAdd(kv, p4)
+			p5 = load(row[40:]).MulAdd(kv, p5)
+			p6 = load(row[48:]).MulAdd(kv, p6)
+			p7 = load(row[56:]).MulAdd(kv, p7)
+		}
+		for l, p := range [8]archsimd.Float32x8{p0, p1, p2, p3, p4, p5, p6, p7} {
+			o := j + 8*l
+			b.Mul(load(v[o:]).Sub(decay.Mul(p))).StoreSlice(delta[o:])
+		}
+	}
+	for j := 0; j < vd; j += 32 {
+		d0, d1, d2, d3 := load(delta[j:]), load(delta[j+8:]), load(delta[j+16:]), load(delta[j+24:])
+		var o0, o1, o2, o3 archsimd.Float32x8
+		for i, ki := range k {
+			row, kv, qv := S[i*vd+j:i*vd+j+32], splat8(ki), splat8(q[i])
+			s0 := kv.MulAdd(d0, load(row[0:]).Mul(decay))
+			s1 := kv.MulAdd(d1, load(row[8:]).Mul(decay))
+			s2 := kv.MulAdd(d2, load(row[16:]).Mul(decay))
+			s3 := kv.MulAdd(d3, load(row[24:]).Mul(decay))
+			s0.StoreSlice(row[0:])
+			s1.StoreSlice(row[8:])
+			s2.StoreSlice(row[16:])
+			s3.StoreSlice(row[24:])
+			o0, o1, o2, o3 = s0.MulAdd(qv, o0), s1.MulAdd(qv, o1), s2.MulAdd(qv, o2), s3.MulAdd(qv, o3)
+		}
+		o0.StoreSlice(out[j:])
+		o1.StoreSlice(out[j+8:])
+		o2.StoreSlice(out[j+16:])
+		o3.StoreSlice(out[j+24:])
 	}
 	archsimd.ClearAVXUpperBits()
 }

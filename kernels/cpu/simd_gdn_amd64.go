@@ -2,57 +2,7 @@
 
 package cpu
 
-import (
-	"math"
-	"simd/archsimd"
-)
-
-// deltaStepAVX512 is deltaStep over 32-lane slices (two vectors) of the
-// value dimension: per slice, one pass over the key rows forms Sᵀk, a
-// second updates S and accumulates Sᵀq, so delta and out never leave
-// registers, and each broadcast of k[i] or q[i] serves both vectors.
-func deltaStepAVX512(S, q, k, v []float32, g, beta float32, out, _ []float32) {
-	vd := len(v)
-	decay := splat(float32(math.Exp(float64(g))))
-	S = S[:len(k)*vd]
-	q = q[:len(k)]
-	for j := 0; j < vd; j += 32 {
-		n0, n1 := min(16, vd-j), max(0, min(16, vd-j-16)) // lanes in each vector
-		var p0, p1 archsimd.Float32x16
-		for i, ki := range k {
-			row, kv := S[i*vd+j:], splat(ki)
-			p0 = loadN(row, n0).MulAdd(kv, p0)
-			if n1 > 0 {
-				p1 = loadN(row[16:], n1).MulAdd(kv, p1)
-			}
-		}
-		b := splat(beta)
-		d0 := b.Mul(loadN(v[j:], n0).Sub(decay.Mul(p0)))
-		var d1 archsimd.Float32x16
-		if n1 > 0 {
-			d1 = b.Mul(loadN(v[j+16:], n1).Sub(decay.Mul(p1)))
-		}
-		var o0, o1 archsimd.Float32x16
-		for i, ki := range k {
-			row, kv, qv := S[i*vd+j:], splat(ki), splat(q[i])
-			s := kv.MulAdd(d0, loadN(row, n0).Mul(decay))
-			storeN(s, row, n0)
-			o0 = s.MulAdd(qv, o0)
-			if n1 > 0 {
-				s := kv.MulAdd(d1, loadN(row[16:], n1).Mul(decay))
-				storeN(s, row[16:], n1)
-				o1 = s.MulAdd(qv, o1)
-			}
-		}
-		if out != nil {
-			storeN(o0, out[j:], n0)
-			if n1 > 0 {
-				storeN(o1, out[j+16:], n1)
-			}
-		}
-	}
-	archsimd.ClearAVXUpperBits()
-}
+import "simd/archsimd"
 
 // loadN loads n ≤ 16 floats, zero-filling the rest.
 func loadN(s []float32, n int) archsimd.Float32x16 {

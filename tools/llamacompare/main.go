@@ -45,6 +45,8 @@ type options struct {
 	decode, agree, reps       int
 	probeMiB                  int
 	workdir                   string
+	// probe measures the read bandwidth at a thread count (cbench.bandwidth).
+	probe func(threads int) (float64, error)
 }
 
 func run() error {
@@ -67,6 +69,10 @@ func run() error {
 		return err
 	}
 	defer c.close()
+	o.probe = func(threads int) (float64, error) {
+		gbs, _, err := c.bandwidth(o.probeMiB, threads)
+		return gbs, err
+	}
 	llamas := []llama{c}
 	if worker != "" {
 		w, err := startWorker(worker)
@@ -117,12 +123,15 @@ func run() error {
 		}
 	}
 	fmt.Println()
-	fmt.Println("| preset | threads | weights / token | ddflash decode GB/s | share of probe | llama.cpp C API GB/s | share of probe |")
-	fmt.Println("|---|---|---|---|---|---|---|")
+	// The share is of the probe run beside the decode timings (the best of
+	// one probe before each repetition): a virtual machine's bandwidth can
+	// move by half within minutes (35 to 65 GB/s on a 2-vCPU VM), so a probe
+	// taken once at the start can be the ceiling of another machine.
+	fmt.Println("| preset | threads | weights / token | probe beside, GB/s | ddflash decode GB/s | share of probe | llama.cpp C API GB/s | share of probe |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for _, s := range streams {
-		p := probe[s.threads]
-		fmt.Printf("| %s | %d | %.0f MB | %.1f | %.0f %% | %.1f | %.0f %% |\n", s.preset, s.threads, s.bytes/1e6,
-			s.ddflash, 100*s.ddflash/p, s.llama, 100*s.llama/p)
+		fmt.Printf("| %s | %d | %.0f MB | %.1f | %.1f | %.0f %% | %.1f | %.0f %% |\n", s.preset, s.threads, s.bytes/1e6,
+			s.probe, s.ddflash, 100*s.ddflash/s.probe, s.llama, 100*s.llama/s.probe)
 	}
 	fmt.Printf("load average at end: %s", loadavg())
 	if failed != nil {
@@ -139,6 +148,7 @@ type stream struct {
 	threads        int
 	bytes          float64
 	ddflash, llama float64
+	probe          float64 // the read bandwidth beside the decode runs, GB/s
 }
 
 func split(s string) []string { return strings.Split(s, ",") }
@@ -243,7 +253,7 @@ func comparePreset(llamas []llama, name string, o options) ([]stream, error) {
 			for _, l := range llamas {
 				runs = append(runs, func() (float64, error) { return l.prefill(prompt) })
 			}
-			ms, err := interleave(o.reps, runs)
+			ms, err := interleave(o.reps, runs, nil)
 			if err != nil {
 				return streams, err
 			}
@@ -257,13 +267,18 @@ func comparePreset(llamas []llama, name string, o options) ([]stream, error) {
 				return g.DecodeMs, err
 			})
 		}
-		ms, err := interleave(o.reps, runs)
+		probe := 0.0
+		ms, err := interleave(o.reps, runs, func() error {
+			gbs, err := o.probe(threads)
+			probe = max(probe, gbs)
+			return err
+		})
 		if err != nil {
 			return streams, err
 		}
 		tps := row(name, threads, fmt.Sprintf("decode %d", o.decode), float64(o.decode*o.reps), ms)
 		streams = append(streams, stream{preset: name, threads: threads, bytes: bytes,
-			ddflash: tps[0] * bytes / 1e9, llama: tps[1] * bytes / 1e9})
+			ddflash: tps[0] * bytes / 1e9, llama: tps[1] * bytes / 1e9, probe: probe})
 	}
 	return streams, nil
 }
@@ -282,10 +297,16 @@ func row(preset string, threads int, workload string, tokens float64, ms []float
 }
 
 // interleave runs each function reps times, rotating which goes first, and
-// returns each one's total milliseconds.
-func interleave(reps int, runs []func() (float64, error)) ([]float64, error) {
+// returns each one's total milliseconds; before, when not nil, runs before
+// each repetition (untimed).
+func interleave(reps int, runs []func() (float64, error), before func() error) ([]float64, error) {
 	total := make([]float64, len(runs))
 	for i := range reps {
+		if before != nil {
+			if err := before(); err != nil {
+				return nil, err
+			}
+		}
 		for j := range runs {
 			k := (i + j) % len(runs)
 			ms, err := runs[k]()
