@@ -158,12 +158,14 @@ func testMatMul(h *harness) {
 
 // testMatMulParts checks MatMulParts on parts of odd widths, views at
 // offsets, decode-sized and larger m, aligned and odd k, one dtype and
-// mixed dtypes: each part must equal MatMul on the same backend bit for
-// bit, and the float64 product within MatMul's bound.
+// mixed dtypes (F8E4M3 stands for block-scaled FP8 weights): each part
+// must equal MatMul on the same backend bit for bit, and the float64
+// product within MatMul's bound.
 func testMatMulParts(h *harness) {
 	ns := []int{13, 8, 1, 21}
 	for _, dts := range [][]kernels.DType{{kernels.F32, kernels.F32, kernels.F32, kernels.F32}, {kernels.BF16, kernels.BF16, kernels.BF16, kernels.BF16},
-		{kernels.F16, kernels.F16, kernels.F16, kernels.F16}, {kernels.BF16, kernels.F32, kernels.BF16, kernels.F16}} {
+		{kernels.F16, kernels.F16, kernels.F16, kernels.F16}, {kernels.BF16, kernels.F32, kernels.BF16, kernels.F16},
+		{kernels.F8E4M3, kernels.BF16, kernels.F8E4M3, kernels.F32}} {
 		for _, mk := range [][2]int{{1, 48}, {3, 37}, {8, 64}, {11, 48}} {
 			m, k := mk[0], mk[1]
 			x := h.f32(h.normal(m*k+3, 1))
@@ -172,7 +174,11 @@ func testMatMulParts(h *harness) {
 			wv := make([][]float64, len(ns))
 			for i, n := range ns {
 				parts[i].N = n
-				parts[i].W, wv[i] = h.weights(dts[i], h.normal(n*k, 1))
+				if dts[i] == kernels.F8E4M3 {
+					parts[i].W, wv[i] = h.fp8Weights(n, k)
+				} else {
+					parts[i].W, wv[i] = h.weights(dts[i], h.normal(n*k, 1))
+				}
 				parts[i].Out = h.be.Slice(h.alloc(kernels.F32, m*n+1+i), 1+i, m*n)
 			}
 			h.be.MatMulParts(h.be.Slice(x, 3, m*k), m, k, parts)
@@ -180,7 +186,11 @@ func testMatMulParts(h *harness) {
 				name := fmt.Sprintf("MatMulParts %v m=%d k=%d part %d", dts, m, k, i)
 				got := h.read(p.Out, m*p.N)
 				want, scale := matmulReference(xv, wv[i], m, p.N, k)
-				h.expectClose(name, got, want, scale, tolerance{1e-30, 2 * float64(k) * f32Unit})
+				bound := 2 * float64(k) * f32Unit
+				if dts[i] == kernels.F8E4M3 {
+					bound += 2 * f32Unit // the dequantised weight's rounding (testMatMulFP8)
+				}
+				h.expectClose(name, got, want, scale, tolerance{1e-30, bound})
 				sep := h.alloc(kernels.F32, m*p.N)
 				h.be.MatMul(sep, h.be.Slice(x, 3, m*k), p.W, m, p.N, k)
 				if !slices.Equal(h.read(sep, m*p.N), got) {
