@@ -427,3 +427,139 @@ TEXT ·cpuHasF16C(SB), NOSPLIT, $0-1
 	ANDL $1, CX
 	MOVB CX, ret+0(FP)
 	RET
+
+// BF16_FMA3 widens the 8 bfloat16s at addr into Y15 and adds them times
+// the x vectors Y12-Y14 to acc0-acc2.
+#define BF16_FMA3(addr, acc0, acc1, acc2) \
+	VPMOVZXWD addr, Y15; \
+	VPSLLD $16, Y15, Y15; \
+	VFMADD231PS Y12, Y15, acc0; \
+	VFMADD231PS Y13, Y15, acc1; \
+	VFMADD231PS Y14, Y15, acc2
+
+// func dot4x3BF16AVX2(w unsafe.Pointer, wStride uintptr, x0, x1, x2 unsafe.Pointer, n int, next uintptr, acc0, acc1, acc2 *[4][16]float32)
+//
+// dot4x1BF16AVX2 for three x rows at once, continuing the chains in acc0,
+// acc1 and acc2: the four bfloat16 weight rows at w, w+wStride, … are
+// widened in registers, each widened vector feeding all three x rows
+// (8 widening instructions per 12 FMAs, where dot4x1BF16AVX2 needs 8 per
+// 8). Twelve accumulators, three x vectors and one weight vector fill the
+// sixteen registers, so it runs lanes 0-7 of every 16 elements over n
+// (a multiple of 16), then lanes 8-15 (from L1 by then); each lane's
+// chain is the same either way. The first pass prefetches the 8·n bytes
+// at next into L2 (the next tile), as dot4x1BF16AVX2 does.
+TEXT ·dot4x3BF16AVX2(SB), NOSPLIT, $0-80
+	MOVQ acc0+56(FP), DI
+	MOVQ acc1+64(FP), BX
+	MOVQ acc2+72(FP), AX
+	VMOVUPS 0(DI), Y0
+	VMOVUPS 64(DI), Y1
+	VMOVUPS 128(DI), Y2
+	VMOVUPS 192(DI), Y3
+	VMOVUPS 0(BX), Y4
+	VMOVUPS 64(BX), Y5
+	VMOVUPS 128(BX), Y6
+	VMOVUPS 192(BX), Y7
+	VMOVUPS 0(AX), Y8
+	VMOVUPS 64(AX), Y9
+	VMOVUPS 128(AX), Y10
+	VMOVUPS 192(AX), Y11
+	MOVQ w+0(FP), R8
+	MOVQ wStride+8(FP), R9
+	LEAQ (R8)(R9*2), R10
+	ADDQ R9, R10 // row 3
+	MOVQ x0+16(FP), SI
+	MOVQ x1+24(FP), R11
+	MOVQ x2+32(FP), R12
+	MOVQ n+40(FP), CX
+	MOVQ next+48(FP), DX
+	TESTQ CX, CX
+	JZ lo3Done
+lo3Loop:
+	PREFETCHT1 (DX)
+	PREFETCHT1 64(DX)
+	VMOVUPS (SI), Y12
+	VMOVUPS (R11), Y13
+	VMOVUPS (R12), Y14
+	BF16_FMA3((R8), Y0, Y4, Y8)
+	BF16_FMA3((R8)(R9*1), Y1, Y5, Y9)
+	BF16_FMA3((R8)(R9*2), Y2, Y6, Y10)
+	BF16_FMA3((R10), Y3, Y7, Y11)
+	ADDQ $128, DX
+	ADDQ $32, R8
+	ADDQ $32, R10
+	ADDQ $64, SI
+	ADDQ $64, R11
+	ADDQ $64, R12
+	SUBQ $16, CX
+	JNZ lo3Loop
+lo3Done:
+	MOVQ acc0+56(FP), DI
+	MOVQ acc1+64(FP), BX
+	MOVQ acc2+72(FP), AX
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 64(DI)
+	VMOVUPS Y2, 128(DI)
+	VMOVUPS Y3, 192(DI)
+	VMOVUPS Y4, 0(BX)
+	VMOVUPS Y5, 64(BX)
+	VMOVUPS Y6, 128(BX)
+	VMOVUPS Y7, 192(BX)
+	VMOVUPS Y8, 0(AX)
+	VMOVUPS Y9, 64(AX)
+	VMOVUPS Y10, 128(AX)
+	VMOVUPS Y11, 192(AX)
+	VMOVUPS 32(DI), Y0
+	VMOVUPS 96(DI), Y1
+	VMOVUPS 160(DI), Y2
+	VMOVUPS 224(DI), Y3
+	VMOVUPS 32(BX), Y4
+	VMOVUPS 96(BX), Y5
+	VMOVUPS 160(BX), Y6
+	VMOVUPS 224(BX), Y7
+	VMOVUPS 32(AX), Y8
+	VMOVUPS 96(AX), Y9
+	VMOVUPS 160(AX), Y10
+	VMOVUPS 224(AX), Y11
+	MOVQ w+0(FP), R8
+	LEAQ (R8)(R9*2), R10
+	ADDQ R9, R10
+	MOVQ x0+16(FP), SI
+	MOVQ x1+24(FP), R11
+	MOVQ x2+32(FP), R12
+	MOVQ n+40(FP), CX
+	TESTQ CX, CX
+	JZ hi3Done
+hi3Loop:
+	VMOVUPS 32(SI), Y12
+	VMOVUPS 32(R11), Y13
+	VMOVUPS 32(R12), Y14
+	BF16_FMA3(16(R8), Y0, Y4, Y8)
+	BF16_FMA3(16(R8)(R9*1), Y1, Y5, Y9)
+	BF16_FMA3(16(R8)(R9*2), Y2, Y6, Y10)
+	BF16_FMA3(16(R10), Y3, Y7, Y11)
+	ADDQ $32, R8
+	ADDQ $32, R10
+	ADDQ $64, SI
+	ADDQ $64, R11
+	ADDQ $64, R12
+	SUBQ $16, CX
+	JNZ hi3Loop
+hi3Done:
+	MOVQ acc0+56(FP), DI
+	MOVQ acc1+64(FP), BX
+	MOVQ acc2+72(FP), AX
+	VMOVUPS Y0, 32(DI)
+	VMOVUPS Y1, 96(DI)
+	VMOVUPS Y2, 160(DI)
+	VMOVUPS Y3, 224(DI)
+	VMOVUPS Y4, 32(BX)
+	VMOVUPS Y5, 96(BX)
+	VMOVUPS Y6, 160(BX)
+	VMOVUPS Y7, 224(BX)
+	VMOVUPS Y8, 32(AX)
+	VMOVUPS Y9, 96(AX)
+	VMOVUPS Y10, 160(AX)
+	VMOVUPS Y11, 224(AX)
+	VZEROUPPER
+	RET

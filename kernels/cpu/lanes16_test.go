@@ -122,9 +122,10 @@ func normals(rng *rand.Rand, n int) []float32 {
 
 // TestRows4Match16Lanes checks rows4 (float32 weights) and rows4BF16 of
 // every SIMD set against dot16 bit for bit: a decode row (m = 1) and
-// verify blocks (4, 5, 16 rows), k with and without a k%16 tail, under,
-// at and over the chunks that the AVX2 kernels widen at a time for
-// several x rows (avx2Chunk).
+// verify blocks (2 to 5, 16 and 17 rows: the AVX2 kernels' bfloat16
+// tiles take x rows three at a time up to avx2ThreeRows, a chunk scratch
+// beyond), k with and without a k%16 tail, under, at and over the chunks
+// that the AVX2 kernels widen at a time for many x rows (avx2Chunk).
 func TestRows4Match16Lanes(t *testing.T) {
 	rng := testrand.Seeded(t, 40)
 	const n = 8
@@ -136,7 +137,7 @@ func TestRows4Match16Lanes(t *testing.T) {
 			wh[i] = uint16(math.Float32bits(v) >> 16)
 			wb[i] = half.BF16ToFloat32(wh[i])
 		}
-		for _, m := range []int{1, 4, 5, 16} {
+		for _, m := range []int{1, 2, 3, 4, 5, 16, 17} {
 			x := normals(rng, m*k)
 			want, wantBF16 := make([]float32, m*n), make([]float32, m*n)
 			for i := range m {

@@ -42,6 +42,11 @@ var avx2Kernels = kernelSet{
 // fp8Chunk's 1,024).
 const avx2Chunk = 256
 
+// avx2ThreeRows is the most x rows for which a bfloat16 tile is widened in
+// registers, three x rows at a time (dot4x3BF16AVX2), instead of into the
+// chunk scratch.
+const avx2ThreeRows = 16
+
 // tile4 is one tile of four weight rows, as tileAVX2 reads it.
 type tile4 struct {
 	// one, when not nil, returns one x row's 16-lane chains over the
@@ -49,6 +54,9 @@ type tile4 struct {
 	// (one and tail return arrays, as a pointer passed to a func value
 	// would move them to the heap.)
 	one func(x unsafe.Pointer) [4][16]float32
+	// three, when not nil, continues three x rows' chains over the first
+	// k&^15 elements straight from the weights (a few-row verify).
+	three func(x0, x1, x2 unsafe.Pointer, acc0, acc1, acc2 *[4][16]float32)
 	// chunk returns the four rows' elements [c, c+n) as float32 rows,
 	// widened into tile (4·n floats) where they are not float32.
 	chunk func(c, n int, tile []float32) [4]unsafe.Pointer
@@ -77,6 +85,10 @@ func tileAVX2(out []float32, outStride, cols int, x []float32, m, k int, t *tile
 		finishAVX2(out, outStride, cols, x, 1, k, t, unsafe.Slice(&acc[0][0], 64), xt[:])
 		return
 	}
+	if m <= avx2ThreeRows && t.three != nil {
+		tileThrees(out, outStride, cols, x, m, k, t)
+		return
+	}
 	chunk := min(k16, avx2Chunk)
 	scratch := scratchPool.Get().(*[]float32)
 	defer scratchPool.Put(scratch)
@@ -92,6 +104,33 @@ func tileAVX2(out []float32, outStride, cols int, x []float32, m, k int, t *tile
 		rowPairs(&w, x[c:], k, m, n, accs)
 	}
 	finishAVX2(out, outStride, cols, x, m, k, t, accs, (*scratch)[matmulTile*chunk+m*64:matmulTile*chunk+m*80])
+}
+
+// tileThrees is tileAVX2 for a few x rows of a tile with t.three: three
+// rows at a time, a last one or two alongside copies of the first (their
+// chains go to a spare accumulator and are dropped).
+func tileThrees(out []float32, outStride, cols int, x []float32, m, k int, t *tile4) {
+	scratch := scratchPool.Get().(*[]float32)
+	defer scratchPool.Put(scratch)
+	if need := m*(64+16) + 64; cap(*scratch) < need {
+		*scratch = make([]float32, need)
+	}
+	accs := (*scratch)[:m*64]
+	spare := (*[4][16]float32)(unsafe.Pointer(&(*scratch)[m*64]))
+	clear(accs)
+	acc := func(i int) *[4][16]float32 { return (*[4][16]float32)(unsafe.Pointer(&accs[i*64])) }
+	for i := 0; i < m; i += 3 {
+		x0, a0 := rowPtr(x[i*k:], k), acc(i)
+		x1, a1, x2, a2 := x0, spare, x0, spare
+		if i+1 < m {
+			x1, a1 = rowPtr(x[(i+1)*k:], k), acc(i+1)
+		}
+		if i+2 < m {
+			x2, a2 = rowPtr(x[(i+2)*k:], k), acc(i+2)
+		}
+		t.three(x0, x1, x2, a0, a1, a2)
+	}
+	finishAVX2(out, outStride, cols, x, m, k, t, accs, (*scratch)[m*64+64:m*(64+16)+64])
 }
 
 // rowPairs continues the chains accs (m of [4][16]) of the m x rows (k
@@ -167,6 +206,9 @@ func rows4BF16AVX2(out []float32, outStride int, x []float32, m, k int, w []uint
 				dot4x1BF16AVX2(p, unsafe.Add(p, 2*k), unsafe.Add(p, 4*k), unsafe.Add(p, 6*k), xr, k16, uintptr(p)+uintptr(8*k), &acc)
 				return acc
 			},
+			three: func(x0, x1, x2 unsafe.Pointer, a0, a1, a2 *[4][16]float32) {
+				dot4x3BF16AVX2(p, uintptr(2*k), x0, x1, x2, k16, uintptr(p)+uintptr(8*k), a0, a1, a2)
+			},
 			chunk: func(c, n int, tile []float32) (d [4]unsafe.Pointer) {
 				for r := range d {
 					d[r] = unsafe.Pointer(&tile[r*n : (r+1)*n][0])
@@ -223,6 +265,12 @@ func tileFP8AVX2(out []float32, outStride, cols int, x []float32, m, k int, q *[
 //
 //go:noescape
 func dot4x1BF16AVX2(p0, p1, p2, p3, q unsafe.Pointer, n int, next uintptr, acc *[4][16]float32)
+
+// dot4x3BF16AVX2 is dot4x1BF16AVX2 for three x rows, continuing the
+// chains in acc0, acc1 and acc2; weight row r is at w + r·wStride.
+//
+//go:noescape
+func dot4x3BF16AVX2(w unsafe.Pointer, wStride uintptr, x0, x1, x2 unsafe.Pointer, n int, next uintptr, acc0, acc1, acc2 *[4][16]float32)
 
 // dot4x1F32AVX2 adds to acc[r], continuing its 16-lane chains, the x row
 // times float32 weight row r over the first n elements (a multiple of 16).
