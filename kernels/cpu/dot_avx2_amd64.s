@@ -437,6 +437,56 @@ TEXT ·cpuHasF16C(SB), NOSPLIT, $0-1
 	VFMADD231PS Y13, Y15, acc1; \
 	VFMADD231PS Y14, Y15, acc2
 
+// ACC3_LOAD and ACC3_STORE move one half (off: 0 for lanes 0-7, 32 for
+// lanes 8-15) of the four rows of the chains at DI, BX and AX (x rows 0,
+// 1, 2) from or to Y0-Y11: Y(r + 4i) is weight row r, x row i.
+#define ACC3_LOAD(off) \
+	VMOVUPS off+0(DI), Y0; \
+	VMOVUPS off+64(DI), Y1; \
+	VMOVUPS off+128(DI), Y2; \
+	VMOVUPS off+192(DI), Y3; \
+	VMOVUPS off+0(BX), Y4; \
+	VMOVUPS off+64(BX), Y5; \
+	VMOVUPS off+128(BX), Y6; \
+	VMOVUPS off+192(BX), Y7; \
+	VMOVUPS off+0(AX), Y8; \
+	VMOVUPS off+64(AX), Y9; \
+	VMOVUPS off+128(AX), Y10; \
+	VMOVUPS off+192(AX), Y11
+
+#define ACC3_STORE(off) \
+	VMOVUPS Y0, off+0(DI); \
+	VMOVUPS Y1, off+64(DI); \
+	VMOVUPS Y2, off+128(DI); \
+	VMOVUPS Y3, off+192(DI); \
+	VMOVUPS Y4, off+0(BX); \
+	VMOVUPS Y5, off+64(BX); \
+	VMOVUPS Y6, off+128(BX); \
+	VMOVUPS Y7, off+192(BX); \
+	VMOVUPS Y8, off+0(AX); \
+	VMOVUPS Y9, off+64(AX); \
+	VMOVUPS Y10, off+128(AX); \
+	VMOVUPS Y11, off+192(AX)
+
+// STEP3 runs one half (off: 0 or 16 bytes into the weights' 16 elements,
+// twice that into x's) of 16 elements: weight rows 0-2 at R8 through the
+// stride R9, row 3 at R10, x rows at SI, R11 and R12; then it moves every
+// pointer on by 16 elements and counts them off CX.
+#define STEP3(off) \
+	VMOVUPS 2*off(SI), Y12; \
+	VMOVUPS 2*off(R11), Y13; \
+	VMOVUPS 2*off(R12), Y14; \
+	BF16_FMA3(off(R8), Y0, Y4, Y8); \
+	BF16_FMA3(off(R8)(R9*1), Y1, Y5, Y9); \
+	BF16_FMA3(off(R8)(R9*2), Y2, Y6, Y10); \
+	BF16_FMA3(off(R10), Y3, Y7, Y11); \
+	ADDQ $32, R8; \
+	ADDQ $32, R10; \
+	ADDQ $64, SI; \
+	ADDQ $64, R11; \
+	ADDQ $64, R12; \
+	SUBQ $16, CX
+
 // func dot4x3BF16AVX2(w unsafe.Pointer, wStride uintptr, x0, x1, x2 unsafe.Pointer, n int, next uintptr, acc0, acc1, acc2 *[4][16]float32)
 //
 // dot4x1BF16AVX2 for three x rows at once, continuing the chains in acc0,
@@ -449,21 +499,6 @@ TEXT ·cpuHasF16C(SB), NOSPLIT, $0-1
 // chain is the same either way. The first pass prefetches the 8·n bytes
 // at next into L2 (the next tile), as dot4x1BF16AVX2 does.
 TEXT ·dot4x3BF16AVX2(SB), NOSPLIT, $0-80
-	MOVQ acc0+56(FP), DI
-	MOVQ acc1+64(FP), BX
-	MOVQ acc2+72(FP), AX
-	VMOVUPS 0(DI), Y0
-	VMOVUPS 64(DI), Y1
-	VMOVUPS 128(DI), Y2
-	VMOVUPS 192(DI), Y3
-	VMOVUPS 0(BX), Y4
-	VMOVUPS 64(BX), Y5
-	VMOVUPS 128(BX), Y6
-	VMOVUPS 192(BX), Y7
-	VMOVUPS 0(AX), Y8
-	VMOVUPS 64(AX), Y9
-	VMOVUPS 128(AX), Y10
-	VMOVUPS 192(AX), Y11
 	MOVQ w+0(FP), R8
 	MOVQ wStride+8(FP), R9
 	LEAQ (R8)(R9*2), R10
@@ -471,95 +506,39 @@ TEXT ·dot4x3BF16AVX2(SB), NOSPLIT, $0-80
 	MOVQ x0+16(FP), SI
 	MOVQ x1+24(FP), R11
 	MOVQ x2+32(FP), R12
-	MOVQ n+40(FP), CX
+	MOVQ n+40(FP), R13
 	MOVQ next+48(FP), DX
+	MOVQ acc0+56(FP), DI
+	MOVQ acc1+64(FP), BX
+	MOVQ acc2+72(FP), AX
+	ACC3_LOAD(0)
+	MOVQ R13, CX
 	TESTQ CX, CX
 	JZ lo3Done
 lo3Loop:
 	PREFETCHT1 (DX)
 	PREFETCHT1 64(DX)
-	VMOVUPS (SI), Y12
-	VMOVUPS (R11), Y13
-	VMOVUPS (R12), Y14
-	BF16_FMA3((R8), Y0, Y4, Y8)
-	BF16_FMA3((R8)(R9*1), Y1, Y5, Y9)
-	BF16_FMA3((R8)(R9*2), Y2, Y6, Y10)
-	BF16_FMA3((R10), Y3, Y7, Y11)
 	ADDQ $128, DX
-	ADDQ $32, R8
-	ADDQ $32, R10
-	ADDQ $64, SI
-	ADDQ $64, R11
-	ADDQ $64, R12
-	SUBQ $16, CX
+	STEP3(0)
 	JNZ lo3Loop
 lo3Done:
-	MOVQ acc0+56(FP), DI
-	MOVQ acc1+64(FP), BX
-	MOVQ acc2+72(FP), AX
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 64(DI)
-	VMOVUPS Y2, 128(DI)
-	VMOVUPS Y3, 192(DI)
-	VMOVUPS Y4, 0(BX)
-	VMOVUPS Y5, 64(BX)
-	VMOVUPS Y6, 128(BX)
-	VMOVUPS Y7, 192(BX)
-	VMOVUPS Y8, 0(AX)
-	VMOVUPS Y9, 64(AX)
-	VMOVUPS Y10, 128(AX)
-	VMOVUPS Y11, 192(AX)
-	VMOVUPS 32(DI), Y0
-	VMOVUPS 96(DI), Y1
-	VMOVUPS 160(DI), Y2
-	VMOVUPS 224(DI), Y3
-	VMOVUPS 32(BX), Y4
-	VMOVUPS 96(BX), Y5
-	VMOVUPS 160(BX), Y6
-	VMOVUPS 224(BX), Y7
-	VMOVUPS 32(AX), Y8
-	VMOVUPS 96(AX), Y9
-	VMOVUPS 160(AX), Y10
-	VMOVUPS 224(AX), Y11
-	MOVQ w+0(FP), R8
-	LEAQ (R8)(R9*2), R10
-	ADDQ R9, R10
-	MOVQ x0+16(FP), SI
-	MOVQ x1+24(FP), R11
-	MOVQ x2+32(FP), R12
-	MOVQ n+40(FP), CX
+	ACC3_STORE(0)
+	ACC3_LOAD(32)
+	MOVQ R13, CX // back to the first element: 2n bytes of weights, 4n of x
+	SHLQ $1, CX
+	SUBQ CX, R8
+	SUBQ CX, R10
+	SHLQ $1, CX
+	SUBQ CX, SI
+	SUBQ CX, R11
+	SUBQ CX, R12
+	MOVQ R13, CX
 	TESTQ CX, CX
 	JZ hi3Done
 hi3Loop:
-	VMOVUPS 32(SI), Y12
-	VMOVUPS 32(R11), Y13
-	VMOVUPS 32(R12), Y14
-	BF16_FMA3(16(R8), Y0, Y4, Y8)
-	BF16_FMA3(16(R8)(R9*1), Y1, Y5, Y9)
-	BF16_FMA3(16(R8)(R9*2), Y2, Y6, Y10)
-	BF16_FMA3(16(R10), Y3, Y7, Y11)
-	ADDQ $32, R8
-	ADDQ $32, R10
-	ADDQ $64, SI
-	ADDQ $64, R11
-	ADDQ $64, R12
-	SUBQ $16, CX
+	STEP3(16)
 	JNZ hi3Loop
 hi3Done:
-	MOVQ acc0+56(FP), DI
-	MOVQ acc1+64(FP), BX
-	MOVQ acc2+72(FP), AX
-	VMOVUPS Y0, 32(DI)
-	VMOVUPS Y1, 96(DI)
-	VMOVUPS Y2, 160(DI)
-	VMOVUPS Y3, 224(DI)
-	VMOVUPS Y4, 32(BX)
-	VMOVUPS Y5, 96(BX)
-	VMOVUPS Y6, 160(BX)
-	VMOVUPS Y7, 224(BX)
-	VMOVUPS Y8, 32(AX)
-	VMOVUPS Y9, 96(AX)
-	VMOVUPS Y10, 160(AX)
-	VMOVUPS Y11, 224(AX)
+	ACC3_STORE(32)
 	VZEROUPPER
 	RET
