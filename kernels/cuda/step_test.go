@@ -542,9 +542,16 @@ func replayedInOtherSlots(t *testing.T, be kernels.Backend, run, eager *stepRun,
 	if c := driverCounts(t, be).Sub(before); c.Launches != 1 {
 		t.Errorf("%s in slots %d and %d: %v, want the first pair's recording replayed", what, run.seqs[0].slot, run.seqs[1].slot, c)
 	}
+	sameTopK(t, fmt.Sprintf("%s in slots %d and %d", what, run.seqs[0].slot, run.seqs[1].slot), got, want)
+}
+
+// sameTopK fails the test unless every sequence's top-k ids and logits
+// in got equal want's bit for bit.
+func sameTopK(t *testing.T, what string, got, want []engine.SeqOutput) {
+	t.Helper()
 	for j := range want {
 		if !slices.Equal(got[j].TopIDs, want[j].TopIDs) || !slices.Equal(bits(got[j].TopLogits), bits(want[j].TopLogits)) {
-			t.Fatalf("%s, sequence %d in slot %d: %v %v, op by op %v %v", what, j, run.seqs[j].slot, got[j].TopIDs, got[j].TopLogits, want[j].TopIDs, want[j].TopLogits)
+			t.Fatalf("%s, sequence %d: %v %v, op by op %v %v", what, j, got[j].TopIDs, got[j].TopLogits, want[j].TopIDs, want[j].TopLogits)
 		}
 	}
 }
@@ -592,12 +599,7 @@ func checkVerifyAnySlots(t *testing.T, be kernels.Backend, dir string) {
 	}
 	// The first decode step of this shape: op by op, on the committed states.
 	next := [][]int32{{11}, {21}}
-	want, got := eager.step(t, next, nil, false, 1), run.step(t, next, nil, false, 1)
-	for j := range want {
-		if !slices.Equal(got[j].TopIDs, want[j].TopIDs) || !slices.Equal(bits(got[j].TopLogits), bits(want[j].TopLogits)) {
-			t.Fatalf("the decode step after the commits, sequence %d: %v, op by op %v", j, got[j].TopIDs, want[j].TopIDs)
-		}
-	}
+	sameTopK(t, "the decode step after the commits", run.step(t, next, nil, false, 1), eager.step(t, next, nil, false, 1))
 }
 
 // checkDecodeBuckets: decode steps of 5, 6 and 7 sequences run padded to
@@ -624,11 +626,7 @@ func checkDecodeBuckets(t *testing.T, be kernels.Backend, dir string) {
 		if c := driverCounts(t, be).Sub(before); recorded && c.Launches != 1 {
 			t.Errorf("a decode step of %d sequences: %v, want the 8-row bucket's recording replayed", n, c)
 		}
-		for j := range want {
-			if !slices.Equal(got[j].TopIDs, want[j].TopIDs) || !slices.Equal(bits(got[j].TopLogits), bits(want[j].TopLogits)) {
-				t.Fatalf("a decode step of %d sequences, sequence %d: %v %v, op by op %v %v", n, j, got[j].TopIDs, got[j].TopLogits, want[j].TopIDs, want[j].TopLogits)
-			}
-		}
+		sameTopK(t, fmt.Sprintf("a decode step of %d sequences", n), got, want)
 		if len(got) != n {
 			t.Fatalf("a decode step of %d sequences returned %d outputs", n, len(got))
 		}

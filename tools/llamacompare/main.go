@@ -86,20 +86,21 @@ func run() error {
 	// The probe runs on one thread too, whatever the thread counts compared:
 	// how far one core's stream is from the machine's says how much a
 	// second thread can add.
-	probe := map[int]float64{}
+	probed := map[int]bool{}
 	for _, ts := range append([]string{"1"}, o.threads...) {
 		n, err := strconv.Atoi(ts)
 		if err != nil {
 			return fmt.Errorf("-threads %q: %w", ts, err)
 		}
-		if _, done := probe[n]; done {
+		if probed[n] {
 			continue
 		}
-		var streams int
-		if probe[n], streams, err = c.bandwidth(o.probeMiB, n); err != nil {
+		probed[n] = true
+		gbs, streams, err := c.bandwidth(o.probeMiB, n)
+		if err != nil {
 			return err
 		}
-		fmt.Printf("read bandwidth, %d thread(s) summing %d MiB on huge pages (best of 8 passes at 1, 2, 4 and 8 streams a thread: %d): %.1f GB/s\n", n, o.probeMiB, streams, probe[n])
+		fmt.Printf("read bandwidth, %d thread(s) summing %d MiB on huge pages (best of 8 passes at 1, 2, 4 and 8 streams a thread: %d): %.1f GB/s\n", n, o.probeMiB, streams, gbs)
 	}
 	fmt.Println()
 	header := "| preset | threads | workload | ddflash tok/s | llama.cpp C API tok/s |"
